@@ -1,0 +1,5 @@
+from traces.errors import MemplanError
+
+
+class LatencyError(MemplanError):
+    """A bad hardware profile or latency model, or an op a model cannot time."""

@@ -1,0 +1,1 @@
+"""One module per `memplan` subcommand; each defines `register(subparsers)`."""

@@ -1,0 +1,17 @@
+"""What a training step does: the trace data model, capture, the zoo, file IO."""
+
+from traces.errors import MemplanError, TraceError
+from traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
+
+__all__ = [
+    "Buffer",
+    "BufferKind",
+    "MemplanError",
+    "Op",
+    "Phase",
+    "SavedTensor",
+    "Trace",
+    "TraceError",
+    "TraceMeta",
+    "View",
+]

@@ -1,0 +1,308 @@
+"""The trace: one training iteration of one model at one batch size, in op order.
+
+Records are frozen dataclasses; everything later layers loop over (sizes,
+first and last access, per-op buffer sets) is derived once into numpy arrays
+and cached on the `Trace`, so planners and the simulator never rebuild
+per-op Python objects.
+
+Memory is always counted per `Buffer` (a storage), never per `View`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+
+MemoryPolicy = Literal["framework", "liveness"]
+
+
+class BufferKind(enum.Enum):
+    INPUT = "input"
+    PARAM = "param"
+    GRAD = "grad"
+    ACTIVATION = "activation"
+    OPTIMIZER_STATE = "optimizer_state"
+    OTHER = "other"
+
+
+BUFFER_KINDS: tuple[BufferKind, ...] = tuple(BufferKind)
+
+
+class Phase(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A unit of device memory (a storage).
+
+    `freed_after` is the op index after which PyTorch itself freed the buffer
+    during capture (the vanilla baseline); a buffer still alive when the
+    iteration ends is freed after the last op. Persistent buffers (params,
+    optimizer state, module buffers) never die: `freed_after` is None.
+    """
+
+    id: int
+    nbytes: int
+    kind: BufferKind
+    persistent: bool = False
+    name: str = ""
+    freed_after: int | None = None
+
+    @property
+    def exists_at_start(self) -> bool:
+        """Persistent buffers and inputs are resident before op 0 runs."""
+        return self.persistent or self.kind is BufferKind.INPUT
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A tensor as an op sees it; `offset` and `stride` are in elements."""
+
+    id: int
+    buffer: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One aten call. `reads` / `writes` are view ids; `args` is the JSON form
+    of the call (views as ``{"view": id}``), enough to call it again."""
+
+    id: int
+    target: str
+    phase: Phase
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    args: dict[str, Any] = field(default_factory=dict)
+    flops: int = 0
+    duration_us: float | None = None
+    workspace_bytes: int = 0
+    module: str = ""
+    rng: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor:
+    """A tensor autograd saved for backward, in pack order, with the module it
+    was saved in: the key the runtime uses to match a live model to its trace."""
+
+    index: int
+    view: int
+    module: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceMeta:
+    model: str
+    batch_size: int
+    dtype: str = "float32"
+    optimizer: str = ""
+    device: str = "meta"
+    torch_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One iteration. Ids of buffers, views and ops equal their index."""
+
+    meta: TraceMeta
+    buffers: tuple[Buffer, ...]
+    views: tuple[View, ...]
+    ops: tuple[Op, ...]
+    saved: tuple[SavedTensor, ...] = ()
+
+    # ---- sizes -----------------------------------------------------------
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
+    @property
+    def n_buffers(self) -> int:
+        return len(self.buffers)
+
+    @cached_property
+    def nbytes(self) -> np.ndarray:
+        """int64[n_buffers]: bytes of each buffer."""
+        return np.fromiter((b.nbytes for b in self.buffers), np.int64, self.n_buffers)
+
+    @cached_property
+    def persistent(self) -> np.ndarray:
+        return np.fromiter((b.persistent for b in self.buffers), bool, self.n_buffers)
+
+    @cached_property
+    def kind_index(self) -> np.ndarray:
+        """int8[n_buffers]: index of each buffer's kind in `BUFFER_KINDS`."""
+        order = {k: i for i, k in enumerate(BUFFER_KINDS)}
+        return np.fromiter((order[b.kind] for b in self.buffers), np.int8, self.n_buffers)
+
+    @cached_property
+    def exists_at_start(self) -> np.ndarray:
+        return np.fromiter((b.exists_at_start for b in self.buffers), bool, self.n_buffers)
+
+    @cached_property
+    def view_buffer(self) -> np.ndarray:
+        """int64[n_views]: the buffer behind each view."""
+        return np.fromiter((v.buffer for v in self.views), np.int64, len(self.views))
+
+    # ---- per-op buffer sets (CSR) ------------------------------------------
+    def _csr(self, attr: str) -> tuple[np.ndarray, np.ndarray]:
+        vb = self.view_buffer
+        rows = [np.unique(vb[np.asarray(getattr(op, attr), np.int64)]) for op in self.ops]
+        indptr = np.zeros(self.n_ops + 1, np.int64)
+        indptr[1:] = np.cumsum([len(r) for r in rows])
+        flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        return indptr, flat.astype(np.int64)
+
+    @cached_property
+    def reads_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, buffers): buffers read by op i are buffers[indptr[i]:indptr[i+1]]."""
+        return self._csr("reads")
+
+    @cached_property
+    def writes_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._csr("writes")
+
+    @cached_property
+    def access_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """Buffers read or written by each op (unique, sorted)."""
+        rp, rb = self.reads_csr
+        wp, wb = self.writes_csr
+        rows = [np.union1d(rb[rp[i] : rp[i + 1]], wb[wp[i] : wp[i + 1]]) for i in range(self.n_ops)]
+        indptr = np.zeros(self.n_ops + 1, np.int64)
+        indptr[1:] = np.cumsum([len(r) for r in rows])
+        flat = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+        return indptr, flat
+
+    def op_reads(self, i: int) -> np.ndarray:
+        p, b = self.reads_csr
+        return b[p[i] : p[i + 1]]
+
+    def op_writes(self, i: int) -> np.ndarray:
+        p, b = self.writes_csr
+        return b[p[i] : p[i + 1]]
+
+    def op_accesses(self, i: int) -> np.ndarray:
+        p, b = self.access_csr
+        return b[p[i] : p[i + 1]]
+
+    # ---- per-buffer access lists -----------------------------------------
+    @cached_property
+    def buffer_accesses(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, ops): ops accessing buffer b, ascending, are
+        ops[indptr[b]:indptr[b+1]]."""
+        indptr, bufs = self.access_csr
+        op_of = np.repeat(np.arange(self.n_ops, dtype=np.int64), np.diff(indptr))
+        order = np.lexsort((op_of, bufs))
+        counts = np.bincount(bufs, minlength=self.n_buffers)
+        bptr = np.zeros(self.n_buffers + 1, np.int64)
+        bptr[1:] = np.cumsum(counts)
+        return bptr, op_of[order]
+
+    def accesses_of(self, b: int) -> np.ndarray:
+        p, ops = self.buffer_accesses
+        return ops[p[b] : p[b + 1]]
+
+    @cached_property
+    def first_access(self) -> np.ndarray:
+        """int64[n_buffers]: first op reading or writing the buffer, -1 if none."""
+        p, ops = self.buffer_accesses
+        out = np.full(self.n_buffers, -1, np.int64)
+        has = np.diff(p) > 0
+        out[has] = ops[p[:-1][has]]
+        return out
+
+    @cached_property
+    def last_access(self) -> np.ndarray:
+        """int64[n_buffers]: last op reading or writing the buffer, -1 if none."""
+        p, ops = self.buffer_accesses
+        out = np.full(self.n_buffers, -1, np.int64)
+        has = np.diff(p) > 0
+        out[has] = ops[p[1:][has] - 1]
+        return out
+
+    @cached_property
+    def created_at(self) -> np.ndarray:
+        """int64[n_buffers]: the op that allocates the buffer (its first
+        writer), or -1 for buffers resident from iteration start."""
+        out = np.where(self.exists_at_start, -1, self.first_access)
+        return out.astype(np.int64)
+
+    @cached_property
+    def freed_after(self) -> np.ndarray:
+        """int64[n_buffers]: op after which the framework frees the buffer;
+        `n_ops` (never, within the iteration) for persistent buffers."""
+        return np.fromiter(
+            (self.n_ops if b.freed_after is None else b.freed_after for b in self.buffers),
+            np.int64,
+            self.n_buffers,
+        )
+
+    def lifetimes(self, policy: MemoryPolicy = "framework") -> tuple[np.ndarray, np.ndarray]:
+        """(start, end) op indices per buffer: resident while ops start..end
+        run, inclusive. `framework` ends at `freed_after`; `liveness` right
+        after the last access (TENSILE's activity analysis). Persistent
+        buffers end at `n_ops - 1` under both. A buffer no op touches and
+        that does not exist at start has end < start (never resident)."""
+        start = np.where(self.exists_at_start, 0, self.created_at)
+        if policy == "framework":
+            end = self.freed_after.copy()
+        elif policy == "liveness":
+            end = self.last_access.copy()
+        else:
+            raise ValueError(f"policy={policy!r} must be 'framework' or 'liveness'")
+        end = np.where(self.persistent, self.n_ops - 1, np.minimum(end, self.n_ops - 1))
+        never = (start < 0) & ~self.exists_at_start
+        end = np.where(never, -1, end)
+        start = np.where(never, 0, start)
+        return start.astype(np.int64), end.astype(np.int64)
+
+    def memory_curve(
+        self, policy: MemoryPolicy = "framework", kind: BufferKind | None = None
+    ) -> np.ndarray:
+        """int64[n_ops]: bytes resident while op i runs -- its outputs already
+        allocated, the frees that follow it not yet done. Optionally only the
+        buffers of one kind."""
+        start, end = self.lifetimes(policy)
+        live = end >= start
+        if kind is not None:
+            live &= self.kind_index == BUFFER_KINDS.index(kind)
+        diff = np.zeros(self.n_ops + 1, np.int64)
+        np.add.at(diff, start[live], self.nbytes[live])
+        np.add.at(diff, end[live] + 1, -self.nbytes[live])
+        return np.cumsum(diff[:-1])
+
+    def peak(self, policy: MemoryPolicy = "framework") -> tuple[int, int]:
+        """(peak bytes, op index where it first happens) under `policy`."""
+        curve = self.memory_curve(policy)
+        if len(curve) == 0:
+            return int(self.nbytes[self.exists_at_start].sum()), -1
+        i = int(np.argmax(curve))
+        return int(curve[i]), i
+
+    # ---- summaries -------------------------------------------------------
+    def bytes_by_kind(self) -> dict[BufferKind, int]:
+        sums = np.bincount(self.kind_index, weights=self.nbytes, minlength=len(BUFFER_KINDS))
+        return {k: int(s) for k, s in zip(BUFFER_KINDS, sums, strict=True)}
+
+    def ops_by_phase(self) -> dict[Phase, int]:
+        counts = dict.fromkeys(Phase, 0)
+        for op in self.ops:
+            counts[op.phase] += 1
+        return counts
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON content: plans name their trace by it."""
+        from traces.io import fingerprint
+
+        return fingerprint(self)
