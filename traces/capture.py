@@ -462,9 +462,12 @@ def capture(
             rec.saved.append(SavedTensor(len(rec.saved), rec.view_of(t), module))
         return t
 
-    with _module_hooks(w.model, rec), torch.autograd.graph.saved_tensors_hooks(pack, _identity):
-        with _CaptureMode(rec):
-            _step(w, opt, rec)
+    with (
+        _module_hooks(w.model, rec),
+        torch.autograd.graph.saved_tensors_hooks(pack, _identity),
+        _CaptureMode(rec),
+    ):
+        _step(w, opt, rec)
     if not rec.ops:
         raise TraceError(f"{model_name or 'workload'}: the training step ran no device ops")
     del w, opt
