@@ -130,6 +130,7 @@ class _Recorder:
     saved: list[SavedTensor] = field(default_factory=list)
     by_storage: dict[int, int] = field(default_factory=dict)  # StorageImpl address -> buffer
     polled: dict[int, StorageWeakRef] = field(default_factory=dict)
+    pinned: list[torch.UntypedStorage] = field(default_factory=list)
     view_ids: dict[tuple, int] = field(default_factory=dict)
     module_stack: list[str] = field(default_factory=list)
     param_module: dict[int, str] = field(default_factory=dict)  # buffer -> owning module path
@@ -154,7 +155,11 @@ class _Recorder:
         # and is still needed: treat it as persistent.
         rec = _BufRec(storage.nbytes(), self.phase if created else None)
         if not created:
-            rec.kind, rec.persistent = BufferKind.OTHER, True
+            # Allocated outside any recorded op (a constant built from Python
+            # data, a cache filled before capture): resident from the start.
+            # Hold it, so its address cannot be reused by a later buffer.
+            rec.kind, rec.persistent, rec.name = BufferKind.OTHER, True, "constant"
+            self.pinned.append(storage)
         self.buffers.append(rec)
         self.by_storage[key] = bid
         if poll and created:
