@@ -40,15 +40,19 @@ def main() -> None:
         factory = resolve("resnet50")
         capture(factory, 16, CaptureOptions(device="meta"))
         t, trace = median_time(lambda: capture(factory, 16, CaptureOptions(device="meta")), 3)
-        print(f"  resnet50: {t:.2f} s  ({trace.n_ops} ops, {trace.n_buffers} buffers, "
-              f"{trace.n_ops / t:.0f} ops/s)")
+        print(
+            f"  resnet50: {t:.2f} s  ({trace.n_ops} ops, {trace.n_buffers} buffers, "
+            f"{trace.n_ops / t:.0f} ops/s)"
+        )
     except TraceError as e:
         print(f"  resnet50: skipped ({e})")
     print("load of shipped traces (read + gunzip + parse + validate), median of 5:")
     for path in sorted((ROOT / "traces" / "data").glob("*.json.gz")):
         t, trace = median_time(lambda p=path: io.load(p), 5)
-        print(f"  {path.name:<34} {t * 1e3:8.1f} ms  {path.stat().st_size / 2**20:6.2f} MiB  "
-              f"{trace.n_ops:>6} ops {trace.n_buffers:>6} buffers")
+        print(
+            f"  {path.name:<34} {t * 1e3:8.1f} ms  {path.stat().st_size / 2**20:6.2f} MiB  "
+            f"{trace.n_ops:>6} ops {trace.n_buffers:>6} buffers"
+        )
 
 
 if __name__ == "__main__":

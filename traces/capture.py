@@ -247,8 +247,10 @@ class _CaptureMode(TorchDispatchMode):
             return out  # host-side work, no device memory touched
         input_storages = {t.untyped_storage()._cdata for t in inputs}
         new_outputs = [t for t in outputs if t.untyped_storage()._cdata not in rec.by_storage]
-        if not written and not new_outputs and all(
-            t.untyped_storage()._cdata in input_storages for t in outputs
+        if (
+            not written
+            and not new_outputs
+            and all(t.untyped_storage()._cdata in input_storages for t in outputs)
         ):
             return out  # a pure view op: no kernel, no data moved
 

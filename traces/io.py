@@ -186,7 +186,9 @@ def _check_ids(items: list[Any], section: str) -> None:
     for i, item in enumerate(items):
         ident = _need(item, "id", int, f"{section}[{i}]")
         if ident in seen:
-            raise TraceError(f"{section}[{i}].id: duplicate id {ident} (also {section}[{seen[ident]}])")
+            raise TraceError(
+                f"{section}[{i}].id: duplicate id {ident} (also {section}[{seen[ident]}])"
+            )
         seen[ident] = i
         if ident != i:
             raise TraceError(f"{section}[{i}].id: expected {i} (ids are positions), got {ident}")

@@ -29,8 +29,10 @@ def main() -> None:
         trace = capture(resolve(name), args.batch, CaptureOptions(device="meta"), model_name=name)
         path = out / f"{name}_b{args.batch}_adam.json.gz"
         io.save(trace, path)
-        print(f"{name}: {trace.n_ops} ops, {trace.n_buffers} buffers, "
-              f"{path.stat().st_size / 2**20:.2f} MiB, {time.perf_counter() - t0:.1f} s -> {path}")
+        print(
+            f"{name}: {trace.n_ops} ops, {trace.n_buffers} buffers, "
+            f"{path.stat().st_size / 2**20:.2f} MiB, {time.perf_counter() - t0:.1f} s -> {path}"
+        )
 
 
 if __name__ == "__main__":

@@ -27,13 +27,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "taking the batch size and returning a traces.zoo.Workload",
     )
     p.add_argument("--batch", type=int, required=True, help="batch size")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
-                   help="adam, or sgd with momentum 0.9 (default: adam)")
+    p.add_argument(
+        "--optimizer",
+        choices=("adam", "sgd"),
+        default="adam",
+        help="adam, or sgd with momentum 0.9 (default: adam)",
+    )
     p.add_argument("--device", default="meta", help="meta (default), cpu or cuda")
-    p.add_argument("--measure", action="store_true",
-                   help="time every op (needs cpu or cuda): median of repeated runs")
-    p.add_argument("--warmup", type=int, default=1,
-                   help="unrecorded iterations first, so optimizer state exists (default 1)")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="time every op (needs cpu or cuda): median of repeated runs",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unrecorded iterations first, so optimizer state exists (default 1)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
     p.set_defaults(func=run)
@@ -71,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     progress.done()
     io.save(trace, args.out)
     peak, op = trace.peak()
-    print(f"captured {args.model} batch {args.batch} on {args.device}: {trace.n_ops} ops, "
-          f"{trace.n_buffers} buffers, vanilla peak {peak / 2**20:.1f} MiB at op {op} -> {args.out}")
+    print(
+        f"captured {args.model} batch {args.batch} on {args.device}: {trace.n_ops} ops, "
+        f"{trace.n_buffers} buffers, vanilla peak {peak / 2**20:.1f} MiB at op {op} -> {args.out}"
+    )
     return 0

@@ -52,8 +52,7 @@ def summary(trace: Trace, top: int = 10) -> dict:
         "liveness_peak_bytes": live_peak,
         "liveness_peak_op": live_op,
         "largest_buffers": [
-            {"id": b.id, "nbytes": b.nbytes, "kind": b.kind.value, "name": b.name}
-            for b in largest
+            {"id": b.id, "nbytes": b.nbytes, "kind": b.kind.value, "name": b.name} for b in largest
         ],
     }
 
@@ -64,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
-    print(f"{s['model']}  batch {s['batch_size']}  optimizer {s['optimizer'] or '-'}  "
-          f"captured on {s['device']}  ({s['fingerprint'][:12]})")
+    print(
+        f"{s['model']}  batch {s['batch_size']}  optimizer {s['optimizer'] or '-'}  "
+        f"captured on {s['device']}  ({s['fingerprint'][:12]})"
+    )
     phases = "  ".join(f"{p.value} {s['ops_by_phase'][p.value]}" for p in Phase)
     print(f"ops       {s['ops']:>7}   ({phases})")
     print(f"buffers   {s['buffers']:>7}")
@@ -76,10 +77,14 @@ def run(args: argparse.Namespace) -> int:
         if n:
             print(f"  {k.value:<16}{n:>8}{format_bytes(s['bytes_by_kind'][k.value]):>16}")
     print()
-    print(f"vanilla peak    {format_bytes(s['peak_bytes']):>12}  at op {s['peak_op']} "
-          f"({s['peak_op_target']}, {s['peak_op_phase']})")
-    print(f"liveness peak   {format_bytes(s['liveness_peak_bytes']):>12}  at op "
-          f"{s['liveness_peak_op']}  (every buffer freed right after its last access)")
+    print(
+        f"vanilla peak    {format_bytes(s['peak_bytes']):>12}  at op {s['peak_op']} "
+        f"({s['peak_op_target']}, {s['peak_op_phase']})"
+    )
+    print(
+        f"liveness peak   {format_bytes(s['liveness_peak_bytes']):>12}  at op "
+        f"{s['liveness_peak_op']}  (every buffer freed right after its last access)"
+    )
     print()
     print(f"largest {len(s['largest_buffers'])} buffers:")
     for b in s["largest_buffers"]:

@@ -20,7 +20,12 @@ def test_inspect_json_has_the_promised_keys(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"ops", "buffers", "bytes_by_kind", "peak_bytes", "peak_op"} <= out.keys()
     assert set(out["bytes_by_kind"]) == {
-        "input", "param", "grad", "activation", "optimizer_state", "other"
+        "input",
+        "param",
+        "grad",
+        "activation",
+        "optimizer_state",
+        "other",
     }
     assert out["bytes_by_kind"]["param"] == 4 * 25_557_032
     assert out["bytes_by_kind"]["optimizer_state"] == 2 * out["bytes_by_kind"]["param"]
@@ -46,9 +51,14 @@ def test_capture_then_inspect(tmp_path, capsys):
         (["inspect", "/nonexistent.json"], "no such trace file"),
         (["capture", "--model", "nope", "--batch", "2", "--out", "x.json"], "nope"),
         (["capture", "--model", "mlp", "--batch", "0", "--out", "x.json"], "batch_size=0"),
-        (["capture", "--model", "mlp", "--batch", "2", "--device", "tpu", "--out", "x.json"],
-         "device='tpu'"),
-        (["capture", "--model", "os:nothing_here", "--batch", "2", "--out", "x.json"], "nothing_here"),
+        (
+            ["capture", "--model", "mlp", "--batch", "2", "--device", "tpu", "--out", "x.json"],
+            "device='tpu'",
+        ),
+        (
+            ["capture", "--model", "os:nothing_here", "--batch", "2", "--out", "x.json"],
+            "nothing_here",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
@@ -56,17 +66,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
         [sys.executable, "-m", "memplan", *argv], cwd=tmp_path, capture_output=True, text=True
     )
     assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "Warning" not in ln
-             and "cpu = _conversion" not in ln]
+    lines = [
+        ln
+        for ln in proc.stderr.splitlines()
+        if ln.strip() and "Warning" not in ln and "cpu = _conversion" not in ln
+    ]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not (tmp_path / "x.json").exists()
 
 
 def test_broken_trace_file(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema": "memplan.trace/1", "meta": {"model": "m", "batch_size": 1},'
-                   ' "buffers": [{"id": 0, "nbytes": -1, "kind": "param"}], "views": [], "ops": []}')
-    proc = subprocess.run([sys.executable, "-m", "memplan", "inspect", str(bad)],
-                          capture_output=True, text=True)
+    bad.write_text(
+        '{"schema": "memplan.trace/1", "meta": {"model": "m", "batch_size": 1},'
+        ' "buffers": [{"id": 0, "nbytes": -1, "kind": "param"}], "views": [], "ops": []}'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "memplan", "inspect", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "buffers[0].nbytes: negative size -1" in proc.stderr

@@ -25,9 +25,17 @@ def toy() -> Trace:
     )
     views = tuple(View(i, i, (b.nbytes // 4,), (1,), 0, "float32") for i, b in enumerate(bufs))
     ops = (
-        Op(0, "aten.mm.default", Phase.FORWARD, (0, 1), (2,),
-           {"args": [{"view": 0}, {"view": 1}], "kwargs": {}}),
-        Op(1, "aten.relu.default", Phase.FORWARD, (2,), (3,), {"args": [{"view": 2}], "kwargs": {}}),
+        Op(
+            0,
+            "aten.mm.default",
+            Phase.FORWARD,
+            (0, 1),
+            (2,),
+            {"args": [{"view": 0}, {"view": 1}], "kwargs": {}},
+        ),
+        Op(
+            1, "aten.relu.default", Phase.FORWARD, (2,), (3,), {"args": [{"view": 2}], "kwargs": {}}
+        ),
         Op(2, "aten.sum.default", Phase.BACKWARD, (3,), (), {"args": [{"view": 3}], "kwargs": {}}),
     )
     return Trace(TraceMeta("toy", 1), bufs, views, ops)
@@ -65,34 +73,86 @@ def _broken(edit) -> dict:
 
 MALFORMED = [
     ("missing schema", lambda d: d.pop("schema"), "schema: missing"),
-    ("wrong schema", lambda d: d.update(schema="memplan.trace/9"), "schema: expected 'memplan.trace/1'"),
-    ("unknown view in reads", lambda d: d["ops"][1]["reads"].__setitem__(0, 999),
-     "ops[1].reads[0]: unknown view 999"),
-    ("unknown view in writes", lambda d: d["ops"][0]["writes"].append(42),
-     "ops[0].writes[1]: unknown view 42"),
-    ("unknown view in args", lambda d: d["ops"][0]["args"]["args"].__setitem__(1, {"view": 77}),
-     "ops[0].args.args[1]: unknown view 77"),
-    ("unknown buffer of a view", lambda d: d["views"][2].update(buffer=9),
-     "views[2].buffer: unknown buffer 9"),
-    ("duplicate buffer id", lambda d: d["buffers"][2].update(id=1),
-     "buffers[2].id: duplicate id 1 (also buffers[1])"),
-    ("duplicate op id", lambda d: d["ops"][2].update(id=0), "ops[2].id: duplicate id 0 (also ops[0])"),
-    ("id not its position", lambda d: d["views"][3].update(id=7),
-     "views[3].id: expected 3 (ids are positions), got 7"),
-    ("negative size", lambda d: d["buffers"][3].update(nbytes=-5), "buffers[3].nbytes: negative size -5"),
-    ("view larger than its buffer", lambda d: d["views"][1].update(shape=[MiB // 4 + 1]),
-     "views[1]: spans 1048580 bytes but buffer 1 has 1048576 bytes"),
-    ("read before any write", lambda d: d["ops"][0]["reads"].append(3),
-     "ops[0].reads[2]: view 3 of buffer 3 is read before any op writes it"),
-    ("unknown kind", lambda d: d["buffers"][0].update(kind="weights"),
-     "buffers[0].kind: unknown BufferKind 'weights'"),
-    ("unknown phase", lambda d: d["ops"][0].update(phase="fwd"), "ops[0].phase: unknown Phase 'fwd'"),
-    ("access after free", lambda d: d["buffers"][2].update(freed_after=0),
-     "buffers[2].freed_after: freed after op 0 but ops[1] accesses it"),
-    ("freed_after outside the trace", lambda d: d["buffers"][2].update(freed_after=3),
-     "buffers[2].freed_after: 3 is not an op index (0..2)"),
-    ("wrong field type", lambda d: d["buffers"][1].update(nbytes="big"),
-     'buffers[1].nbytes: expected int, got "big"'),
+    (
+        "wrong schema",
+        lambda d: d.update(schema="memplan.trace/9"),
+        "schema: expected 'memplan.trace/1'",
+    ),
+    (
+        "unknown view in reads",
+        lambda d: d["ops"][1]["reads"].__setitem__(0, 999),
+        "ops[1].reads[0]: unknown view 999",
+    ),
+    (
+        "unknown view in writes",
+        lambda d: d["ops"][0]["writes"].append(42),
+        "ops[0].writes[1]: unknown view 42",
+    ),
+    (
+        "unknown view in args",
+        lambda d: d["ops"][0]["args"]["args"].__setitem__(1, {"view": 77}),
+        "ops[0].args.args[1]: unknown view 77",
+    ),
+    (
+        "unknown buffer of a view",
+        lambda d: d["views"][2].update(buffer=9),
+        "views[2].buffer: unknown buffer 9",
+    ),
+    (
+        "duplicate buffer id",
+        lambda d: d["buffers"][2].update(id=1),
+        "buffers[2].id: duplicate id 1 (also buffers[1])",
+    ),
+    (
+        "duplicate op id",
+        lambda d: d["ops"][2].update(id=0),
+        "ops[2].id: duplicate id 0 (also ops[0])",
+    ),
+    (
+        "id not its position",
+        lambda d: d["views"][3].update(id=7),
+        "views[3].id: expected 3 (ids are positions), got 7",
+    ),
+    (
+        "negative size",
+        lambda d: d["buffers"][3].update(nbytes=-5),
+        "buffers[3].nbytes: negative size -5",
+    ),
+    (
+        "view larger than its buffer",
+        lambda d: d["views"][1].update(shape=[MiB // 4 + 1]),
+        "views[1]: spans 1048580 bytes but buffer 1 has 1048576 bytes",
+    ),
+    (
+        "read before any write",
+        lambda d: d["ops"][0]["reads"].append(3),
+        "ops[0].reads[2]: view 3 of buffer 3 is read before any op writes it",
+    ),
+    (
+        "unknown kind",
+        lambda d: d["buffers"][0].update(kind="weights"),
+        "buffers[0].kind: unknown BufferKind 'weights'",
+    ),
+    (
+        "unknown phase",
+        lambda d: d["ops"][0].update(phase="fwd"),
+        "ops[0].phase: unknown Phase 'fwd'",
+    ),
+    (
+        "access after free",
+        lambda d: d["buffers"][2].update(freed_after=0),
+        "buffers[2].freed_after: freed after op 0 but ops[1] accesses it",
+    ),
+    (
+        "freed_after outside the trace",
+        lambda d: d["buffers"][2].update(freed_after=3),
+        "buffers[2].freed_after: 3 is not an op index (0..2)",
+    ),
+    (
+        "wrong field type",
+        lambda d: d["buffers"][1].update(nbytes="big"),
+        'buffers[1].nbytes: expected int, got "big"',
+    ),
     ("missing field", lambda d: d["ops"][1].pop("target"), "ops[1].target: missing"),
 ]
 
