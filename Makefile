@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(VENV)/bin/memplan inspect traces/data/resnet50_b16_adam.json.gz
+	$(VENV)/bin/memplan simulate traces/data/resnet50_b16_adam.json.gz --gpu rtx-a6000 --out report/
 
 test: setup
 	$(PY) -m pytest -q -m "not cuda" tests

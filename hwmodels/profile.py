@@ -181,7 +181,9 @@ def _table(
     out: dict[str, float] = {}
     for k, v in t.items():
         if keys is not None and k not in keys:
-            raise LatencyError(f"{where}: {key}.{k}: unknown dtype (known: {', '.join(sorted(keys))})")
+            raise LatencyError(
+                f"{where}: {key}.{k}: unknown dtype (known: {', '.join(sorted(keys))})"
+            )
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise LatencyError(f"{where}: {key}.{k}: expected a number > 0, got {v!r}")
         out[k] = float(v)

@@ -18,6 +18,7 @@ from traces.errors import MemplanError
 COMMAND_MODULES: tuple[str, ...] = (
     "capture",
     "inspect",
+    "simulate",
 )
 
 

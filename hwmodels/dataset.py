@@ -1,0 +1,158 @@
+"""Microbenchmark datasets: measured op latencies, stored as a trace plus measurements.
+
+Every sampled shape is one op of a synthetic `Trace` (its own input and
+output buffers), so the featurizer that reads captured traces reads the
+samples too. Measurements are (op, usage, latency) rows: one per usage level
+per shape. File format: gzip JSON with ``"schema": "memplan.microbench/1"``.
+
+The held-out split is a function of each sample's content (target, args,
+shapes), not of its position: the same shape measured twice lands on the
+same side, and the split needs no stored list of ids.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwmodels.errors import LatencyError
+from traces import io as trace_io
+from traces.errors import TraceError
+from traces.model import Op, Trace
+
+SCHEMA = "memplan.microbench/1"
+HELDOUT_FRACTION = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetMeta:
+    """How and where a dataset was measured; rates in bytes/s."""
+
+    device: str
+    hardware: str
+    description: str = ""
+    torch_version: str = ""
+    threads: int = 1
+    seed: int = 0
+    usage_levels: tuple[float, ...] = (0.0,)
+    samples_per_class: int = 0
+    repeats: int = 5
+    min_block_s: float = 0.0
+    created: str = ""
+    elapsed_s: float = 0.0
+    skipped: int = 0
+    copy: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """`trace` holds one op per sampled shape; `op`, `usage`, `latency_s` are
+    the measurement rows (int64 / float64 arrays of equal length)."""
+
+    meta: DatasetMeta
+    trace: Trace
+    op: np.ndarray
+    usage: np.ndarray
+    latency_s: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.op)
+        if len(self.usage) != n or len(self.latency_s) != n:
+            raise LatencyError("dataset: op, usage and latency_s must have equal lengths")
+
+    def heldout(self, fraction: float = HELDOUT_FRACTION) -> np.ndarray:
+        """bool per measurement row: its shape is in the held-out split."""
+        return heldout_ops(self.trace, fraction)[self.op]
+
+    def subset(self, rows: np.ndarray) -> Dataset:
+        """The same trace with only the given measurement rows (mask or indices)."""
+        return Dataset(self.meta, self.trace, self.op[rows], self.usage[rows], self.latency_s[rows])
+
+
+def op_key(op: Op, trace: Trace) -> str:
+    """Content of a call: target and args with every view replaced by its
+    shape, stride and dtype."""
+
+    def sub(x: Any) -> Any:
+        if isinstance(x, dict):
+            if "view" in x and len(x) == 1:
+                v = trace.views[x["view"]]
+                return [list(v.shape), list(v.stride), v.dtype]
+            return {k: sub(y) for k, y in x.items()}
+        if isinstance(x, list):
+            return [sub(y) for y in x]
+        return x
+
+    return json.dumps([op.target, sub(op.args)], sort_keys=True, separators=(",", ":"))
+
+
+def heldout_ops(trace: Trace, fraction: float = HELDOUT_FRACTION) -> np.ndarray:
+    """bool[n_ops]: ops whose content hash falls in the held-out `fraction`."""
+    cut = int(round(fraction * 10_000))
+    return np.fromiter(
+        (int(hashlib.sha256(op_key(op, trace).encode()).hexdigest()[:8], 16) % 10_000 < cut
+         for op in trace.ops),
+        bool,
+        trace.n_ops,
+    )  # fmt: skip
+
+
+def save_dataset(ds: Dataset, path: str | os.PathLike[str]) -> None:
+    """Write gzip JSON atomically."""
+    doc = {
+        "schema": SCHEMA,
+        "meta": asdict(ds.meta),
+        "trace": trace_io.to_dict(ds.trace),
+        "measurements": {
+            "op": ds.op.tolist(),
+            "usage": ds.usage.tolist(),
+            "latency_s": ds.latency_s.tolist(),
+        },
+    }
+    blob = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), 9, mtime=0)
+    trace_io.atomic_write_bytes(path, blob)
+
+
+def load_dataset(path: str | os.PathLike[str]) -> Dataset:
+    """Load and validate; any problem is a one-line `LatencyError` naming the file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = json.loads(raw)
+    except FileNotFoundError:
+        raise LatencyError(f"{p}: no such microbenchmark dataset") from None
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LatencyError(f"{p}: not a microbenchmark dataset: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise LatencyError(f"{p}: schema: expected {SCHEMA!r}, got {got!r}")
+    try:
+        trace = trace_io.from_dict(doc.get("trace"))
+    except TraceError as e:
+        raise LatencyError(f"{p}: trace.{e}") from None
+    try:
+        md = dict(doc["meta"])
+        md["usage_levels"] = tuple(md.get("usage_levels", (0.0,)))
+        meta = DatasetMeta(**md)
+        m = doc["measurements"]
+        op = np.asarray(m["op"], np.int64)
+        usage = np.asarray(m["usage"], np.float64)
+        lat = np.asarray(m["latency_s"], np.float64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise LatencyError(f"{p}: meta/measurements: malformed ({e})") from None
+    if len(op) and (op.min() < 0 or op.max() >= trace.n_ops):
+        raise LatencyError(f"{p}: measurements.op: ids must be in 0..{trace.n_ops - 1}")
+    if not np.isfinite(lat).all() or (lat <= 0).any():
+        raise LatencyError(f"{p}: measurements.latency_s: must be finite and > 0")
+    if ((usage < 0) | (usage > 1)).any():
+        raise LatencyError(f"{p}: measurements.usage: must be in [0, 1]")
+    return Dataset(meta, trace, op, usage, lat)

@@ -1,0 +1,227 @@
+"""`memplan simulate TRACE... --gpu NAME`: what plans cost on a model of one GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memplan.units import format_bytes, parse_size
+from planners import io as plan_io
+from planners.errors import PlanError
+from planners.plan import Plan, validate
+from planners.vanilla import release_only_plan, vanilla_plan
+from sim import Job, OomPolicy, SimResult, simulate
+from traces import io
+from traces.io import atomic_write_bytes
+from traces.model import Trace
+
+if TYPE_CHECKING:
+    from hwmodels.latency import LatencyModel
+
+BUILTIN_PLANS = {"vanilla": vanilla_plan, "release_only": release_only_plan}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate training steps under memory plans on one GPU",
+        description=(
+            "Run one or more traces together on a discrete-event model of one GPU "
+            "(compute, PCIe lanes, device memory), each under its plan, and report "
+            "iteration time, peak memory, stalls and bytes moved per job."
+        ),
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.json or .json.gz)")
+    p.add_argument("--gpu", required=True, help="hardware profile name (rtx-a6000) or .toml path")
+    p.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="PLAN",
+        help="plan file (memplan.plan/1), or 'vanilla' / 'release_only'; the plans of all "
+        "--plan options go to the traces in order (one built-in name alone goes to every "
+        "trace); default: vanilla",
+    )
+    p.add_argument(
+        "--latency",
+        default="roofline",
+        metavar="roofline|measured|mlp|MODEL",
+        help="op latency model: roofline (default), measured (the trace's durations), "
+        "mlp (the shipped model) or a saved latency model file",
+    )
+    p.add_argument("--iterations", type=int, default=3, help="iterations per job (default 3)")
+    p.add_argument(
+        "--lanes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: one PCIe lane shared by both directions (default); 2: one per direction",
+    )
+    p.add_argument(
+        "--budget",
+        help="device memory for the jobs: 8GiB, 512MB or bytes (default: the GPU's memory)",
+    )
+    p.add_argument(
+        "--oom",
+        choices=[o.value for o in OomPolicy],
+        default="fail",
+        help="when an allocation does not fit: fail (default), stall, passive",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write result.json, timeline.json, memory.png and gantt.png to DIR",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=run)
+
+
+def latency_model(name: str) -> LatencyModel:
+    """The `--latency` choice as a `LatencyModel` (imported lazily)."""
+    if name == "roofline":
+        from hwmodels.latency import Roofline
+
+        return Roofline()
+    if name == "measured":
+        from hwmodels.latency import Measured
+
+        return Measured()
+    from hwmodels.mlp import MLPLatency
+
+    return MLPLatency.load(None if name == "mlp" else name)
+
+
+def plans_for(sources: list[str], traces: list[Trace]) -> list[Plan]:
+    """One plan per trace from the `--plan` options (see the option's help)."""
+    if not sources:
+        return [vanilla_plan(t) for t in traces]
+    if len(sources) == 1 and sources[0] in BUILTIN_PLANS:
+        return [BUILTIN_PLANS[sources[0]](t) for t in traces]
+    # (label, plan file entry or a built-in's name), in trace order
+    entries: list[tuple[str, Plan | str]] = []
+    for src in sources:
+        if src in BUILTIN_PLANS:
+            entries.append((src, src))
+        else:
+            result = plan_io.load(src)
+            entries += [(f"{src}: plans[{k}]", p) for k, p in enumerate(result.plans)]
+    if len(entries) != len(traces):
+        raise PlanError(f"--plan: {len(entries)} plans for {len(traces)} traces (one per trace)")
+    plans = []
+    for (where, entry), trace in zip(entries, traces, strict=True):
+        if isinstance(entry, str):
+            plans.append(BUILTIN_PLANS[entry](trace))
+        else:
+            validate(entry, trace, where)
+            plans.append(entry)
+    return plans
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwmodels.profile import load_hardware
+
+    hw = load_hardware(args.gpu)
+    latency = latency_model(args.latency)
+    budget = parse_size(args.budget, "--budget") if args.budget else None
+    traces = [io.load(p) for p in args.traces]
+    plans = plans_for(args.plan, traces)
+    jobs = [
+        Job(t, p, name=_job_name(path, t))
+        for path, t, p in zip(args.traces, traces, plans, strict=True)
+    ]
+    result = simulate(
+        jobs,
+        hw,
+        latency,
+        iterations=args.iterations,
+        lanes=args.lanes,
+        budget=budget,
+        oom=args.oom,
+    )
+    summary = result.to_dict()
+    summary["latency"] = args.latency
+    summary["traces"] = [str(p) for p in args.traces]
+    if args.out:
+        write_report(result, summary, Path(args.out))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_table(result, args.latency)
+        if args.out:
+            print(f"\nwrote {args.out}/result.json, timeline.json, memory.png, gantt.png")
+    return 0
+
+
+def _job_name(path: str, trace: Trace) -> str:
+    return trace.meta.model or Path(path).name.split(".")[0]
+
+
+def write_report(result: SimResult, summary: dict, out: Path) -> None:
+    """result.json, timeline.json (Perfetto), memory.png and gantt.png in `out`."""
+    from sim.timeline import gantt_figure, memory_figure, save_figure, write_chrome_trace
+
+    atomic_write_bytes(out / "result.json", (json.dumps(summary, indent=2) + "\n").encode())
+    write_chrome_trace(result, out / "timeline.json")
+    save_figure(memory_figure(result), out / "memory.png")
+    save_figure(gantt_figure(result), out / "gantt.png")
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:.3f} ms"
+
+
+def _oom_text(at: tuple[int, int, int] | None) -> str:
+    if at is None:
+        return "-"
+    it, op, _b = at
+    return f"iteration {it} " + ("start" if op < 0 else f"op {op}")
+
+
+def print_table(result: SimResult, latency: str) -> None:
+    lanes = "1 shared lane" if len(result.lanes) == 1 else "2 lanes (h2d, d2h)"
+    print(
+        f"{result.hardware}: {lanes}, budget {format_bytes(result.budget_bytes)}, "
+        f"oom {result.oom_policy.value}, latency {latency}"
+    )
+    head = (
+        "job",
+        "name",
+        "iteration",
+        "peak",
+        "stall",
+        "recompute",
+        "H2D",
+        "D2H",
+        "passive",
+        "OOM",
+    )
+    rows = [
+        (
+            str(j.index),
+            j.name,
+            _ms(j.iteration_time_s),
+            format_bytes(j.peak_bytes),
+            _ms(j.stall_s),
+            _ms(j.recompute_s),
+            format_bytes(j.bytes_h2d),
+            format_bytes(j.bytes_d2h),
+            str(j.passive_swaps),
+            _oom_text(j.oom_at),
+        )
+        for j in result.jobs
+    ]
+    widths = [max(len(r[k]) for r in (head, *rows)) for k in range(len(head))]
+    for r in (head, *rows):
+        print(
+            "  ".join(
+                c.ljust(w) if k < 2 else c.rjust(w)
+                for k, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    print(
+        f"\npeak {format_bytes(result.peak_bytes)} of {format_bytes(result.budget_bytes)}; "
+        f"makespan {_ms(result.makespan_s)}"
+    )

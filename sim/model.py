@@ -1,0 +1,437 @@
+"""The SimPy model of one GPU: compute, PCIe lane(s) and device memory.
+
+One process per job walks its ops; every plan event with a delay or a copy is
+a process of its own. Processes wait on events only -- the compute resource,
+lane requests, copy-done events, the memory pool's `changed()` -- never poll.
+Everything observable goes to `GpuModel.log` and the pool's samples.
+
+Times inside the model are microseconds (op durations are rounded to 1 ns),
+so hand-worked cases with whole milliseconds come out exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import simpy
+
+from hwmodels.profile import Hardware
+from sim.errors import SimError
+from sim.job import IN, OUT, REL, CompiledJob
+from sim.log import LogEntry, LogKind
+from sim.memory import MemoryPool
+from sim.pcie import Pcie
+from sim.state import (
+    ARRIVING,
+    DEV,
+    LEAVING,
+    OFF,
+    Gen,
+    JobState,
+    OomPolicy,
+    Stop,
+)
+from sim.transfers import Transfers
+
+K = LogKind
+
+# NOTE [ Event semantics ]
+# - SwapOut: at its trigger the buffer is marked leaving (still usable); after
+#   the delay it queues for the D2H lane; the device memory is freed when the
+#   copy ends. If the buffer already has a valid host copy, no bytes move: the
+#   device copy is dropped when the delay ends (a `discard`).
+# - Host copies: a host copy is valid from the end of a D2H copy until an op
+#   writes the buffer (in-place update, optimizer step) or the framework frees
+#   it; a swap-in does not drop it (TENSILE). A copy that overlaps a writing
+#   op at all is stale.
+# - The framework's own free (`Buffer.freed_after`) of a buffer whose swap-out
+#   copy is running takes effect when the copy ends (the copy engine still
+#   reads the memory, as with `record_stream`); the host copy is dropped. If
+#   the copy has not started, the memory is freed at once and the swap-out is
+#   dropped. A buffer that is off the device when the framework frees it just
+#   loses its host copy.
+# - SwapIn: at its trigger the buffer is marked arriving; ops that need it
+#   wait. After the delay it queues for the H2D lane and takes its bytes when
+#   the copy starts (if they do not fit, it lets go of the lane, makes room
+#   under the OOM policy, takes the bytes and queues again). A SwapIn of a
+#   buffer that is on the device does nothing; of a buffer whose swap-out has
+#   not finished, it cancels that swap-out's free (no H2D copy).
+#   `before_op` does not start before the swap-in is done (stall time).
+# - A swap-out whose copy ends while the job's current op uses the buffer, or
+#   of a buffer an op needed while it was leaving, keeps it on the device
+#   (host copy made, memory not freed).
+# - Release frees the device copy at once; of a leaving buffer it undoes a
+#   cancelled free. A Release, SwapOut or SwapIn that finds nothing to act on
+#   is logged as `skip`.
+# - Recompute (on demand, as Capuchin): when `before_op` needs the absent
+#   buffer, the chain's ops re-run on the compute stream, each taking its
+#   latency. Each re-run op allocates its absent outputs when it starts, so
+#   the recomputed buffer's bytes are taken again then; outputs other than
+#   the recomputed buffer are temporaries, freed when the chain ends; writes
+#   to buffers on the device are not redone. A source that is absent is made
+#   present the way an op input is (its own Recompute before the same op,
+#   its swap-in, an on-demand fetch).
+# - An input absent with nothing scheduled is fetched on demand (a passive
+#   swap) if a host copy exists; with no host copy and no Recompute the plan
+#   lost the data: `SimError` (`planners.check` rejects such plans).
+#
+# NOTE [ Iteration boundary ]
+# Iteration k ends when its last op ends; k+1 starts at once, with no barrier
+# on pending copies. Persistent buffers keep their state (resident, off
+# device with a host copy, or mid-copy). Every other buffer died during the
+# iteration (the framework frees it at `freed_after`, at the latest after the
+# last op): its host copy is gone, and a plan event of iteration k still
+# pending for it (a long delay) is dropped. Inputs are allocated at the start
+# of each iteration (no transfer is modelled); an input released at
+# after_op=-1 is never loaded. A job allocates its persistent buffers when it
+# arrives and returns all its memory when it ends or runs out of memory.
+#
+# NOTE [ Usage ]
+# An op's latency is `predict_all(trace, hw, usage)` with
+# usage = 1 - 1/n_active, n_active counting jobs that have arrived and not
+# ended (0 alone, 0.5 with two jobs); the value at the op's start holds for
+# the whole op. Kernels of different jobs still queue FIFO on one compute
+# resource.
+#
+# NOTE [ Out of memory ]
+# An allocation that does not fit the budget: `fail` logs `oom`, stops the
+# job and returns its memory (other jobs go on). `stall` waits for memory
+# while the free bytes plus those that triggered swap-outs will return could
+# cover it, else it is an OOM; other frees wake it too. `passive` (Capuchin's
+# passive mode, applied to the shared pool) evicts the least recently used
+# buffer on the device -- of any job, as long as its job's current op does
+# not use it and no copy of it is running -- with a synchronous swap-out on
+# the lane (one that only drops the device copy when the host copy is valid),
+# until the allocation fits; with nothing left to evict it behaves as
+# `stall`. Each eviction and each on-demand fetch counts as a passive swap of
+# the job that owns the buffer (as do its bytes); the wait is stall of the
+# job that needed the room. Recency is an op's start (for every buffer it
+# accesses), an allocation, or the end of a swap-in. Prefetching swap-ins
+# make room the same way, but their waiting is not compute stall.
+
+
+class GpuModel(Transfers):
+    """Compute, lanes and memory of one GPU, running `jobs` to the end."""
+
+    def __init__(
+        self,
+        jobs: Sequence[CompiledJob],
+        hw: Hardware,
+        lanes: int,
+        budget_bytes: int,
+        oom: OomPolicy,
+    ):
+        env = self.env = simpy.Environment()
+        self.n_events = 0
+        self.compute = simpy.Resource(env, capacity=1)
+        self.shared = len(jobs) > 1  # alone, a job never queues for compute
+        self.pcie = Pcie(env, hw, lanes)
+        self.mem = MemoryPool(env, budget_bytes)
+        self.policy = oom
+        self.passive = oom is OomPolicy.PASSIVE
+        self.log: list[LogEntry] = []
+        # NOTE [ Out of memory ]: (job, buffer) of every resident buffer, least
+        # recently used first (passive mode only)
+        self.lru: dict[tuple[int, int], None] = {}
+        self.jobs = [JobState(c) for c in jobs]
+        self.active: list[JobState] = []
+
+    def run(self) -> None:
+        for s in self.jobs:
+            self.env.process(self._job(s))
+        self.env.run()
+        # SimPy numbers every event it schedules from the counter `_eid`;
+        # reading it once at the end counts them without wrapping `schedule`
+        # on the hot path.
+        self.n_events = next(self.env._eid)
+        stuck = [s.c.name for s in self.jobs if not s.stopped]
+        if stuck:  # every wait is on something that happens: this is a model bug
+            raise RuntimeError(f"simulation ended with jobs still waiting: {stuck}")
+
+    # ---- the job process ---------------------------------------------------------
+    def _job(self, s: JobState) -> Gen:
+        c = s.c
+        try:
+            if c.arrival_us:
+                yield self.env.timeout(c.arrival_us)
+            self._set_active(s, True)
+            s.start_us = self.env.now
+            if c.persistent_bytes:
+                yield from self._make_room(s, c.persistent_bytes, -1, True)
+            for b in c.persistent:
+                self._create(s, b)
+            for it in range(c.iterations):
+                yield from self._iteration(s, it)
+        except Stop:
+            return
+        self._retire(s)
+
+    def _iteration(self, s: JobState, it: int) -> Gen:
+        c, env, mem, log = s.c, self.env, self.mem, self.log.append
+        j = c.index
+        s.iteration = it
+        s.iter_start_us.append(env.now)
+        log(LogEntry(env.now, j, it, K.ITER_START))
+        if c.input_bytes:
+            yield from self._make_room(s, c.input_bytes, -1, True, c.inputs[0])
+        for b in c.inputs:
+            self._create(s, b)
+        if c.triggers[0]:
+            self._trigger(s, c.triggers[0], it)
+        accs, need, create, cbytes = c.accs, c.need, c.create, c.create_bytes
+        writes, frees, triggers = c.writes, c.frees, c.triggers
+        where, host, wcount, deadlines = s.where, s.host, s.wcount, s.deadlines
+        shared, passive, compute = self.shared, self.passive, self.compute
+        new, start, end = tuple.__new__, K.OP_START, K.OP_END  # LogEntry without its __new__
+        for i in range(c.n_ops):
+            s.pinned = accs[i]
+            if deadlines:
+                waits = deadlines.pop((it, i), None)
+                if waits:
+                    yield from self._await_swap_ins(s, waits, i)
+            for b in need[i]:
+                if where[b] != DEV:
+                    yield from self._ensure(s, b, i)
+            if cbytes[i]:
+                if not mem.fits(cbytes[i]):
+                    yield from self._make_room(s, cbytes[i], i, True, create[i][0])
+                for b in create[i]:
+                    self._create(s, b)
+            if passive:  # recency for the LRU eviction, see NOTE [ Out of memory ]
+                lru = self.lru
+                for b in accs[i]:
+                    key = (j, b)
+                    if key in lru:
+                        del lru[key]
+                        lru[key] = None
+            if shared:
+                req = compute.request()
+                yield req
+            log(new(LogEntry, (env.now, j, it, start, i, -1, -1)))
+            for b in writes[i]:  # a copy overlapping the write in any way is stale
+                host[b] = False
+                wcount[b] += 1
+            yield env.timeout(s.dur[i])
+            if shared:
+                compute.release(req)
+            if s.stopped:
+                raise Stop
+            log(new(LogEntry, (env.now, j, it, end, i, -1, -1)))
+            for b in writes[i]:
+                host[b] = False
+                wcount[b] += 1
+            for b in frees[i]:
+                self._framework_free(s, b)
+            if triggers[i + 1]:
+                self._trigger(s, triggers[i + 1], it)
+        s.iter_end_us.append(env.now)
+        log(LogEntry(env.now, j, it, K.ITER_END))
+
+    def _await_swap_ins(self, s: JobState, waits: list[tuple[int, simpy.Event]], i: int) -> Gen:
+        for b, done in waits:
+            if not done.triggered:
+                yield from self._stall_on(s, done, i, b)
+
+    def _stall_on(self, s: JobState, ev: simpy.Event, i: int, b: int) -> Gen:
+        env, j, it = self.env, s.c.index, s.iteration
+        t0 = env.now
+        self.log.append(LogEntry(t0, j, it, K.STALL_START, i, b))
+        yield ev
+        self.log.append(LogEntry(env.now, j, it, K.STALL_END, i, b))
+        s.stall_us += env.now - t0
+        if s.stopped:
+            raise Stop
+
+    def _ensure(self, s: JobState, b: int, i: int) -> Gen:
+        """Make buffer `b`, which op `i` needs, usable (NOTE [ Event semantics ])."""
+        while True:
+            w = s.where[b]
+            if w == DEV:
+                return
+            if w == LEAVING:
+                s.keep[b] = True
+                return
+            if w == ARRIVING:
+                yield from self._stall_on(s, s.in_ev[b], i, b)
+                continue
+            c = s.c
+            rc = c.recompute.get((b, i))
+            if rc is not None:
+                yield from self._recompute(s, rc, i)
+            elif s.host[b]:
+                yield from self._fetch(s, b, i)
+            else:
+                raise SimError(
+                    f"job {c.index} ({c.name}), iteration {s.iteration}, op {i}: buffer {b} "
+                    f"is absent with no host copy, no swap-in and no recompute "
+                    f"(planners.check rejects this plan)"
+                )
+            if s.stopped:
+                raise Stop
+            if s.where[b] == OFF:  # a model bug: both branches deliver `b` or stop
+                raise RuntimeError(f"buffer {b} still absent after being made present")
+
+    def _recompute(self, s: JobState, rc: tuple, i: int) -> Gen:
+        target, chain, _e = rc
+        c, env, mem = s.c, self.env, self.mem
+        j, it = c.index, s.iteration
+        where, pinned = s.where, s.pinned
+        temps: list[int] = []
+        for k, srcs in chain:
+            s.pinned = pinned + c.accs[k]
+            for src in srcs:
+                if where[src] != DEV:
+                    yield from self._ensure(s, src, i)
+            outs = [w for w in c.writes[k] if where[w] == OFF]
+            nbytes = sum(c.nbytes[w] for w in outs)
+            if nbytes and not mem.fits(nbytes):
+                yield from self._make_room(s, nbytes, i, True, target)
+            for w in outs:
+                self._take(s, w)
+                if w != target:
+                    temps.append(w)
+            if self.shared:
+                req = self.compute.request()
+                yield req
+            self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_START, k, target))
+            yield env.timeout(s.dur[k])
+            if self.shared:
+                self.compute.release(req)
+            if s.stopped:
+                raise Stop
+            self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_END, k, target))
+            s.recompute_us += s.dur[k]
+        s.pinned = pinned
+        for w in temps:
+            if where[w] == DEV:
+                self._drop(s, w)
+
+    # ---- memory ----------------------------------------------------------------------
+    def _take(self, s: JobState, b: int) -> None:
+        """Allocate `b`'s bytes; it is on the device and usable."""
+        c = s.c
+        self.mem.alloc(c.index, c.kind[b], c.nbytes[b])
+        s.where[b] = DEV
+        if self.passive:
+            self.lru[(c.index, b)] = None
+
+    def _drop(self, s: JobState, b: int) -> None:
+        """Free the device copy of `b` (which is DEV)."""
+        c = s.c
+        s.where[b] = OFF
+        if self.passive:
+            self.lru.pop((c.index, b), None)
+        self.mem.free(c.index, c.kind[b], c.nbytes[b])
+
+    def _create(self, s: JobState, b: int) -> None:
+        self._take(s, b)
+        s.alive[b] = True
+        s.host[b] = s.keep[b] = False
+
+    def _framework_free(self, s: JobState, b: int) -> None:
+        w = s.where[b]
+        s.alive[b] = s.host[b] = s.keep[b] = False
+        s.epoch[b] += 1  # pending events for this incarnation of `b` are void
+        if w == DEV:
+            self._drop(s, b)
+        elif w == LEAVING and not s.copying[b]:
+            s.where[b] = DEV
+            self._drop(s, b)
+        s.where[b] = OFF  # a running copy returns the bytes when it ends
+
+    def _make_room(self, s: JobState, nbytes: int, i: int, on_compute: bool, b: int = -1) -> Gen:
+        """Return once `nbytes` fit, evicting or waiting under the OOM policy;
+        raise `Stop` after logging an OOM. Waiting on the compute path is stall."""
+        mem, env = self.mem, self.env
+        if mem.fits(nbytes):
+            return
+        if self.policy is OomPolicy.FAIL or nbytes > mem.budget:
+            self._oom(s, i, b)
+        t0, stalled = env.now, False
+        while not mem.fits(nbytes):
+            if self.passive:
+                victim = next((k for k in self.lru if k[1] not in self.jobs[k[0]].pinned), None)
+                if victim is not None:
+                    owner = self.jobs[victim[0]]
+                    yield from self._copy_out(owner, victim[1], i if owner is s else -1, True)
+                    continue
+            if mem.free_bytes + mem.pending_out < nbytes:
+                self._oom(s, i, b)
+            if on_compute and not stalled:
+                stalled = True
+                self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_START, i, b))
+            yield mem.changed()
+            if s.stopped:
+                raise Stop
+        if stalled:
+            self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_END, i, b))
+        if on_compute:
+            s.stall_us += env.now - t0
+
+    def _oom(self, s: JobState, i: int, b: int) -> None:
+        if not s.stopped:
+            s.oom = (s.iteration, i, b)
+            self.log.append(LogEntry(self.env.now, s.c.index, s.iteration, K.OOM, i, b))
+            self._retire(s)
+        raise Stop
+
+    def _retire(self, s: JobState) -> None:
+        """The job ends (or died): return its memory; copies return theirs."""
+        if s.stopped:
+            return
+        s.stopped = True
+        s.end_us = self.env.now
+        self._set_active(s, False)
+        for b, w in enumerate(s.where):
+            if w == DEV or (w == LEAVING and not s.copying[b]):
+                s.where[b] = DEV
+                self._drop(s, b)
+
+    def _set_active(self, s: JobState, active: bool) -> None:
+        if active:
+            self.active.append(s)
+        else:
+            self.active.remove(s)
+        for a in self.active:
+            a.dur = a.c.durations(len(self.active))
+
+    # ---- plan events ---------------------------------------------------------------
+    def _trigger(self, s: JobState, events: tuple, it: int) -> None:
+        env, log, where = self.env, self.log.append, s.where
+        j = s.c.index
+        for code, b, delay, before, next_it, _e, after in events:
+            w = where[b]
+            if code == REL:
+                if w == DEV and s.alive[b]:
+                    self._drop(s, b)
+                    log(LogEntry(env.now, j, it, K.RELEASE, after, b))
+                elif w == LEAVING:
+                    s.keep[b] = False
+                    log(LogEntry(env.now, j, it, K.RELEASE, after, b))
+                else:
+                    log(LogEntry(env.now, j, it, K.SKIP, after, b))
+            elif code == OUT:
+                if w == DEV and s.alive[b]:
+                    where[b] = LEAVING
+                    s.keep[b] = False
+                    if self.passive:
+                        self.lru.pop((j, b), None)
+                    self.mem.add_pending_out(s.c.nbytes[b])
+                    env.process(self._swap_out(s, b, delay, after))
+                else:
+                    log(LogEntry(env.now, j, it, K.SKIP, after, b))
+            elif code == IN:
+                target = it + 1 if next_it else it
+                if target >= s.c.iterations:
+                    continue  # serves an iteration that will not run
+                if w == ARRIVING:
+                    s.deadlines.setdefault((target, before), []).append((b, s.in_ev[b]))
+                elif w == OFF and s.alive[b] and s.host[b]:
+                    where[b] = ARRIVING
+                    done = s.in_ev[b] = env.event()
+                    s.deadlines.setdefault((target, before), []).append((b, done))
+                    env.process(self._swap_in(s, b, delay, after, done))
+                else:
+                    if w == LEAVING:
+                        s.keep[b] = True
+                    log(LogEntry(env.now, j, it, K.SKIP, after, b))

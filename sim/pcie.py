@@ -1,0 +1,81 @@
+"""PCIe: the copy lane(s) between host and device.
+
+`lanes=1` is the design card's single-lane channel: one `simpy.Resource`
+shared by both directions and all jobs, FIFO. `lanes=2` is one lane per
+direction (two copy engines, full duplex) with the profile's H2D slowdown:
+while a D2H copy holds its lane, H2D bytes move at `h2d_duplex_factor` times
+the H2D bandwidth. A copy holds its lane for `fixed cost + nbytes / bandwidth`
+(the fixed cost is latency, not bandwidth, and is never slowed).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from hwmodels.profile import Hardware
+
+
+class Direction(enum.Enum):
+    H2D = "h2d"
+    D2H = "d2h"
+
+
+class Pcie:
+    """The lanes of one GPU. Times are microseconds of simulated time."""
+
+    def __init__(self, env: simpy.Environment, hw: Hardware, lanes: int):
+        self.env = env
+        self.fixed_us = hw.transfer_fixed_s * 1e6
+        self.bw = {Direction.H2D: hw.h2d_bytes_per_s, Direction.D2H: hw.d2h_bytes_per_s}
+        self.resources = tuple(simpy.Resource(env, capacity=1) for _ in range(lanes))
+        self.names = ("pcie",) if lanes == 1 else ("h2d", "d2h")
+        self.index = {Direction.H2D: 0, Direction.D2H: 0 if lanes == 1 else 1}
+        self.duplex_factor = hw.h2d_duplex_factor if lanes == 2 else 1.0
+        self._d2h_busy = False
+        self._d2h_changed: simpy.Event | None = None
+
+    def resource(self, direction: Direction) -> simpy.Resource:
+        return self.resources[self.index[direction]]
+
+    def full_speed_us(self, nbytes: int, direction: Direction) -> float:
+        """Microseconds a copy holds its lane when nothing slows it."""
+        return self.fixed_us + nbytes * 1e6 / self.bw[direction]
+
+    def transfer(self, nbytes: int, direction: Direction) -> Generator[simpy.Event, Any, None]:
+        """Move `nbytes` on the lane the caller already holds."""
+        env = self.env
+        if direction is Direction.D2H or self.duplex_factor == 1.0:
+            if direction is Direction.D2H and self.duplex_factor != 1.0:
+                self._set_d2h_busy(True)
+                try:
+                    yield env.timeout(self.full_speed_us(nbytes, direction))
+                finally:
+                    self._set_d2h_busy(False)
+            else:
+                yield env.timeout(self.full_speed_us(nbytes, direction))
+            return
+        # H2D beside a D2H lane: the rate changes whenever a D2H copy starts
+        # or ends, so wait for whichever comes first -- the end of the copy at
+        # the current rate, or the change -- and carry over what is left,
+        # counted in microseconds at full speed.
+        if self.fixed_us:
+            yield env.timeout(self.fixed_us)
+        left = nbytes * 1e6 / self.bw[direction]
+        while left > 1e-9:
+            factor = self.duplex_factor if self._d2h_busy else 1.0
+            if self._d2h_changed is None:
+                self._d2h_changed = env.event()
+            changed = self._d2h_changed
+            t0 = env.now
+            yield env.timeout(left / factor) | changed
+            left = 0.0 if not changed.triggered else left - (env.now - t0) * factor
+
+    def _set_d2h_busy(self, busy: bool) -> None:
+        self._d2h_busy = busy
+        if self._d2h_changed is not None:
+            ev, self._d2h_changed = self._d2h_changed, None
+            ev.succeed()

@@ -1,0 +1,85 @@
+"""`simulate`: score plans by running their jobs on a model of one GPU."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hwmodels.latency import LatencyModel
+from hwmodels.profile import Hardware
+from planners.check import check as check_plan
+from planners.plan import validate
+from sim.errors import SimError
+from sim.job import CompiledJob, Job
+from sim.metrics import SimResult, build_result
+from sim.model import GpuModel
+from sim.state import OomPolicy
+from traces.model import Trace
+
+
+def simulate(
+    jobs: Sequence[Job | Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    iterations: int = 3,
+    lanes: int = 1,
+    budget: int | None = None,
+    oom: OomPolicy | str = OomPolicy.FAIL,
+    seed: int = 0,
+    check: bool = True,
+) -> SimResult:
+    """Run `jobs` (a bare `Trace` is a vanilla job arriving at 0) together on
+    `hw` and return what happened.
+
+    - `iterations`: per job, unless the job says otherwise.
+    - `lanes`: 1 = one PCIe lane shared by both directions and all jobs;
+      2 = one lane per direction with the profile's H2D duplex slowdown.
+    - `budget`: device bytes the jobs may use (default: `hw.memory_bytes`).
+    - `oom`: what an allocation that does not fit does -- "fail", "stall" or
+      "passive" (NOTE [ Out of memory ] in `sim/model.py`).
+    - `seed`: recorded in the result; the model itself is deterministic (ties
+      are broken by job index and plan order), so the same inputs always give
+      the same result.
+    - `check`: run `planners.check` on every plan first (a bad plan is a
+      `PlanError`); with False only the cheap structural `validate` runs.
+
+    Bad arguments raise `SimError`.
+    """
+    policy = _policy(oom)
+    if not jobs:
+        raise SimError("simulate: no jobs")
+    if not isinstance(iterations, int) or iterations < 1:
+        raise SimError(f"iterations={iterations!r} must be an integer >= 1")
+    if lanes not in (1, 2):
+        raise SimError(f"lanes={lanes!r} must be 1 (shared) or 2 (one per direction)")
+    if lanes == 2 and hw.copy_engines < 2:
+        raise SimError(f"lanes=2 needs two copy engines; {hw.name} has {hw.copy_engines}")
+    if budget is None:
+        budget = hw.memory_bytes
+    if not isinstance(budget, int) or budget <= 0:
+        raise SimError(f"budget={budget!r} must be a positive number of bytes")
+    compiled = []
+    for j, job in enumerate(jobs):
+        job = job if isinstance(job, Job) else Job(job)
+        if not math.isfinite(job.arrival_s) or job.arrival_s < 0:
+            raise SimError(f"jobs[{j}]: arrival_s={job.arrival_s!r} must be >= 0")
+        n_it = iterations if job.iterations is None else job.iterations
+        if not isinstance(n_it, int) or n_it < 1:
+            raise SimError(f"jobs[{j}]: iterations={n_it!r} must be an integer >= 1")
+        if job.plan is not None:
+            (check_plan if check else validate)(job.plan, job.trace)
+        compiled.append(CompiledJob(j, job, n_it, latency, hw))
+    model = GpuModel(compiled, hw, lanes, budget, policy)
+    model.run()
+    return build_result(model, hw.name, seed)
+
+
+def _policy(oom: OomPolicy | str) -> OomPolicy:
+    if isinstance(oom, OomPolicy):
+        return oom
+    try:
+        return OomPolicy(oom)
+    except ValueError:
+        allowed = ", ".join(p.value for p in OomPolicy)
+        raise SimError(f"oom={oom!r} must be one of {allowed}") from None

@@ -1,0 +1,59 @@
+"""Run-time state of the model: where each buffer is, per job.
+
+Per-buffer fields are plain lists indexed by buffer id (the hot loop reads
+them once per op); see NOTE [ Event semantics ] in `sim/model.py`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from sim.job import CompiledJob
+
+Gen = Generator[simpy.Event, Any, Any]
+
+# Where a buffer is. OFF: not on the device. DEV: on the device and usable.
+# LEAVING: on the device, a swap-out triggered (its process owns the memory).
+# ARRIVING: a swap-in triggered, not usable yet (its process owns any memory).
+OFF, DEV, LEAVING, ARRIVING = 0, 1, 2, 3
+
+
+class OomPolicy(enum.Enum):
+    FAIL = "fail"
+    STALL = "stall"
+    PASSIVE = "passive"
+
+
+class Stop(Exception):
+    """The job has stopped (out of memory): unwinds whichever process noticed."""
+
+
+class JobState:
+    """The run-time state of one job: per-buffer lists and counters."""
+
+    def __init__(self, c: CompiledJob):
+        nb = len(c.nbytes)
+        self.c = c
+        self.where = [OFF] * nb
+        self.alive = [False] * nb
+        self.host = [False] * nb
+        self.keep = [False] * nb
+        self.copying = [False] * nb
+        self.epoch = [0] * nb
+        self.wcount = [0] * nb
+        self.in_ev: dict[int, simpy.Event] = {}
+        self.pinned: tuple[int, ...] = ()
+        self.deadlines: dict[tuple[int, int], list[tuple[int, simpy.Event]]] = {}
+        self.dur: list[float] = []
+        self.iteration = 0
+        self.stopped = False
+        self.oom: tuple[int, int, int] | None = None  # (iteration, op, buffer)
+        self.start_us = self.end_us = float("nan")
+        self.iter_start_us: list[float] = []
+        self.iter_end_us: list[float] = []
+        self.stall_us = self.recompute_us = 0.0
+        self.bytes_h2d = self.bytes_d2h = self.passive = 0

@@ -1,0 +1,175 @@
+"""Plans: JSON round trip, binding to a trace, one error per malformed case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planners import io as plan_io
+from planners.errors import PlanError
+from planners.plan import (
+    Plan,
+    PlanResult,
+    Recompute,
+    Release,
+    SwapIn,
+    SwapOut,
+    empty_plan,
+    validate,
+)
+from tests.sim.handtraces import B, Call, make
+
+
+def trace():
+    # p param; x input; a, b activations; op1 has RNG (dropout-like)
+    t, _ = make(
+        [B(2, "param"), B(1, "input", freed_after=3), B(2), B(1)],
+        [Call([0, 1], [2]), Call([2], [3], rng=True), Call([3], []), Call([2, 1], [])],
+    )
+    return t
+
+
+EVENTS = (
+    SwapOut(2, 0, delay_us=250.0),
+    SwapIn(2, 1, 3, delay_us=0.0),
+    Release(3, 2),
+    Recompute(3, 3, (1,), restore_rng=True),
+    SwapIn(0, 3, 0, next_iteration=True),
+)
+
+
+def result(t):
+    return PlanResult(
+        planner="hand",
+        feasible=True,
+        plans=(Plan(t.fingerprint(), EVENTS, "hand"),),
+        solve_time_s=0.5,
+        options={"budget_bytes": 123},
+        stats={"peak_bytes": 7},
+    )
+
+
+@pytest.mark.parametrize("name", ["plan.json", "plan.json.gz"])
+def test_round_trip(tmp_path, name):
+    t = trace()
+    plan_io.save(result(t), tmp_path / name)
+    back = plan_io.load(tmp_path / name, [t])
+    assert back == result(t)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # atomic: no temp files
+
+
+def test_json_form():
+    d = plan_io.to_dict(result(trace()))
+    assert d["schema"] == "memplan.plan/1"
+    assert d["plans"][0]["events"][1] == {
+        "type": "swap_in",
+        "buffer": 2,
+        "after_op": 1,
+        "before_op": 3,
+        "delay_us": 0.0,
+        "next_iteration": False,
+    }
+    assert d["plans"][0]["events"][3] == {
+        "type": "recompute",
+        "buffer": 3,
+        "before_op": 3,
+        "ops": [1],
+        "restore_rng": True,
+    }
+
+
+def test_optional_fields_default():
+    t = trace()
+    d = plan_io.to_dict(result(t))
+    d["plans"][0]["events"] = [{"type": "swap_out", "buffer": 2, "after_op": 0}]
+    assert plan_io.from_dict(d, [t]).plans[0].events == (SwapOut(2, 0, 0.0),)
+
+
+def test_counts():
+    assert Plan("x", EVENTS).counts() == {"swap_out": 1, "swap_in": 2, "release": 1, "recompute": 1}
+
+
+def test_wrong_trace_is_named(tmp_path):
+    t = trace()
+    other, _ = make([B(1)], [Call([], [0])], "other")
+    plan_io.save(result(t), tmp_path / "p.json")
+    with pytest.raises(PlanError, match=r"plans\[0\]: made for trace \w{12} \(hand\), not for this trace \w{12} \(other\)"):  # fmt: skip
+        plan_io.load(tmp_path / "p.json", [other])
+
+
+@pytest.mark.parametrize(
+    "event, message",
+    [
+        (SwapOut(9, 0), r"events\[0\] \(swap_out of buffer 9\): unknown buffer 9 \(the trace has 0..3\)"),
+        (SwapOut(2, 4), r"events\[0\] \(swap_out of buffer 2\): after_op 4 is not an op of the trace \(-1..3\)"),
+        (SwapOut(2, 0, -1.0), r"delay_us=-1.0 must be a finite number >= 0"),
+        (SwapIn(2, 1, 7), r"before_op 7 is not an op of the trace \(0..3\)"),
+        (SwapIn(2, 3, 1), r"after_op 3 is not before before_op 1 \(set next_iteration"),
+        (SwapIn(2, 3, 1, next_iteration=True), r"next_iteration needs a persistent buffer; buffer 2 \(activation\)"),
+        (Release(1, -2), r"after_op -2 is not an op"),
+        (Recompute(3, 3, ()), r"ops is empty"),
+        (Recompute(3, 3, (1, 0)), r"ops \[1, 0\] must be strictly ascending"),
+        (Recompute(3, 2, (2,)), r"op 2 does not run before before_op 2"),
+        (Recompute(3, 3, (0,)), r"none of ops \[0\] writes buffer 3"),
+    ],
+)  # fmt: skip
+def test_validate_names_the_event(event, message):
+    t = trace()
+    with pytest.raises(PlanError, match=message):
+        validate(Plan(t.fingerprint(), (event,)), t)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(schema="memplan.plan/0"), r"schema: expected 'memplan.plan/1'"),
+        (lambda d: d["plans"][0]["events"][0].update(type="swap"), r"plans\[0\].events\[0\].type: unknown event 'swap'"),
+        (lambda d: d["plans"][0]["events"][0].pop("after_op"), r"plans\[0\].events\[0\].after_op: missing"),
+        (lambda d: d["plans"][0]["events"][1].update(next_iteration=1), r"events\[1\].next_iteration: expected bool, got 1"),
+        (lambda d: d["plans"][0]["events"][3].update(ops=[1.5]), r"events\[3\].ops\[0\]: expected an op index"),
+        (lambda d: d["plans"][0].update(events={}), r"plans\[0\].events: expected list"),
+        (lambda d: d.update(feasible="yes"), r"plan.feasible: expected bool"),
+    ],
+)  # fmt: skip
+def test_malformed_files(tmp_path, edit, message):
+    d = plan_io.to_dict(result(trace()))
+    edit(d)
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=message):
+        plan_io.load(tmp_path / "p.json")
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(PlanError, match="no such plan file"):
+        plan_io.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(PlanError, match="not valid JSON"):
+        plan_io.load(tmp_path / "bad.json")
+
+
+def test_plan_count_must_match_traces(tmp_path):
+    t = trace()
+    plan_io.save(result(t), tmp_path / "p.json")
+    with pytest.raises(PlanError, match="1 plans for 2 traces"):
+        plan_io.load(tmp_path / "p.json", [t, t])
+
+
+def test_empty_plan_is_bound_to_its_trace():
+    t = trace()
+    p = empty_plan(t)
+    assert (p.trace_fingerprint, p.events, p.model) == (t.fingerprint(), (), "hand")
+    validate(p, t)
+
+
+def test_events_store_plain_ints():
+    # planners index numpy arrays: events must hash, compare and serialise alike
+    import numpy as np
+
+    ev = SwapIn(np.int64(2), np.int32(1), np.int64(3), 250)
+    assert ev == SwapIn(2, 1, 3, 250.0) and hash(ev) == hash(SwapIn(2, 1, 3, 250.0))
+    assert type(ev.buffer) is int and type(ev.delay_us) is float
+    assert Recompute(np.int64(3), 3, [np.int64(1)]).ops == (1,)
+    json.dumps(plan_io.event_to_dict(ev))
+    with pytest.raises(TypeError):
+        SwapOut(1.5, 0)
