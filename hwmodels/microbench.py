@@ -348,6 +348,7 @@ def run_microbench(
                 rows.append((op_id, seen, t))
             if progress is not None:
                 progress(i + 1, len(specs))
+        load.set(0.0)
         copy = measure_copy(device)
     meta = DatasetMeta(
         device=opts.device,

@@ -1,23 +1,36 @@
 """TENSILE's latency predictor (§IV-A): one small MLP per op class.
 
 Inputs: the op's log-scaled dims and parameters (`hwmodels.features`), a
-one-hot of its name within the class, and `usage` (the fraction of the
-device busy with other work). Output: log latency in seconds. Trained with
-torch on microbenchmarks (`hwmodels.microbench`); inference runs in numpy on
+one-hot of its name within the class, and `usage` (the share of the device
+other work takes). Trained with torch on microbenchmarks
+(`hwmodels.microbench`, `hwmodels.mlptrain`); inference runs in numpy on
 weights extracted once, over feature matrices cached per trace.
+
+# NOTE [ MLP target ]
+A network does not predict seconds directly but the log of an op's latency
+relative to two known effects, which it then only has to correct:
+    t = base(op) * stretch(usage) * exp(mean_k net_k(features, usage))
+- base(op) = overhead + max(flops / F, bytes / B): a roofline whose three
+  constants are fitted on the training data (`Baseline`), so a conv twice
+  the FLOPs starts out twice as slow and the net learns efficiency, not scale;
+- stretch(usage) = 1 / (1 - usage): time-sharing (NOTE [ Usage ] in
+  `hwmodels.latency`); the net still sees `usage` and learns how far each
+  op class departs from it;
+- k networks (an ensemble over seeds) are averaged in log space.
 
 # NOTE [ MLP fallback ]
 An MLP interpolates; outside the shapes it saw it can be wildly wrong. Per
 class the model keeps the training range of every input feature; an op with
 any feature beyond that range (by more than `RANGE_MARGIN` of the range's
 width), a name the class never saw, or a class with no network, is timed by
-the fallback model (the roofline on the same hardware) instead.
+the fallback model (the roofline on the same hardware) instead. A usage above
+the highest it saw is fed in clipped, and the stretch covers the rest.
 `MLPLatency.last_stats` says how many ops took each path and why.
 """
 
 from __future__ import annotations
 
-import datetime
+import enum
 import io
 import math
 import os
@@ -28,9 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from hwmodels.dataset import Dataset
 from hwmodels.errors import LatencyError
-from hwmodels.features import class_features, feature_names, op_costs, single_op_features
+from hwmodels.features import (
+    class_features,
+    feature_names,
+    op_costs,
+    single_op_cost,
+    single_op_features,
+)
 from hwmodels.latency import LatencyModel, Roofline, check_usage, usage_stretch
 from hwmodels.opclass import OP_CLASSES, OpClass
 from hwmodels.profile import Hardware
@@ -84,16 +102,31 @@ class FeatureSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Baseline:
+    """The roofline the networks correct: seconds = overhead_s +
+    max(flops / flops_per_s, bytes / bytes_per_s) (see NOTE [ MLP target ])."""
+
+    flops_per_s: float
+    bytes_per_s: float
+    overhead_s: float
+
+    def seconds(self, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        return self.overhead_s + np.maximum(flops / self.flops_per_s, nbytes / self.bytes_per_s)
+
+
+@dataclass(frozen=True, slots=True)
 class MLPMeta:
     """Where the training data was measured, and how the model was trained."""
 
     hardware: str
+    baseline: Baseline
     description: str = ""
     device: str = "cpu"
     torch_version: str = ""
     dataset_created: str = ""
     n_train: int = 0
     hidden: tuple[int, ...] = (64, 64, 32)
+    ensemble: int = 1
     epochs: int = 0
     created: str = ""
 
@@ -114,28 +147,37 @@ class MLPStats:
 @dataclass(frozen=True, eq=False)
 class _Designs:
     """Per trace: class index and row of each op in its class's accepted
-    design matrix (-1: fallback), the fallback reason, the matrices."""
+    design matrix (-1: fallback), the fallback reason, the matrices, and
+    each op's baseline seconds."""
 
     cls: np.ndarray
     pos: np.ndarray
     reason: np.ndarray
     Z: dict[OpClass, np.ndarray]
+    base_s: np.ndarray
 
 
-class _Net:
-    """A feed-forward ReLU network in numpy: [(W, b), ...], last layer linear."""
+Layers = list[tuple[np.ndarray, np.ndarray]]
 
-    def __init__(self, spec: FeatureSpec, layers: list[tuple[np.ndarray, np.ndarray]]):
+
+class ClassNet:
+    """The networks of one op class (an ensemble): feed-forward ReLU nets in
+    numpy, [(W, b), ...] each, the last layer linear; outputs averaged."""
+
+    def __init__(self, spec: FeatureSpec, members: list[Layers]):
         self.spec = spec
-        self.layers = layers
+        self.members = members
 
     def forward(self, Z: np.ndarray) -> np.ndarray:
-        h = Z
-        for i, (W, b) in enumerate(self.layers):
-            h = h @ W + b
-            if i < len(self.layers) - 1:
-                np.maximum(h, 0.0, out=h)
-        return h[:, 0]
+        total = np.zeros(len(Z))
+        for layers in self.members:
+            h = Z
+            for i, (W, b) in enumerate(layers):
+                h = h @ W + b
+                if i < len(layers) - 1:
+                    np.maximum(h, 0.0, out=h)
+            total += h[:, 0]
+        return total / len(self.members)
 
 
 class MLPLatency(LatencyModel):
@@ -145,7 +187,7 @@ class MLPLatency(LatencyModel):
 
     def __init__(
         self,
-        nets: dict[OpClass, _Net],
+        nets: dict[OpClass, ClassNet],
         meta: MLPMeta,
         fallback: LatencyModel | None = None,
     ):
@@ -166,6 +208,8 @@ class MLPLatency(LatencyModel):
     def _designs(self, trace: Trace) -> _Designs:
         got = self._design.get(trace)
         if got is None:
+            costs = op_costs(trace)
+            base = self.meta.baseline.seconds(costs.flops, costs.bytes_read + costs.bytes_written)
             pos = np.full(trace.n_ops, -1, np.int64)
             reason = np.full(trace.n_ops, None, object)
             Z: dict[OpClass, np.ndarray] = {}
@@ -179,7 +223,7 @@ class MLPLatency(LatencyModel):
                 pos[cf.ops[ok]] = np.arange(int(ok.sum()))
                 for i, r in zip(cf.ops[~ok], reasons, strict=True):
                     reason[i] = r
-            got = self._design[trace] = _Designs(op_costs(trace).cls, pos, reason, Z)
+            got = self._design[trace] = _Designs(costs.cls, pos, reason, Z, base)
         return got
 
     def predict_all(self, trace: Trace, hw: Hardware, usage: float = 0.0) -> np.ndarray:
@@ -207,7 +251,8 @@ class MLPLatency(LatencyModel):
             # time-sharing stretch from the highest usage it saw
             u_in = np.minimum(u, self.nets[c].spec.usage_max)
             Z = np.hstack([Zc[d.pos[ops[sel]]], u_in[:, None]])
-            out[sel] = np.exp(self.nets[c].forward(Z)) * usage_stretch(u) / usage_stretch(u_in)
+            y = self.nets[c].forward(Z)
+            out[sel] = d.base_s[ops[sel]] * usage_stretch(u) * np.exp(y)
             n_mlp += int(sel.sum())
             n_extra += int((u > u_in).sum())
         why = d.reason[ops]
@@ -232,9 +277,10 @@ class MLPLatency(LatencyModel):
         Z, ok, _ = net.spec.design(row[None, :], (name,))
         if not ok[0]:
             return self.fallback.predict(op, trace, hw, usage)
-        u_in = min(usage, net.spec.usage_max)
-        y = float(np.exp(net.forward(np.hstack([Z, [[u_in]]]))[0]))
-        return y * float(usage_stretch(usage) / usage_stretch(u_in))
+        _, flops, rd, wr, _ = single_op_cost(op, trace)
+        base = float(self.meta.baseline.seconds(np.array([flops]), np.array([rd + wr]))[0])
+        y = float(net.forward(np.hstack([Z, [[min(usage, net.spec.usage_max)]]]))[0])
+        return base * float(usage_stretch(usage)) * math.exp(y)
 
     # ---- files -------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -242,16 +288,14 @@ class MLPLatency(LatencyModel):
         `weights_only=True`), written atomically."""
         import torch
 
-        doc: dict[str, Any] = {"schema": SCHEMA, "meta": asdict(self.meta), "classes": {}}
-        doc["meta"]["hidden"] = list(self.meta.hidden)
+        doc: dict[str, Any] = {"schema": SCHEMA, "meta": _plain(asdict(self.meta)), "classes": {}}
         for c, net in self.nets.items():
-            spec = asdict(net.spec)
+            spec = _plain(asdict(net.spec))
             spec["op_class"] = c.value
-            spec = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
             doc["classes"][c.value] = {
                 "spec": spec,
-                "weights": [torch.from_numpy(W.copy()) for W, _ in net.layers],
-                "biases": [torch.from_numpy(b.copy()) for _, b in net.layers],
+                "weights": [[torch.from_numpy(W.copy()) for W, _ in m] for m in net.members],
+                "biases": [[torch.from_numpy(b.copy()) for _, b in m] for m in net.members],
             }
         buf = io.BytesIO()
         torch.save(doc, buf)
@@ -278,6 +322,7 @@ class MLPLatency(LatencyModel):
         try:
             md = dict(doc["meta"])
             md["hidden"] = tuple(md.get("hidden", ()))
+            md["baseline"] = Baseline(**md["baseline"])
             meta = MLPMeta(**md)
             nets = {}
             for key, entry in doc["classes"].items():
@@ -291,102 +336,26 @@ class MLPLatency(LatencyModel):
                         f"{p}: classes.{key}: features {list(spec.names)} do not match this "
                         f"version's {list(feature_names(c))}; retrain with `memplan latency train`"
                     )
-                layers = [
-                    (W.double().numpy(), b.double().numpy())
-                    for W, b in zip(entry["weights"], entry["biases"], strict=True)
+                members = [
+                    [(W.double().numpy(), b.double().numpy()) for W, b in zip(ws, bs, strict=True)]
+                    for ws, bs in zip(entry["weights"], entry["biases"], strict=True)
                 ]
-                nets[c] = _Net(spec, layers)
+                nets[c] = ClassNet(spec, members)
         except (KeyError, TypeError, ValueError) as e:
             raise LatencyError(f"{p}: malformed latency model ({e})") from None
         return cls(nets, meta, fallback)
 
 
-# ---- training -----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class TrainOptions:
-    """TENSILE uses a four-layer MLP: three hidden ReLU layers and a linear output."""
-
-    hidden: tuple[int, ...] = (64, 64, 32)
-    epochs: int = 3000
-    lr: float = 3e-3
-    weight_decay: float = 1e-5
-    seed: int = 0
-    heldout_fraction: float = 0.2
-
-
-def train_mlp(ds: Dataset, options: TrainOptions | None = None) -> MLPLatency:
-    """Train one network per op class on the dataset's training split (every
-    shape outside the held-out split), minimising squared error of log latency."""
-    import torch
-
-    opts = options or TrainOptions()
-    train_rows = ~ds.heldout(opts.heldout_fraction)
-    feats = class_features(ds.trace)
-    nets: dict[OpClass, _Net] = {}
-    n_train = 0
-    for c, cf in feats.items():
-        row_of = {int(o): i for i, o in enumerate(cf.ops)}
-        rows = [r for r in np.flatnonzero(train_rows) if int(ds.op[r]) in row_of]
-        if len(rows) < 8:
-            continue
-        idx = np.array([row_of[int(ds.op[r])] for r in rows])
-        X = cf.X[idx]
-        names = tuple(cf.op_names[i] for i in idx)
-        lo, hi = X.min(axis=0), X.max(axis=0)
-        mean, std = X.mean(axis=0), X.std(axis=0)
-        std = np.where(std > 1e-9, std, 1.0)
-        vocab = tuple(sorted(set(names)))
-        usage = ds.usage[rows]
-        spec = FeatureSpec(c, feature_names(c), vocab, tuple(mean), tuple(std), tuple(lo),
-                           tuple(hi), float(usage.max()))  # fmt: skip
-        Z, ok, _ = spec.design(X, names)
-        assert ok.all(), "training rows are inside their own range"
-        Zu = np.hstack([Z, usage[:, None]])
-        y = np.log(ds.latency_s[rows])
-        layers = _fit(Zu, y, opts, torch)
-        nets[c] = _Net(spec, layers)
-        n_train += len(rows)
-    meta = MLPMeta(
-        hardware=ds.meta.hardware,
-        description=ds.meta.description,
-        device=ds.meta.device,
-        torch_version=ds.meta.torch_version,
-        dataset_created=ds.meta.created,
-        n_train=n_train,
-        hidden=tuple(opts.hidden),
-        epochs=opts.epochs,
-        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    )
-    return MLPLatency(nets, meta)
-
-
-def _fit(
-    Z: np.ndarray, y: np.ndarray, opts: TrainOptions, torch: Any
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    gen = torch.Generator().manual_seed(opts.seed)
-    sizes = [Z.shape[1], *opts.hidden, 1]
-    linears = []
-    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-        lin = torch.nn.Linear(a, b, dtype=torch.float64)
-        bound = math.sqrt(6.0 / a)  # He-uniform for ReLU
-        with torch.no_grad():
-            lin.weight.uniform_(-bound, bound, generator=gen)
-            lin.bias.zero_()
-        linears.append(lin)
-    model = torch.nn.Sequential(
-        *(m for lin in linears[:-1] for m in (lin, torch.nn.ReLU())), linears[-1]
-    )
-    with torch.no_grad():  # start the output at the mean log latency
-        linears[-1].bias.fill_(float(y.mean()))
-    Zt, yt = torch.from_numpy(Z), torch.from_numpy(y)[:, None]
-    optim = torch.optim.Adam(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=opts.epochs)
-    for _ in range(opts.epochs):
-        optim.zero_grad(set_to_none=True)
-        loss = torch.mean((model(Zt) - yt) ** 2)
-        loss.backward()
-        optim.step()
-        sched.step()
-    return [
-        (lin.weight.detach().numpy().T.copy(), lin.bias.detach().numpy().copy()) for lin in linears
-    ]
+def _plain(x: Any) -> Any:
+    """Python lists, floats, ints and strings only: what `weights_only` loads."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.floating):
+        return float(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, enum.Enum):
+        return x.value
+    return x

@@ -21,7 +21,7 @@ import numpy as np
 from hwmodels.opclass import OpClass
 
 MAX_CONV_FLOPS = 4e9
-MAX_MM_FLOPS = 2e9
+MAX_MM_FLOPS = 8e9
 MAX_NUMEL = 2**24
 
 
@@ -115,7 +115,7 @@ def _conv(rng: np.random.Generator) -> SampleSpec | None:
 # ---- matmul ----------------------------------------------------------------------
 def _matmul(rng: np.random.Generator) -> SampleSpec | None:
     kind = _pick(rng, ["mm", "addmm", "bmm"], [0.45, 0.35, 0.2])
-    m, k, n = _logu(rng, 1, 4096), _logu(rng, 1, 4096), _logu(rng, 1, 4096)
+    m, k, n = _logu(rng, 1, 8192), _logu(rng, 1, 4096), _logu(rng, 1, 8192)
     b = _logu(rng, 2, 256) if kind == "bmm" else 1
     if not 1e3 <= 2.0 * b * m * k * n <= MAX_MM_FLOPS or b * (m * k + k * n + m * n) > MAX_NUMEL:
         return None
@@ -178,13 +178,18 @@ def _shape_of(rng: np.random.Generator, numel: int) -> tuple[int, ...]:
 
 def _elementwise(rng: np.random.Generator) -> SampleSpec | None:
     shape = _shape_of(rng, _logu(rng, 1, MAX_NUMEL))
-    x = TensorSpec(shape)
+    # a transposed (non-contiguous) first operand now and then, as after a .t()
+    x = TensorSpec(shape, transposed=len(shape) >= 2 and rng.random() < 0.15)
     u = rng.random()
+    if u < 0.03:  # integer counters (BatchNorm's num_batches_tracked += 1)
+        n = TensorSpec(_shape_of(rng, _logu(rng, 1, 2**16)), "int64", "index:100")
+        return SampleSpec(OpClass.ELEMENTWISE, "aten.add_.Tensor", (n,), _call(_v(0), 1))
     if u < 0.3:
         name = _pick(rng, _UNARY)
         fill = "positive" if name in ("sqrt", "rsqrt") else "randn"
         target = f"aten.{name}.default"
-        return SampleSpec(OpClass.ELEMENTWISE, target, (TensorSpec(shape, fill=fill),), _call(_v(0)))
+        arg = TensorSpec(shape, fill=fill, transposed=x.transposed)
+        return SampleSpec(OpClass.ELEMENTWISE, target, (arg,), _call(_v(0)))
     if u < 0.7:
         name = _pick(rng, _BINARY)
         target = name if "." in name else f"{name}.default"
@@ -312,7 +317,7 @@ def _other(rng: np.random.Generator) -> SampleSpec | None:
     name = _pick(rng, ["cat", "embedding", "embedding_dense_backward", "index_select",
                        "constant_pad_nd", "gather"])  # fmt: skip
     if name == "cat":
-        k = _logu(rng, 2, 8)
+        k = _logu(rng, 2, 64)
         base = _shape_of(rng, _logu(rng, 1, MAX_NUMEL // (2 * k)))
         dim = int(rng.integers(len(base)))
         tensors = tuple(TensorSpec(base) for _ in range(k))

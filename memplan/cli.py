@@ -19,6 +19,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "capture",
     "inspect",
     "simulate",
+    "hw",
+    "microbench",
+    "latency",
+    "plan",
+    "compare",
 )
 
 

@@ -104,6 +104,14 @@ class _Replay:
                 f"{w}: op {rng[0]} ({t.ops[rng[0]].target}) consumes RNG state; "
                 f"recomputing it changes the result unless restore_rng is set"
             )
+        side = [k for k in ev.ops if t.writes_persistent[k]]
+        if side:
+            b = next(int(x) for x in t.op_writes(side[0]) if t.persistent[x])
+            raise PlanError(
+                f"{w}: op {side[0]} ({t.ops[side[0]].target}) writes persistent buffer {b} "
+                f"({t.buffers[b].name or t.buffers[b].kind.value}); re-running it would "
+                f"update it twice"
+            )
         for k, srcs in recompute_sources(ev, t):
             for s in srcs:
                 later = [m for m in t.accesses_of(s).tolist() if k < m < ev.before_op]

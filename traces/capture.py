@@ -237,6 +237,7 @@ class _CaptureMode(TorchDispatchMode):
                 written += _tensors(val)
                 if a.is_out:
                     out_args += _tensors(val)
+        written += _hidden_writes(str(func), args, kwargs)
         inputs = [t for t in _tensors((args, kwargs)) if rec.on_device(t)]
 
         t0 = time.perf_counter()
@@ -313,6 +314,26 @@ class _CaptureMode(TorchDispatchMode):
             times.append(time.perf_counter() - t0)
         torch.random.set_rng_state(state)
         return statistics.median(times) * 1e6
+
+
+# NOTE [ Writes the schema does not declare ]
+# The batch-norm kernels update `running_mean` and `running_var` in place in
+# training mode, but their schemas carry no `(a!)` annotation. Recorded as
+# writes, they keep a planner from trusting a stale host copy of the
+# statistics and from recomputing the op (which would update them twice).
+# target -> (positions of the running statistics, position of the `training` flag)
+HIDDEN_WRITES: dict[str, tuple[tuple[int, ...], int]] = {
+    "aten.native_batch_norm.default": ((3, 4), 5),
+    "aten.cudnn_batch_norm.default": ((3, 4), 5),
+    "aten.miopen_batch_norm.default": ((3, 4), 5),
+}
+
+
+def _hidden_writes(target: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    hidden = HIDDEN_WRITES.get(target)
+    if hidden is None or len(args) <= hidden[1] or args[hidden[1]] is not True:
+        return []
+    return [args[p] for p in hidden[0] if isinstance(args[p], torch.Tensor)]
 
 
 def _clone_written(args, kwargs, written):  # noqa: ANN001, ANN202

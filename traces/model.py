@@ -196,6 +196,17 @@ class Trace:
         p, b = self.access_csr
         return b[p[i] : p[i + 1]]
 
+    @cached_property
+    def writes_persistent(self) -> np.ndarray:
+        """bool[n_ops]: the op writes a persistent buffer (an optimizer update,
+        BatchNorm's running statistics). Re-running such an op is not free of
+        side effects, so it can never be part of a recomputation."""
+        p, b = self.writes_csr
+        op_of = np.repeat(np.arange(self.n_ops, dtype=np.int64), np.diff(p))
+        out = np.zeros(self.n_ops, bool)
+        out[op_of[self.persistent[b]]] = True
+        return out
+
     # ---- per-buffer access lists -----------------------------------------
     @cached_property
     def buffer_accesses(self) -> tuple[np.ndarray, np.ndarray]:

@@ -144,3 +144,12 @@ def test_bad_options_are_trace_errors():
 def test_measure_on_cpu_records_durations():
     trace = capture(ZOO["mlp"], 4, CaptureOptions(device="cpu", measure=True, measure_repeats=3))
     assert all(o.duration_us is not None and o.duration_us > 0 for o in trace.ops)
+
+
+def test_batch_norm_running_stats_are_recorded_as_written():
+    trace = capture(ZOO["small_cnn"], 2, model_name="small_cnn")
+    stats = {b.id for b in trace.buffers if b.name.endswith(("running_mean", "running_var"))}
+    assert stats
+    bns = [o for o in trace.ops if o.target == "aten.native_batch_norm.default"]
+    written = {trace.views[v].buffer for o in bns for v in o.writes}
+    assert stats <= written

@@ -1,0 +1,117 @@
+"""`memplan compare TRACE[:COUNT]... --gpu G`: every planner side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from memplan.commands.simulate import latency_model
+from memplan.units import parse_size
+from traces import io
+from traces.errors import MemplanError
+from traces.model import Trace
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="plan with several planners, check, simulate and score them against vanilla",
+        description=(
+            "Plan the jobs with each planner, check every plan, simulate it and the vanilla "
+            "run on the same GPU, and print planner, feasible, peak, MSR, EOR, CBR, steady "
+            "iteration time, stall, bytes moved and planning time."
+        ),
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACE[:COUNT]",
+                   help="trace files; TRACE:4 runs four jobs of that trace together")
+    p.add_argument("--gpu", required=True, help="hardware profile name (rtx-a6000) or .toml path")
+    p.add_argument("--planners", default="all",
+                   help="'all' (default) or a comma-separated list of planner names")
+    p.add_argument("--budget", help="device memory for all jobs: 8GiB, 512MB or bytes "
+                   "(default: none; capuchin then gets the peak TENSILE reached)")
+    p.add_argument("--lanes", type=int, choices=(1, 2), default=1,
+                   help="1: one PCIe lane shared by both directions (default); 2: one per direction")
+    p.add_argument("--iterations", type=int, default=3, help="simulated iterations (default 3)")
+    p.add_argument("--latency", default="roofline", metavar="roofline|measured|mlp|MODEL",
+                   help="op latency model (default roofline)")
+    p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
+                   help="a planner option, e.g. checkpoint.segments=4 (repeatable)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write the plans, report.md, report.json and memory.png to DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=run)
+
+
+def parse_jobs(specs: list[str]) -> list[Trace]:
+    """`path` or `path:COUNT` -> that trace COUNT times (loaded once)."""
+    traces: list[Trace] = []
+    for spec in specs:
+        path, count = spec, 1
+        head, sep, tail = spec.rpartition(":")
+        if sep and tail.isdigit():
+            path, count = head, int(tail)
+        elif sep and head and not Path(spec).exists():
+            raise MemplanError(f"{spec!r}: COUNT after ':' must be a positive integer")
+        if count < 1:
+            raise MemplanError(f"{spec!r}: COUNT must be >= 1")
+        trace = io.load(path)
+        traces += [trace] * count
+    return traces
+
+
+def planner_names(text: str) -> list[str]:
+    from planners import registry
+
+    if text == "all":
+        return [n for n in registry.names() if n not in ("vanilla", "cpsat")]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise MemplanError("--planners: give 'all' or planner names separated by commas")
+    for n in names:
+        registry.get(n)
+    return names
+
+
+def parse_options(items: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        planner, dot, kv = item.partition(".")
+        if not dot or "=" not in kv:
+            raise MemplanError(f"--option {item!r}: expected PLANNER.KEY=VALUE")
+        out.setdefault(planner, []).append(kv)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwmodels.profile import load_hardware
+    from memplan import report
+    from memplan.compare import compare_planners
+
+    hw = load_hardware(args.gpu)
+    latency = latency_model(args.latency)
+    budget = parse_size(args.budget, "--budget") if args.budget else None
+    if args.iterations < 1:
+        raise MemplanError(f"--iterations={args.iterations} must be >= 1")
+    names = planner_names(args.planners)
+    options = parse_options(args.option)
+    traces = parse_jobs(args.traces)
+    tty = sys.stderr.isatty()
+
+    def progress(msg: str) -> None:
+        if tty:
+            print(f"\r\033[K{msg} ...", end="", file=sys.stderr, flush=True)
+
+    c = compare_planners(traces, hw, latency, names, budget=budget, lanes=args.lanes,
+                         iterations=args.iterations, options=options, progress=progress)
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr)
+    written = report.write(c, Path(args.out)) if args.out else []
+    if args.json:
+        print(json.dumps(c.to_dict(), indent=2))
+    else:
+        print(report.text_table(c))
+        if written:
+            print(f"\nwrote {args.out}/: {', '.join(written)}")
+    return 0

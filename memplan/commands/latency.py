@@ -1,0 +1,169 @@
+"""`memplan latency train|eval|predict`: the MLP latency predictor and its rivals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+
+from hwmodels.errors import LatencyError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "latency",
+        help="train and evaluate the MLP latency predictor; predict a trace's op times",
+        description=(
+            "TENSILE's latency predictor: train one small MLP per op class on "
+            "microbenchmarks (`memplan microbench`), evaluate it on held-out shapes "
+            "against the roofline, or time every op of a trace with any latency model."
+        ),
+    )
+    lat = p.add_subparsers(dest="latency_command", metavar="ACTION")
+    lat.required = True
+
+    t = lat.add_parser("train", help="train an MLP latency model on a microbenchmark dataset")
+    t.add_argument("data", metavar="DATA", help="dataset from `memplan microbench`")
+    t.add_argument("--out", required=True, metavar="MODEL", help="model file to write (.pt)")
+    t.add_argument("--hidden", default="64,64,32", help="hidden layer sizes (default 64,64,32)")
+    t.add_argument("--ensemble", type=int, default=5, help="networks per op class (default 5)")
+    t.add_argument("--epochs", type=int, default=1500)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=run_train)
+
+    e = lat.add_parser("eval", help="errors of a model on a dataset, against the roofline")
+    e.add_argument("model", metavar="MODEL", help="model file from `memplan latency train`")
+    e.add_argument("data", metavar="DATA", help="dataset from `memplan microbench`")
+    e.add_argument(
+        "--rows",
+        choices=("heldout", "train", "all"),
+        default="heldout",
+        help="which measurements: the held-out shapes (default), the training ones, or all",
+    )
+    e.add_argument(
+        "--hardware", default="", help="profile for the roofline (default: the model's hardware)"
+    )
+    e.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    e.set_defaults(func=run_eval)
+
+    q = lat.add_parser("predict", help="time every op of a trace")
+    q.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
+    q.add_argument("--hardware", required=True, help="profile name or .toml path")
+    q.add_argument(
+        "--model",
+        default="roofline",
+        metavar="roofline|measured|mlp|MODEL",
+        help="latency model (default roofline; mlp = the shipped CPU model)",
+    )
+    q.add_argument("--usage", type=float, default=0.0, help="device share taken by others")
+    q.add_argument("--top", type=int, default=10, help="list this many slowest ops")
+    q.set_defaults(func=run_predict)
+
+
+def latency_model(spec: str):  # noqa: ANN201 -- returns a LatencyModel, imported lazily
+    """roofline | measured | mlp (the shipped model) | a saved model path."""
+    from hwmodels.latency import Measured, Roofline
+
+    if spec == "roofline":
+        return Roofline()
+    if spec == "measured":
+        return Measured()
+    from hwmodels.mlp import MLPLatency
+
+    return MLPLatency.load(None if spec == "mlp" else spec)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from hwmodels.dataset import load_dataset
+    from hwmodels.mlptrain import TrainOptions, train_mlp
+
+    try:
+        hidden = tuple(int(h) for h in args.hidden.split(","))
+    except ValueError:
+        raise LatencyError(f"--hidden={args.hidden!r}: expected sizes such as 64,64,32") from None
+    opts = TrainOptions(hidden=hidden, ensemble=args.ensemble, epochs=args.epochs, seed=args.seed)
+    ds = load_dataset(args.data)
+    t0 = time.perf_counter()
+    model = train_mlp(
+        ds, opts, progress=lambda c, n: print(f"  {c.value:<12} {n:>6} training rows", flush=True)
+    )
+    model.save(args.out)
+    print(
+        f"trained {len(model.nets)} op classes x {opts.ensemble} networks on "
+        f"{model.meta.n_train} measurements ({model.meta.hardware}) in "
+        f"{time.perf_counter() - t0:.0f} s; wrote {args.out}"
+    )
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from hwmodels.dataset import load_dataset
+    from hwmodels.evaluate import evaluate
+    from hwmodels.latency import Roofline
+    from hwmodels.mlp import MLPLatency
+    from hwmodels.profile import load_hardware
+
+    model = MLPLatency.load(args.model)
+    ds = load_dataset(args.data)
+    hw = load_hardware(args.hardware or model.meta.hardware)
+    held = ds.heldout()
+    rows = {"heldout": held, "train": ~held, "all": held | ~held}[args.rows]
+    if not rows.any():
+        raise LatencyError(f"{args.data}: no measurements in the {args.rows} split")
+    mlp = evaluate(model, ds, hw, rows)
+    stats = model.last_stats
+    roof = evaluate(Roofline(), ds, hw, rows)
+    if args.json:
+        doc = {
+            "rows": args.rows,
+            "mlp": {k: asdict(v) for k, v in mlp.items()},
+            "roofline": {k: asdict(v) for k, v in roof.items()},
+            "fallback": stats.fallback_by_reason if stats else {},
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"{args.rows} rows of {args.data} on {hw.name}: absolute percentage error")
+    print(
+        f"  {'class':<13}{'n':>6}   {'MLP MdAPE':>10}{'±10%':>7}{'±20%':>7}   {'roofline':>9}{'±20%':>7}"
+    )
+    for k, s in mlp.items():
+        r = roof[k]
+        print(
+            f"  {k:<13}{s.n:>6}   {s.mdape * 100:>9.1f}%{s.within_10 * 100:>6.0f}%"
+            f"{s.within_20 * 100:>6.0f}%   {r.mdape * 100:>8.1f}%{r.within_20 * 100:>6.0f}%"
+        )
+    if stats is not None and stats.n_fallback:
+        print(f"  {stats.n_fallback} of {stats.n_ops} rows fell back to the roofline:")
+        for reason, n in sorted(stats.fallback_by_reason.items(), key=lambda kv: -kv[1]):
+            print(f"    {n:>5}  {reason}")
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from hwmodels.mlp import MLPLatency
+    from hwmodels.profile import load_hardware
+    from traces import io
+
+    trace = io.load(args.trace)
+    hw = load_hardware(args.hardware)
+    model = latency_model(args.model)
+    t0 = time.perf_counter()
+    s = model.predict_all(trace, hw, args.usage)
+    dt = time.perf_counter() - t0
+    print(
+        f"{trace.meta.model} batch {trace.meta.batch_size} on {hw.name} ({model.name}, "
+        f"usage {args.usage:g}): {trace.n_ops} ops, {s.sum() * 1e3:.2f} ms per iteration "
+        f"(predicted in {dt * 1e3:.0f} ms)"
+    )
+    if isinstance(model, MLPLatency) and model.last_stats is not None:
+        st = model.last_stats
+        print(f"  MLP timed {st.n_mlp} ops; {st.n_fallback} fell back to the roofline")
+        for reason, n in sorted(st.fallback_by_reason.items(), key=lambda kv: -kv[1])[:5]:
+            print(f"    {n:>5}  {reason}")
+    order = s.argsort()[::-1][: args.top]
+    print(f"  slowest {len(order)} ops:")
+    for i in order:
+        op = trace.ops[int(i)]
+        print(f"    #{op.id:<6}{s[i] * 1e3:>9.3f} ms  {op.phase.value:<10}{op.target}")
+    return 0

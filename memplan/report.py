@@ -1,0 +1,119 @@
+"""The comparison report: a table for the terminal, markdown and JSON files,
+and one figure with every planner's memory curve over the vanilla curve."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from memplan.compare import Comparison, Row
+from memplan.units import format_bytes
+from planners import io as plan_io
+from traces.io import atomic_write_bytes
+
+COLUMNS = ("planner", "feasible", "peak", "MSR", "EOR", "CBR", "iteration", "stall",
+           "moved", "plan time")
+
+
+def _num(x: float, fmt: str) -> str:
+    return "-" if x is None or math.isnan(x) else format(x, fmt)
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:.2f} ms"
+
+
+def cells(row: Row) -> tuple[str, ...]:
+    moved = row.bytes_h2d + row.bytes_d2h
+    return (
+        row.planner,
+        "yes" if row.feasible else "no",
+        "-" if row.peak_bytes is None else format_bytes(row.peak_bytes),
+        _num(row.msr, ".3f"),
+        _num(row.eor, ".3f"),
+        _num(row.cbr, ".3f"),
+        _ms(row.iteration_time_s),
+        _ms(row.stall_s) if row.peak_bytes is not None else "-",
+        format_bytes(moved) if row.peak_bytes is not None else "-",
+        f"{row.plan_time_s:.2f} s",
+    )
+
+
+def header(c: Comparison) -> str:
+    v = c.vanilla
+    jobs = ", ".join(j.name for j in v.jobs)
+    return (f"{v.hardware}, {len(v.lanes)} lane(s); jobs: {jobs}; vanilla peak "
+            f"{format_bytes(v.peak_bytes)}, iteration {_ms(_vanilla_iter(c))}")
+
+
+def _vanilla_iter(c: Comparison) -> float:
+    times = [j.iteration_time_s for j in c.vanilla.jobs]
+    return sum(times) / len(times)
+
+
+def text_table(c: Comparison) -> str:
+    rows = [COLUMNS, *(cells(r) for r in c.rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = [header(c), ""]
+    for r in rows:
+        lines.append("  ".join(s.ljust(w) if i < 2 else s.rjust(w)
+                               for i, (s, w) in enumerate(zip(r, widths, strict=True))))
+    notes = [f"  {r.planner}: {r.reason}" for r in c.rows if r.reason]
+    if notes:
+        lines += ["", "notes:", *notes]
+    return "\n".join(lines)
+
+
+def markdown(c: Comparison) -> str:
+    lines = ["# memplan compare", "", header(c), "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in c.rows]
+    lines += ["", "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
+              "against the vanilla run of the same jobs on the same hardware.", ""]
+    for r in c.rows:
+        if r.reason:
+            lines.append(f"- **{r.planner}**: {r.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def memory_figure(c: Comparison):  # noqa: ANN201
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    v = c.vanilla.memory
+    ax.step(v.t_s * 1e3, v.bytes / 2**30, where="post", color="black", lw=1.5, ls="--",
+            label="vanilla")
+    for r in c.rows:
+        if r.sim is None:
+            continue
+        m = r.sim.memory
+        ax.step(m.t_s * 1e3, m.bytes / 2**30, where="post", lw=1,
+                label=f"{r.planner}" + ("" if r.feasible else " (infeasible)"))
+    budgets = {r.budget_bytes for r in c.rows if r.budget_bytes}
+    for b in sorted(budgets):
+        ax.axhline(b / 2**30, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("device memory (GiB)")
+    ax.set_title(header(c).split(";")[0] + ": memory per planner")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def write(c: Comparison, out: Path) -> list[str]:
+    """Plans, report.md, report.json and memory.png in `out`; returns the names."""
+    from sim.timeline import save_figure
+
+    written = []
+    for r in c.rows:
+        if r.result is not None and r.result.plans:
+            plan_io.save(r.result, out / "plans" / f"{r.planner}.json")
+            written.append(f"plans/{r.planner}.json")
+    atomic_write_bytes(out / "report.md", markdown(c).encode())
+    atomic_write_bytes(out / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
+    save_figure(memory_figure(c), out / "memory.png")
+    return [*written, "report.md", "report.json", "memory.png"]

@@ -1,0 +1,313 @@
+"""Every planner by name, with its options dataclass.
+
+All planners share one signature (the seam the app shell and sweeps use)::
+
+    planner(traces, hw, latency, *, budget_bytes=None, **options) -> PlanResult
+
+`traces` is a sequence of `Trace` (one per job; `analysis.as_traces` also
+takes `sim.Job`s), `budget_bytes` the device bytes all jobs together may use
+(None: no budget, the planner does what it does best), and `options` the
+fields of the planner's options dataclass as keywords. Infeasible is a
+result (`feasible=False`), never an exception.
+
+`get(name)` returns a `PlannerSpec`; `run(name, ...)` builds the options
+(from a dataclass, a mapping, or ``key=value`` strings as the CLI passes
+them) and calls the planner. Planner modules are imported when first asked
+for, so a broken or missing one does not break the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import importlib.util
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hwmodels.latency import LatencyModel
+from hwmodels.profile import Hardware
+from planners.errors import PlanError
+from planners.plan import PlanResult
+
+
+@dataclass(frozen=True, slots=True)
+class NoOptions:
+    """The options of a planner that has none."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSpec:
+    """A planner: its name, function, options dataclass and a one-line summary."""
+
+    name: str
+    fn: Callable[..., PlanResult]
+    options: type
+    summary: str = ""
+
+    def make_options(self, given: object = None) -> Any:
+        return make_options(self, given)
+
+    def __call__(
+        self,
+        traces: Sequence[Any],
+        hw: Hardware,
+        latency: LatencyModel,
+        *,
+        budget_bytes: int | None = None,
+        budget: int | None = None,
+        **options: Any,
+    ) -> PlanResult:
+        """Run the planner; `options` are its options' fields (strings are
+        parsed). `budget` is an alias of `budget_bytes` for callers written
+        before the name was settled."""
+        if budget is not None:
+            if budget_bytes is not None and budget_bytes != budget:
+                raise PlanError(f"{self.name}: budget={budget} and budget_bytes={budget_bytes}")
+            budget_bytes = budget
+        opts = make_options(self, options)
+        return _call(self, traces, hw, latency, budget_bytes, opts)
+
+
+# name -> (module, function, options class or None, summary); imported lazily.
+_BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
+    "vanilla": ("planners.vanilla", "vanilla", None, "no events: the framework's own frees"),
+    "release_only": (
+        "planners.vanilla",
+        "release_only",
+        None,
+        "TENSILE's activity analysis: free after the last access",
+    ),
+    "tensile": (
+        "planners.tensile",
+        "tensile",
+        "TensileOptions",
+        "TENSILE: greedy hidden swaps at the global peak, cross-iteration, MSPS recompute",
+    ),
+    "capuchin": (
+        "planners.capuchin",
+        "capuchin",
+        "CapuchinOptions",
+        "Capuchin: swap by free time, MSPS recompute",
+    ),
+    "vdnn": ("planners.vdnn", "vdnn", "VdnnOptions", "vDNN: layer-wise offload and prefetch"),
+    "checkpoint": (
+        "planners.checkpoint",
+        "checkpoint",
+        "CheckpointOptions",
+        "Chen et al. sqrt(n) checkpointing",
+    ),
+    "cpsat": ("planners.cpsat", "cpsat", "CpsatOptions", "CP-SAT: our exact baseline"),
+}
+_EXTRA: dict[str, PlannerSpec] = {}
+_LOADED: dict[str, PlannerSpec] = {}
+
+
+def register(spec: PlannerSpec) -> None:
+    """Add (or replace) a planner; its options must be a dataclass."""
+    if not dataclasses.is_dataclass(spec.options):
+        raise PlanError(f"planner {spec.name!r}: options {spec.options!r} is not a dataclass")
+    _EXTRA[spec.name] = spec
+    _LOADED.pop(spec.name, None)
+
+
+def names() -> list[str]:
+    """The planners that can be loaded, in registration order."""
+    out = []
+    for name, (module, *_rest) in _BUILTIN.items():
+        if name in _EXTRA or importlib.util.find_spec(module) is not None:
+            out.append(name)
+    out += [n for n in _EXTRA if n not in _BUILTIN]
+    return out
+
+
+def get(name: str) -> PlannerSpec:
+    """The planner called `name`; PlanError naming the known ones otherwise."""
+    if name in _EXTRA:
+        return _EXTRA[name]
+    if name in _LOADED:
+        return _LOADED[name]
+    if name not in _BUILTIN:
+        raise PlanError(f"unknown planner {name!r}; known: {', '.join(names())}")
+    module, fn_name, opt_name, summary = _BUILTIN[name]
+    if importlib.util.find_spec(module) is None:
+        raise PlanError(f"planner {name!r} is not available (module {module} is missing)")
+    mod = importlib.import_module(module)
+    fn = getattr(mod, fn_name)
+    opts = NoOptions if opt_name is None else getattr(mod, opt_name)
+    spec = _LOADED[name] = PlannerSpec(name, fn, opts, summary)
+    return spec
+
+
+# ---- options ---------------------------------------------------------------------
+def option_fields(spec: PlannerSpec) -> dict[str, Any]:
+    """Field name -> resolved type of a planner's options dataclass."""
+    hints = typing.get_type_hints(spec.options)
+    return {f.name: hints[f.name] for f in dataclasses.fields(spec.options)}
+
+
+def make_options(spec: PlannerSpec | str, given: object = None) -> Any:
+    """An instance of the planner's options dataclass from `given`: None (the
+    defaults), an instance already, a mapping of field -> value (strings are
+    parsed by the field's type), or a sequence of ``key=value`` strings.
+    PlanError names the planner, the option and what was expected."""
+    if isinstance(spec, str):
+        spec = get(spec)
+    cls = spec.options
+    if given is None:
+        items: dict[str, Any] = {}
+    elif isinstance(given, cls):
+        return given
+    elif isinstance(given, Mapping):
+        items = dict(given)
+    elif isinstance(given, Sequence) and not isinstance(given, str | bytes):
+        items = {}
+        for text in given:
+            if not isinstance(text, str) or "=" not in text:
+                raise PlanError(f"{spec.name}: option {text!r} must look like key=value")
+            key, _, value = text.partition("=")
+            items[key.strip()] = value.strip()
+    else:
+        raise PlanError(
+            f"{spec.name}: options must be {cls.__name__}, a mapping or key=value strings, "
+            f"got {type(given).__name__}"
+        )
+    fields = option_fields(spec)
+    values = {}
+    for key, value in items.items():
+        if key not in fields:
+            known = ", ".join(fields) or "none"
+            raise PlanError(f"{spec.name}: unknown option {key!r} (options: {known})")
+        values[key] = _coerce(spec.name, key, fields[key], value)
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as e:
+        raise PlanError(f"{spec.name}: {e}") from None
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """An options dataclass as JSON values (enums by value), for `PlanResult.options`."""
+    out = {}
+    for f in dataclasses.fields(options):
+        v = getattr(options, f.name)
+        out[f.name] = _json(v)
+    return out
+
+
+def _json(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, tuple | list):
+        return [_json(x) for x in v]
+    return v
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(planner: str, key: str, tp: Any, value: Any) -> Any:
+    """`value` (a string from the command line, or a Python value) as type `tp`."""
+    where = f"{planner}: option {key}={value!r}"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if type(None) in args and (
+            value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))
+        ):
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(planner, key, a, value)
+            except PlanError as e:
+                errors.append(str(e))
+        raise PlanError(errors[0] if errors else f"{where}: unsupported type {tp}")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        items = value.split(",") if isinstance(value, str) else list(value)
+        inner = args[0] if args else str
+        out = []
+        for x in items:
+            try:
+                out.append(_coerce(planner, key, inner, x.strip() if isinstance(x, str) else x))
+            except PlanError as e:
+                why = str(e).rpartition(": ")[2]
+                raise PlanError(
+                    f"{where}: item {x.strip() if isinstance(x, str) else x!r}: {why}"
+                ) from None
+        return tuple(out)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise PlanError(f"{where}: expected true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise PlanError(f"{where}: expected an integer")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise PlanError(f"{where}: expected a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise PlanError(f"{where}: expected a string")
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        try:
+            return tp(value)
+        except ValueError:
+            allowed = ", ".join(str(m.value) for m in tp)
+            raise PlanError(f"{where}: expected one of {allowed}") from None
+    return value
+
+
+# ---- running ---------------------------------------------------------------------
+def run(
+    name: str,
+    traces: Sequence[Any],
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    budget_bytes: int | None = None,
+    options: object = None,
+) -> PlanResult:
+    """Run planner `name` with `options` (see `make_options`)."""
+    spec = get(name)
+    return _call(spec, traces, hw, latency, budget_bytes, make_options(spec, options))
+
+
+def _call(
+    spec: PlannerSpec,
+    traces: Sequence[Any],
+    hw: Hardware,
+    latency: LatencyModel,
+    budget_bytes: int | None,
+    opts: Any,
+) -> PlanResult:
+    kwargs = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    params = inspect.signature(spec.fn).parameters
+    if "budget_bytes" not in params and "budget" in params:
+        # a planner still spelling the shared keyword `budget` (cpsat)
+        return spec.fn(traces, hw, latency, budget=budget_bytes, **kwargs)
+    return spec.fn(traces, hw, latency, budget_bytes=budget_bytes, **kwargs)

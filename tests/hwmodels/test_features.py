@@ -1,0 +1,125 @@
+"""Op classes, argument binding and MLP features from `Op.args` + view shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hwmodels.features import class_features, feature_names, op_costs, single_op_features
+from hwmodels.opclass import OpClass, base_name, bind, classify, is_inplace
+from tests.hwmodels.handmade import Call, make, mm
+from traces.model import Phase
+
+
+@pytest.mark.parametrize(
+    ("target", "cls"),
+    [
+        ("aten.convolution.default", OpClass.CONV),
+        ("aten.convolution_backward.default", OpClass.CONV),
+        ("aten.addmm.default", OpClass.MATMUL),
+        ("aten.bmm.default", OpClass.MATMUL),
+        ("aten.native_batch_norm_backward.default", OpClass.NORM),
+        ("aten.native_layer_norm.default", OpClass.NORM),
+        ("aten.relu_.default", OpClass.ELEMENTWISE),
+        ("aten.threshold_backward.default", OpClass.ELEMENTWISE),
+        ("aten.add_.Tensor", OpClass.ELEMENTWISE),
+        ("aten.addcdiv_.default", OpClass.OPTIMIZER),
+        ("aten._foreach_add_.List", OpClass.OPTIMIZER),
+        ("aten.mean.dim", OpClass.REDUCTION),
+        ("aten._log_softmax.default", OpClass.REDUCTION),
+        ("aten.nll_loss_forward.default", OpClass.REDUCTION),
+        ("aten.max_pool2d_with_indices.default", OpClass.REDUCTION),
+        ("aten.view.default", OpClass.VIEW),
+        ("aten.t.default", OpClass.VIEW),
+        ("aten._unsafe_view.default", OpClass.VIEW),
+        ("aten.empty.memory_format", OpClass.VIEW),
+        ("aten.cat.default", OpClass.OTHER),
+        ("aten.embedding.default", OpClass.OTHER),
+        ("mylib.custom.default", OpClass.OTHER),
+    ],
+)
+def test_classify(target, cls):
+    assert classify(target) is cls
+
+
+def test_names():
+    assert base_name("aten.relu_.default") == "relu"
+    assert base_name("aten._foreach_mul_.Scalar") == "_foreach_mul"
+    assert base_name("aten._log_softmax.default") == "_log_softmax"
+    assert is_inplace("aten.add_.Tensor") and not is_inplace("aten.add.Tensor")
+    assert not is_inplace("aten.__iand__.Tensor")
+
+
+def test_bind_names_positional_args_and_fills_defaults():
+    a = bind("aten.add.Tensor", {"args": [{"view": 0}, {"view": 1}], "kwargs": {}})
+    assert a == {"self": {"view": 0}, "other": {"view": 1}, "alpha": 1}
+    a = bind("aten.addcmul_.default", {"args": [1, 2, 3], "kwargs": {"value": 0.5}})
+    assert a["tensor2"] == 3 and a["value"] == 0.5
+    assert bind("mylib.custom.default", {"args": [7]}) == {"_0": 7}
+
+
+CONV = Call(
+    "aten.convolution.default", ((2, 3, 8, 8), (4, 3, 3, 3)), (2, 4, 4, 4),
+    ["$0", "$1", None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1],
+)  # fmt: skip
+CONV_BWD = Call(
+    "aten.convolution_backward.default", ((2, 4, 4, 4), (2, 3, 8, 8), (4, 3, 3, 3)), (2, 3, 8, 8),
+    ["$0", "$1", "$2", None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]],
+    phase=Phase.BACKWARD,
+)  # fmt: skip
+
+
+def _feat(row, c, name):
+    return row[feature_names(c).index(name)]
+
+
+def test_conv_features_by_hand():
+    t = make([CONV, CONV_BWD])
+    c = op_costs(t)
+    fwd = 2 * 2 * 4 * 4 * 4 * 3 * 9  # 2 x N x Cout x Ho x Wo x Cin x k x k = 6912
+    assert c.flops.tolist() == [fwd, 2 * fwd]  # backward: grad_input + grad_weight
+    cf = class_features(t)[OpClass.CONV]
+    assert cf.op_names == ("convolution", "convolution_backward")
+    f, b = cf.X
+    lg = lambda x: math.log2(1 + x)  # noqa: E731
+    assert _feat(f, OpClass.CONV, "log_flops") == pytest.approx(lg(fwd))
+    assert [_feat(f, OpClass.CONV, n) for n in ("log_n", "log_cin", "log_h", "log_cout", "log_kh")] == \
+        pytest.approx([lg(2), lg(3), lg(8), lg(4), lg(3)])  # fmt: skip
+    assert [_feat(f, OpClass.CONV, n) for n in ("stride_h", "pad_w", "transposed", "backward")] == [
+        2,
+        1,
+        0,
+        0,
+    ]
+    assert _feat(f, OpClass.CONV, "log_hout") == pytest.approx(lg(4))
+    assert [
+        _feat(b, OpClass.CONV, n) for n in ("backward", "grad_input", "grad_weight", "bias")
+    ] == [1, 1, 1, 0]
+    assert _feat(b, OpClass.CONV, "log_hout") == pytest.approx(lg(4))  # from grad_output
+
+
+def test_matmul_features_see_transposed_operands():
+    t_view = ((64, 32), (1, 64))  # a (64, 32) view of a column-major buffer: a .t()
+    t = make([Call("aten.addmm.default", ((32,), (16, 64), t_view), (16, 32), ["$0", "$1", "$2"]),
+              mm(8, 4, 2)])  # fmt: skip
+    cf = class_features(t)[OpClass.MATMUL]
+    names = feature_names(OpClass.MATMUL)
+    addmm = dict(zip(names, cf.X[0], strict=True))
+    assert addmm["log_m"] == pytest.approx(math.log2(17))
+    assert addmm["log_k"] == pytest.approx(math.log2(65))
+    assert addmm["log_n"] == pytest.approx(math.log2(33))
+    assert (addmm["a_transposed"], addmm["b_transposed"], addmm["bias"]) == (0, 1, 1)
+    assert op_costs(t).flops[0] == 2 * 16 * 64 * 32  # analytic: the hand trace has no flops
+
+
+def test_single_op_features_match_the_matrix():
+    t = make([CONV, mm(8, 4, 2), Call("aten.t.default", ((3, 4),), (4, 3), ["$0"])])
+    feats = class_features(t)
+    c, row, name = single_op_features(t.ops[1], t)
+    assert c is OpClass.MATMUL and name == "mm"
+    assert row.tolist() == feats[OpClass.MATMUL].X[0].tolist()
+    c, row, _ = single_op_features(t.ops[2], t)
+    assert c is OpClass.VIEW and row is None
+    assert OpClass.VIEW not in feats
+    assert class_features(t) is feats  # cached

@@ -1,0 +1,398 @@
+"""Replay a trace op by op with real tensors, optionally applying a plan.
+
+`replay(trace, ...)` materialises the iteration's starting state on a device
+(NOTE [ Initial values ] in `validate/initial.py`), calls every op through
+`torch.ops` with its recorded arguments over views of the live buffers,
+frees buffers where the framework did (`Buffer.freed_after`), and applies the
+plan's swaps, releases and recomputes on the way. It measures op and
+iteration times and device bytes, and returns the final persistent state so
+that `compare_results` can check a plan changed nothing computed.
+
+# NOTE [ Iterations and randomness ]
+Every iteration replays the same recorded step: parameters, optimizer state
+and module buffers carry over; inputs are re-materialised from the seed with
+the same bytes each time; every other buffer is made by its op. Before each
+iteration the default generator of the run device is seeded from
+(seed, iteration), so dropout masks differ between iterations but not
+between runs. The caller's generator state is restored when the replay ends.
+
+# NOTE [ Applying a plan ]
+Semantics follow `planners/plan.py` and the simulator:
+- Events with `after_op = i` fire when op i ends (-1: when the iteration
+  starts), in plan order, before the framework's own frees after op i.
+- `SwapOut` queues a copy to the host pool; the device copy is freed when
+  the copy ends (NOTE [ Device bytes ]). An op may still read the buffer
+  while the copy runs; a write to it between the trigger and the end of the
+  copy would make the host copy stale and is an error.
+- `SwapIn` queues a copy back; its device bytes are taken when the copy
+  starts. `before_op` (of the next iteration if `next_iteration`) waits for
+  it, and so does any op that needs the buffer: both count in
+  `wait_seconds`. The host copy stays valid until the buffer is written, so
+  a `Release` followed by another `SwapIn` needs no second `SwapOut`. In the
+  last iteration a `next_iteration` swap-in is not started.
+- `Release` frees the device copy at once; releasing a buffer that is not
+  on the device or has a copy in flight is an error.
+- Lanes (NOTE [ Throttled copies ] in `validate/lanes.py`): with one lane
+  every copy shares it, in order of ready time; with two, swap-outs use
+  lane 0 and swap-ins lane 1. A copy of a buffer whose copy the other way
+  is still queued or running waits for it.
+Any op needing a buffer that is not on the device (and not arriving) stops
+the replay with a `ValidationError` naming the op and the buffer.
+
+# NOTE [ Recompute ]
+A `Recompute` runs on demand: only when its buffer is neither on the device
+nor arriving when `before_op` is due. Its ops are re-run in order; outputs
+for buffers that are absent are bound (the chain's intermediates are freed
+again when the chain ends, only `buffer` stays), outputs for buffers still
+present are dropped at once. An op of the chain that writes in place a
+buffer the chain did not bring back (BatchNorm's running statistics, see
+NOTE [ Hidden mutations ]) writes a scratch copy instead: a recompute never
+changes live data. RNG ops run with the generator state saved before their
+first run in this iteration, then the current state is put back. The replay
+checks the chain reproduces the data that was dropped: every buffer it reads
+has the version it had at the original run, and every buffer it brings back
+is written by the same ops, in order, as the dropped copy was.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe
+from traces.model import Trace
+from validate.device import (
+    CudaTimer,
+    cuda_event,
+    deterministic,
+    get_rng,
+    iteration_seed,
+    run_device,
+    seed_rng,
+    swap_rng,
+)
+from validate.errors import ValidationError
+from validate.initial import initial_bytes
+from validate.invoke import Invoker
+from validate.lanes import Direction, Lane, Mover, Transfer
+from validate.pool import DevicePool
+from validate.program import Program, compile_trace
+from validate.result import ReplayResult
+from validate.schedule import Schedule, Triggered, build_schedule
+
+
+class Executor:
+    """One replay: a compiled trace, a plan schedule, a pool and copy lanes."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        device: torch.device,
+        schedule: Schedule,
+        seed: int,
+        iterations: int,
+        bandwidth_bytes_per_s: float | None,
+        lanes: int,
+    ):
+        self.trace = trace
+        self.dev = device
+        self.cuda = device.type == "cuda"
+        self.program: Program = compile_trace(trace, device)
+        self.steps = self.program.steps
+        self.schedule = schedule
+        self.seed = seed
+        self.iterations = iterations
+        self.pool = DevicePool(trace, device, self.program.buffer_dtype)
+        self.invoker = Invoker(trace, self.pool, device)
+        self.start_bytes = initial_bytes(trace, self.program.buffer_dtype, seed)
+        self.t0 = time.perf_counter()
+        mover = Mover(self.pool, lanes)
+        self.lanes = [Lane(k, mover, bandwidth_bytes_per_s, self.t0) for k in range(lanes)]
+        n_it, n_ops = iterations, trace.n_ops
+        self.op_seconds = np.zeros((n_it, n_ops))
+        self.memory_curve = np.zeros((n_it, n_ops), np.int64)
+        self.losses = np.zeros((n_it, len(self.program.loss_views)))
+        self.wait_seconds = np.zeros(n_it)
+        self.recompute_seconds = np.zeros(n_it)
+        self.recomputes = np.zeros(n_it, np.int64)
+        self.iteration_seconds = np.zeros(n_it)
+        self.deadlines: dict[tuple[int, int], list[Transfer]] = {}
+        self.rng_state: dict[int, torch.Tensor] = {}
+        self.recompute_spans: list[tuple[Any, Any]] = []  # CUDA events of this iteration
+        self.read_versions: dict[int, dict[int, int]] = {}
+        self.it = 0
+
+    # ---- the run ------------------------------------------------------------------
+    def run(self) -> ReplayResult:
+        base = torch.cuda.memory_allocated(self.dev) if self.cuda else 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.dev)
+        for lane in self.lanes:
+            lane.start()
+        try:
+            with deterministic(self.dev):
+                for it in range(self.iterations):
+                    self._iteration(it)
+        finally:
+            for lane in self.lanes:
+                lane.close()
+            for lane in self.lanes:
+                lane.join()
+        self._raise_lane_errors()
+        persistent = [b.id for b in self.trace.buffers if b.persistent]
+        for b in persistent:
+            if not self.pool.on_device(b) and not self.pool.host_valid(b):
+                raise ValidationError(
+                    f"{self.invoker.name(b)} has no valid copy after the last iteration"
+                )
+        records = sorted((r for lane in self.lanes for r in lane.records), key=lambda r: r.start_s)
+        return ReplayResult(
+            model=self.trace.meta.model,
+            device=str(self.dev),
+            seed=self.seed,
+            state={b: self.pool.typed(b) for b in persistent},
+            names={b.id: b.name for b in self.trace.buffers if b.name},
+            losses=self.losses,
+            op_seconds=self.op_seconds,
+            iteration_seconds=self.iteration_seconds,
+            wait_seconds=self.wait_seconds,
+            recompute_seconds=self.recompute_seconds,
+            recomputes=self.recomputes,
+            memory_curve=self.memory_curve,
+            peak_bytes=self.pool.peak_bytes,
+            host_peak_bytes=self.pool.host_peak_bytes,
+            allocator_peak_bytes=(torch.cuda.max_memory_allocated(self.dev) - base)
+            if self.cuda
+            else None,
+            transfers=tuple(records),
+            size_mismatches=dict(sorted(self.invoker.size_mismatches.items())),
+        )
+
+    def _iteration(self, it: int) -> None:
+        self.it = it
+        pool = self.pool
+        self.rng_state.clear()
+        self.read_versions.clear()
+        seed_rng(self.dev, iteration_seed(self.seed, it))
+        for b, raw in self.start_bytes.items():
+            if it == 0 or not self.trace.buffers[b].persistent:
+                pool.created(b, -1)
+                pool.bind(b, raw.to(self.dev, copy=True).untyped_storage())
+        timer = CudaTimer(self.trace.n_ops) if self.cuda else None
+        start = time.perf_counter()
+        self._trigger(self.schedule.after[0])
+        for step in self.steps:
+            i = step.op
+            for ev in self.schedule.recompute[i]:
+                self._recompute(ev)
+            for t in self.deadlines.pop((it, i), ()):
+                self._wait(t)
+            self._ensure(step.needs, self.invoker.op(i))
+            if i == self.program.loss_op:
+                self._record_loss()
+            if i in self.schedule.recompute_ops:
+                self.read_versions[i] = {b: int(pool.version[b]) for b in step.needs}
+            if i in self.schedule.rng_ops:
+                self.rng_state[i] = get_rng(self.dev)
+            self.op_seconds[it, i] = self.invoker.call(step, timer)
+            self.memory_curve[it, i] = pool.current_bytes
+            if i + 1 == self.program.loss_op:  # no backward: the loss is the last op's output
+                self._record_loss()
+            self._trigger(self.schedule.after[i + 1])
+            for b in step.frees:
+                pool.kill(b)
+            self._raise_lane_errors()
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+        self.iteration_seconds[it] = time.perf_counter() - start
+        if timer is not None:
+            self.op_seconds[it] = timer.seconds()
+            spans, self.recompute_spans = self.recompute_spans, []
+            self.recompute_seconds[it] = sum(a.elapsed_time(b) * 1e-3 for a, b in spans)
+        left = [
+            b
+            for b in range(self.trace.n_buffers)
+            if pool.on_device(b) and not self.trace.buffers[b].persistent
+        ]
+        if left:  # only a plan can do that: a recompute of a buffer the framework had freed
+            raise ValidationError(
+                f"iteration {it}: {self.invoker.name(left[0])} is on the device after the framework "
+                f"freed it (after op {self.trace.buffers[left[0]].freed_after})"
+            )
+
+    # ---- one op -------------------------------------------------------------------
+    def _ensure(self, buffers: tuple[int, ...], who: str) -> None:
+        """Wait for buffers arriving; fail on buffers that are gone."""
+        pool = self.pool
+        for b in buffers:
+            with pool.lock:
+                t = pool.arriving.get(b)
+                present = pool.on_device(b)
+            if t is not None:
+                self._wait(t)
+            elif not present:
+                raise ValidationError(f"{who} needs {self.invoker.gone(b)}")
+
+    def _wait(self, t: Transfer) -> None:
+        if not t.done.is_set():
+            t0 = time.perf_counter()
+            t.done.wait()
+            self.wait_seconds[self.it] += time.perf_counter() - t0
+        self._raise_lane_errors()
+
+    # ---- plan events ----------------------------------------------------------------
+    def _trigger(self, events: tuple[Triggered, ...]) -> None:
+        for ev in events:
+            if isinstance(ev, Release):
+                self._release(ev)
+            else:
+                self._submit(ev)
+
+    def _release(self, ev: Release) -> None:
+        pool, b = self.pool, ev.buffer
+        with pool.lock:
+            busy = b in pool.leaving or b in pool.arriving
+            present = pool.on_device(b)
+        if busy or not present:
+            why = "a copy of it is in flight" if busy else "it is not on the device"
+            raise ValidationError(f"{describe(ev)} after op {ev.after_op}: {why}")
+        pool.drop(b)
+
+    def _submit(self, ev: SwapOut | SwapIn) -> None:
+        pool, b = self.pool, ev.buffer
+        out = isinstance(ev, SwapOut)
+        if not out and ev.next_iteration and self.it + 1 == self.iterations:
+            return  # no next iteration to serve (planners.plan NOTE [ Cross-iteration swaps ])
+        with pool.lock:
+            table = pool.leaving if out else pool.arriving
+            other = pool.arriving if out else pool.leaving
+            if b in table:
+                raise ValidationError(
+                    f"{describe(ev)} after op {ev.after_op}: the previous one is still in flight"
+                )
+            if out and not pool.on_device(b) and b not in pool.arriving:
+                raise ValidationError(
+                    f"{describe(ev)} after op {ev.after_op}: it is not on the device"
+                )
+            prev = other.get(b)
+            now = time.perf_counter()
+            ready_s = now + ev.delay_us * 1e-6
+            if prev is not None:  # never queued ahead of the copy it follows (one lane: deadlock)
+                ready_s = max(ready_s, prev.ready_s)
+            t = Transfer(
+                Direction.D2H if out else Direction.H2D,
+                b,
+                self.it,
+                label=f"{describe(ev)} after op {ev.after_op} of iteration {self.it}",
+                queued_s=now,
+                ready_s=ready_s,
+                lifetime=int(pool.lifetime[b]),
+                version=int(pool.version[b]),
+                after=None if prev is None else prev.done,
+                compute_ready=cuda_event() if self.cuda else None,
+            )
+            table[b] = t
+        if not out:
+            key = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
+            self.deadlines.setdefault(key, []).append(t)
+        self.lanes[0 if out or len(self.lanes) == 1 else 1].submit(t)
+
+    def _recompute(self, ev: Recompute) -> None:
+        """NOTE [ Recompute ]"""
+        pool = self.pool
+        with pool.lock:
+            needed = not pool.on_device(ev.buffer) and ev.buffer not in pool.arriving
+        if not needed:
+            return
+        who = f"recompute of {self.invoker.name(ev.buffer)} before op {ev.before_op}"
+        t0 = time.perf_counter()
+        span = (cuda_event(timing=True), None) if self.cuda else None
+        restored: set[int] = set()
+        writers: dict[int, list[int]] = {}
+        for k in ev.ops:
+            step = self.steps[k]
+            read = [b for b in step.needs if b not in restored]
+            self._ensure(tuple(read), f"{who}: op {k}")
+            scratch = {b for b in step.writes if b not in restored}
+            versions = self.read_versions.get(k)
+            if versions is None:
+                raise ValidationError(f"{who}: op {k} has not run in this iteration")
+            for b in read:
+                if b not in scratch and pool.version[b] != versions[b]:
+                    raise ValidationError(
+                        f"{who}: op {k} reads {self.invoker.name(b)}, which op "
+                        f"{pool.writers[b][-1]} modified after op {k} first ran"
+                    )
+            absent = {b for b in step.creates if not pool.on_device(b) and b not in pool.arriving}
+            saved = swap_rng(self.dev, self.rng_state[k]) if step.rng else None
+            self.invoker.call(step, None, frozenset(scratch), frozenset(absent))
+            if saved is not None:
+                swap_rng(self.dev, saved)
+            restored |= absent
+            for b in absent:
+                writers[b] = [k]
+            for b in step.writes:
+                if b in restored and b not in absent:
+                    writers[b].append(k)
+        for b in sorted(restored):
+            if tuple(writers[b]) != pool.dropped_writers.get(b):
+                raise ValidationError(
+                    f"{who}: brings back {self.invoker.name(b)} from ops {writers[b]}, but the "
+                    f"dropped copy was written by ops {list(pool.dropped_writers.get(b, ()))}"
+                )
+            pool.restored(b)
+            if b != ev.buffer:
+                pool.drop(b)
+        if span is not None:  # device time, read when the iteration synchronises
+            self.recompute_spans.append((span[0], cuda_event(timing=True)))
+        else:
+            self.recompute_seconds[self.it] += time.perf_counter() - t0
+        self.recomputes[self.it] += 1
+
+    # ---- helpers -------------------------------------------------------------------
+    def _record_loss(self) -> None:
+        with self.pool.lock:
+            values = [self.pool.view(v).item() for v in self.program.loss_views]
+        self.losses[self.it, : len(values)] = values
+
+    def _raise_lane_errors(self) -> None:
+        if self.pool.errors:
+            raise ValidationError(self.pool.errors[0])
+
+
+def replay(
+    trace: Trace,
+    *,
+    device: str = "cpu",
+    iterations: int = 2,
+    seed: int = 0,
+    plan: Plan | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+    lanes: int = 1,
+) -> ReplayResult:
+    """Run `iterations` training steps of `trace` with real tensors on
+    `device`, applying `plan` (None: the framework's own frees only).
+
+    Transfers run on `lanes` copy lanes (1: one lane shared by both
+    directions; 2: swap-outs on one, swap-ins on the other), throttled to
+    `bandwidth_bytes_per_s` if given (NOTE [ Throttled copies ]). The same
+    trace and seed give bit-identical results with any valid plan; check with
+    `compare_results`. Raises `ValidationError` if the plan cannot run (a
+    read of a buffer that is gone, a stale host copy, a recompute that does
+    not reproduce its buffer) and `PlanError` if it does not fit the trace.
+    """
+    if iterations < 1:
+        raise ValidationError(f"iterations={iterations} must be >= 1")
+    if lanes not in (1, 2):
+        raise ValidationError(f"lanes={lanes} must be 1 or 2")
+    if bandwidth_bytes_per_s is not None and not bandwidth_bytes_per_s > 0:
+        raise ValidationError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s} must be > 0")
+    if trace.n_ops == 0:
+        raise ValidationError(f"trace {trace.meta.model!r} has no ops to replay")
+    dev = run_device(device)
+    schedule = build_schedule(plan, trace)
+    ex = Executor(trace, dev, schedule, seed, iterations, bandwidth_bytes_per_s, lanes)
+    return ex.run()
