@@ -47,7 +47,6 @@ from planners.analysis import (
     predict_timelines,
     transfer_us,
 )
-from planners.errors import PlanError
 from planners.plan import (
     Event,
     Plan,
@@ -58,7 +57,7 @@ from planners.plan import (
     SwapOut,
     fingerprint_of,
 )
-from planners.registry import options_dict
+from planners.registry import PlannerSpec, make_options, options_dict
 from planners.vanilla import release_only_plan
 from traces.model import Trace
 
@@ -182,12 +181,7 @@ def tensile(
     """Plan `traces` (one per job, run together on `hw`) with TENSILE. Options
     are the fields of `TensileOptions`."""
     t0 = time.perf_counter()
-    try:
-        opts = TensileOptions(**options)  # type: ignore[arg-type]
-    except TypeError as e:
-        raise PlanError(f"tensile: {e}") from None
-    except ValueError as e:
-        raise PlanError(f"tensile: {e}") from None
+    opts = make_options(PlannerSpec("tensile", tensile, TensileOptions), options)
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)
     planner = _Tensile(jobs, hw, latency, budget, opts)
@@ -228,9 +222,6 @@ class _Job:
         self.recompute_us = 0.0
 
     # unrolled op times: op index x may be >= n (the next iteration)
-    def t_start(self, x: int) -> float:
-        return float(self.tl.start_us[x % self.n]) + (x // self.n) * self.tl.period_us
-
     def t_end(self, x: int) -> float:
         return float(self.tl.end_us[x % self.n]) + (x // self.n) * self.tl.period_us
 
@@ -298,40 +289,39 @@ class _Tensile:
     # ---- Algorithm 2 -------------------------------------------------------------
     def _swap_round(self, pa) -> bool:
         """Swap the largest buffer at the peak that can be swapped; False if none."""
-        cands = []  # (nbytes, job, buffer, p)
+        parts = []
         for jb in self.jobs:
             p = pa.job_peak_op[jb.j]
             if p < 0:
                 continue
             res = pa.resident[jb.j]
             res = res[~np.isin(res, jb.trace.op_accesses(p))]
-            if len(res) == 0:
-                continue
-            for g, b, prev, nxt, pp in self._gaps_at(jb, res, p):
-                cands.append((-int(jb.trace.nbytes[b]), jb.j, b, g, prev, nxt, pp))
-        if not cands:
+            if len(res):
+                g, b, prev, nxt, pp = self._gaps_at(jb, res, p)
+                job = np.full(len(b), jb.j, np.int64)
+                parts.append((jb.trace.nbytes[b], job, b, g, prev, nxt, pp))
+        if not parts:
             return False
-        cands.sort()
+        size, job, buf, gid, prev, nxt, pp = (np.concatenate(x) for x in zip(*parts, strict=True))
+        if len(size) == 0:
+            return False
+        order = np.lexsort((buf, job, -size))  # largest first
         total = sum(jb.swaps for jb in self.jobs)
-        for _neg, j, b, g, prev, nxt, pp in cands:
-            jb = self.jobs[j]
-            cross = nxt >= jb.n
-            if (
-                not cross
-                and len(self.jobs) > 1
-                and self.opts.max_swap_rate < 1.0
-                and jb.swaps > self.opts.max_swap_rate * total
-            ):
-                continue
-            if self._try_gap(jb, b, g, prev, nxt, pp):
+        rate, capped = self.opts.max_swap_rate, len(self.jobs) > 1 and self.opts.max_swap_rate < 1
+        for i in order.tolist():
+            jb = self.jobs[int(job[i])]
+            n_i = int(nxt[i])
+            if capped and n_i < jb.n and jb.swaps > rate * total:
+                continue  # NOTE [ Max swapping rate ]: not for cross-iteration swaps
+            if self._try_gap(jb, int(buf[i]), int(gid[i]), int(prev[i]), n_i, int(pp[i])):
                 return True
         return False
 
     def _gaps_at(self, jb: _Job, res: np.ndarray, p: int):
         """For buffers `res` resident at op p (not accessed by it): the gap of
-        each around p, as (gap id, buffer, prev, next, p) in unrolled op
-        indices with 0 <= prev < p < next, skipping gaps already used or whose
-        cached hole cannot contain p."""
+        each around p, as arrays (gap id, buffer, prev, next, p) in unrolled
+        op indices with 0 <= prev < p < next, without gaps already used or
+        whose cached hole cannot contain p."""
         n, t = jb.n, jb.table
         lo, hi = t.ptr[res], t.ptr[res + 1]
         pos = np.searchsorted(jb.acc_key, res * (n + 1) + p, "left")
@@ -357,15 +347,8 @@ class _Tensile:
             ps = np.where(later, jb.tl.unrolled_ready(p, 1), jb.tl.unrolled_ready(p, 0))
             pe = np.where(later, jb.tl.unrolled_end(p, 1), jb.tl.unrolled_end(p, 0))
             ok &= ~known | ((te + EPS_US <= ps) & (ts - EPS_US >= pe))
-        idx = np.flatnonzero(ok)
-        return zip(
-            gid[idx].tolist(),
-            res[idx].tolist(),
-            prev[idx].tolist(),
-            nxt[idx].tolist(),
-            pp[idx].tolist(),
-            strict=True,
-        )
+        pp = np.broadcast_to(pp, ok.shape)
+        return gid[ok], res[ok], prev[ok], nxt[ok], pp[ok]
 
     def _host_valid(self, jb: _Job, b: int, g: int) -> bool:
         """Whether a swap-out of `b` earlier in the iteration left a host copy

@@ -190,21 +190,27 @@ def test_msps_chain_and_order():
 
 
 def test_max_swap_rate_makes_two_jobs_take_turns():
-    t = syn.chain(4, act_mib=2, durations=syn.Durations(syn.TimeUnit.MS, 2, 6))
+    """NOTE [ Max swapping rate ]: a job may swap while its count is at most
+    rate x all swaps so far. At 0.5 two jobs alternate; at 0.25 both are
+    stuck after one swap each (0 <= 0, then 0 <= 0.25, then 1 > 0.5)."""
+    t = syn.residual(3, act_mib=2, optimizer=False, durations=syn.Durations(syn.TimeUnit.MS, 2, 6))
     free = tensile([t, t], HW, Measured())
-    capped = tensile([t, t], HW, Measured(), max_swap_rate=0.5)
-    for r in (free, capped):
+    half = tensile([t, t], HW, Measured(), max_swap_rate=0.5)
+    quarter = tensile([t, t], HW, Measured(), max_swap_rate=0.25)
+    for r in (free, half, quarter):
         for p in r.plans:
             check(p, t)
-    a, b = capped.stats["swaps"]
-    assert a >= 1 and b >= 1
+    a, b = half.stats["swaps"]
+    assert a >= 2 and abs(a - b) <= 1
+    assert quarter.stats["swaps"] == [1, 1]
+    assert quarter.stats["peak_bytes"] > free.stats["peak_bytes"]
 
 
 def test_options_are_validated():
     t, lat = gap_chain()
     with pytest.raises(PlanError, match="max_swap_rate"):
         tensile([t], HW, lat, max_swap_rate=0.0)
-    with pytest.raises(PlanError, match="unexpected keyword|bogus"):
+    with pytest.raises(PlanError, match="tensile: unknown option 'bogus'"):
         tensile([t], HW, lat, bogus=1)
     with pytest.raises(PlanError, match="budget_bytes"):
         tensile([t], HW, lat, budget_bytes=-5)
