@@ -92,10 +92,10 @@ from planners.analysis import (
     access_table,
     as_traces,
     check_budget,
+    memory_of_plan,
     predict_timelines,
     transfer_us,
 )
-from planners.checkpoint import plan_memory
 from planners.plan import (
     Event,
     Plan,
@@ -200,7 +200,7 @@ class _JobPlanner:
         self.persistent = trace.persistent.tolist()
         self.rounds = 0
         self.plan = empty_plan(trace)
-        self.state = plan_memory(trace, tl, self.plan, hw)
+        self.state = memory_of_plan(trace, tl, self.plan, hw)
         self._swap_cache: dict[int, tuple[int, _Swap | None]] = {}
 
     # ---- availability ------------------------------------------------------------
@@ -466,7 +466,7 @@ class _JobPlanner:
                 events.append(Release(c.buffer, c.evict))
                 events.append(Recompute(c.buffer, c.back, ch.ops, ch.rng))
         self.plan = Plan(fingerprint_of(self.trace), tuple(events), self.trace.meta.model)
-        self.state = plan_memory(self.trace, self.tl, self.plan, self.hw)
+        self.state = memory_of_plan(self.trace, self.tl, self.plan, self.hw)
 
     def stats(self) -> dict[str, Any]:
         swaps = [ch for ch in self.choices if ch.swap is not None]

@@ -78,7 +78,6 @@ import numpy as np
 from hwmodels.latency import LatencyModel
 from hwmodels.profile import Hardware
 from planners.analysis import (
-    MemoryState,
     Timeline,
     as_traces,
     check_budget,
@@ -347,22 +346,10 @@ def _first_access_after(trace: Trace, after: dict[int, int]) -> dict[int, int]:
     return out
 
 
-def plan_memory(trace: Trace, timeline: Timeline, plan: Plan, hw: Hardware) -> MemoryState:
-    """The op-grid residency `plan` predicts (`analysis.memory_of_plan`),
-    also counting the temporaries of single-op recompute chains (an op with
-    several outputs makes the others again; memory_of_plan counts the
-    temporaries of longer chains only)."""
-    st = memory_of_plan(trace, timeline, plan, hw)
-    for ev in plan.events:
-        if isinstance(ev, Recompute) and len(ev.ops) == 1:
-            temps = set(trace.op_writes(ev.ops[0]).tolist()) - {ev.buffer}
-            st.add_bytes(ev.before_op, int(sum(int(trace.nbytes[w]) for w in temps)))
-    return st
-
-
 def predicted_peak(trace: Trace, timeline: Timeline, plan: Plan, hw: Hardware) -> int:
-    """Bytes at the op-grid peak `plan` predicts (see `plan_memory`)."""
-    return plan_memory(trace, timeline, plan, hw).peak()[0]
+    """Bytes at the op-grid peak `plan` predicts (`analysis.memory_of_plan`,
+    recompute temporaries included)."""
+    return memory_of_plan(trace, timeline, plan, hw).peak()[0]
 
 
 def checkpoint(
