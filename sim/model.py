@@ -70,7 +70,10 @@ K = LogKind
 #   the recomputed buffer are temporaries, freed when the chain ends; writes
 #   to buffers on the device are not redone. A source that is absent is made
 #   present the way an op input is (its own Recompute before the same op,
-#   its swap-in, an on-demand fetch).
+#   its swap-in, an on-demand fetch). A temporary, or a source made by its
+#   own Recompute, that the framework had already freed is made again for
+#   the chain only: that life ends with the chain, like a framework free
+#   (NOTE [ Incarnations ]).
 # - An input absent with nothing scheduled is fetched on demand (a passive
 #   swap) if a host copy exists; with no host copy and no Recompute the plan
 #   lost the data: `SimError` (`planners.check` rejects such plans).
@@ -83,8 +86,29 @@ K = LogKind
 # last op): its host copy is gone, and a plan event of iteration k still
 # pending for it (a long delay) is dropped. Inputs are allocated at the start
 # of each iteration (no transfer is modelled); an input released at
-# after_op=-1 is never loaded. A job allocates its persistent buffers when it
-# arrives and returns all its memory when it ends or runs out of memory.
+# after_op=-1 is never loaded. No op runs between two iterations: while the
+# next one makes room for its inputs, no buffer is in use (eviction and the
+# end of a swap-out treat the last op's buffers like any other). A job
+# allocates its persistent buffers when it arrives and returns all its memory
+# when it ends or runs out of memory.
+#
+# NOTE [ Incarnations ]
+# A non-persistent buffer lives once per iteration, from its creation to the
+# framework's free; a recompute chain may make a dead one again for a while.
+# Each life is an incarnation, numbered by `JobState.epoch[b]`, which the
+# framework's free (`_framework_free`, the only place) bumps. All per-buffer
+# state is the current incarnation's: the free clears `alive`, `host` and
+# `keep`, and `_create` starts the next life clean. A process that outlives a
+# wait (a delayed swap, a copy queued for or holding a lane, a swap-in, an
+# eviction) captures the epoch when it starts and, after each wait, touches
+# the buffer's state only if the epoch is unchanged -- else it only gives back
+# bytes it took itself. State a process leaves while it runs records the
+# epoch it belongs to, never a bare flag: `copying[b]` is the epoch whose D2H
+# copy holds the lane. With ops much shorter than copies, iteration k's copy
+# of b may still run when iteration k+1 frees its own b, whose swap-out is
+# queued behind it: that b is not being copied, and its bytes are freed at
+# once. A swap-in's `done` event likewise stays its own (`in_ev[b]` is
+# cleared only by the process that set it).
 #
 # NOTE [ Usage ]
 # An op's latency is `predict_all(trace, hw, usage)` with
@@ -224,6 +248,7 @@ class GpuModel(Transfers):
                 self._framework_free(s, b)
             if triggers[i + 1]:
                 self._trigger(s, triggers[i + 1], it)
+        s.pinned = ()  # no op of this job runs until the next iteration's first
         s.iter_end_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_END))
 
@@ -302,9 +327,16 @@ class GpuModel(Transfers):
             self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_END, k, target))
             s.recompute_us += s.dur[k]
         s.pinned = pinned
+        alive = s.alive
         for w in temps:
-            if where[w] == DEV:
+            if not alive[w]:  # freed earlier and made again for the chain: that
+                self._framework_free(s, w)  # life ends here (NOTE [ Incarnations ])
+            elif where[w] == DEV:
                 self._drop(s, w)
+        for _k, srcs in chain:  # a freed source, made again by its own Recompute
+            for src in srcs:
+                if not alive[src]:
+                    self._framework_free(s, src)
 
     # ---- memory ----------------------------------------------------------------------
     def _take(self, s: JobState, b: int) -> None:
@@ -316,7 +348,7 @@ class GpuModel(Transfers):
             self.lru[(c.index, b)] = None
 
     def _drop(self, s: JobState, b: int) -> None:
-        """Free the device copy of `b` (which is DEV)."""
+        """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
         c = s.c
         s.where[b] = OFF
         if self.passive:
@@ -329,15 +361,16 @@ class GpuModel(Transfers):
         s.host[b] = s.keep[b] = False
 
     def _framework_free(self, s: JobState, b: int) -> None:
-        w = s.where[b]
+        """End this incarnation of `b` (NOTE [ Incarnations ])."""
+        w, ep = s.where[b], s.epoch[b]
         s.alive[b] = s.host[b] = s.keep[b] = False
-        s.epoch[b] += 1  # pending events for this incarnation of `b` are void
-        if w == DEV:
+        s.epoch[b] = ep + 1  # pending events for this incarnation of `b` are void
+        # A copy that is running for *this* incarnation still reads the bytes
+        # and returns them when it ends; a copy of an earlier one (still on
+        # the lane, ahead of this one's queued swap-out) does not own them.
+        if w == DEV or (w == LEAVING and s.copying[b] != ep):
             self._drop(s, b)
-        elif w == LEAVING and not s.copying[b]:
-            s.where[b] = DEV
-            self._drop(s, b)
-        s.where[b] = OFF  # a running copy returns the bytes when it ends
+        s.where[b] = OFF
 
     def _make_room(self, s: JobState, nbytes: int, i: int, on_compute: bool, b: int = -1) -> Gen:
         """Return once `nbytes` fit, evicting or waiting under the OOM policy;
@@ -382,9 +415,9 @@ class GpuModel(Transfers):
         s.stopped = True
         s.end_us = self.env.now
         self._set_active(s, False)
+        copying, epoch = s.copying, s.epoch
         for b, w in enumerate(s.where):
-            if w == DEV or (w == LEAVING and not s.copying[b]):
-                s.where[b] = DEV
+            if w == DEV or (w == LEAVING and copying[b] != epoch[b]):
                 self._drop(s, b)
 
     def _set_active(self, s: JobState, active: bool) -> None:

@@ -42,8 +42,12 @@ class JobState:
         self.alive = [False] * nb
         self.host = [False] * nb
         self.keep = [False] * nb
-        self.copying = [False] * nb
+        # NOTE [ Incarnations ]: epoch[b] numbers b's lives (the framework's
+        # free starts the next); copying[b] is the epoch of the life whose D2H
+        # copy is running, -1 if none -- never a bare flag, which would outlive
+        # the life it was set for.
         self.epoch = [0] * nb
+        self.copying = [-1] * nb
         self.wcount = [0] * nb
         self.in_ev: dict[int, simpy.Event] = {}
         self.pinned: tuple[int, ...] = ()

@@ -72,7 +72,7 @@ class Transfers:
                     self._keep(s, b)
                     self.log.append(LogEntry(env.now, j, s.iteration, K.SKIP, op, b))
                     return
-                s.copying[b] = True
+                s.copying[b] = ep  # this incarnation's copy (NOTE [ Incarnations ])
                 wc, lane = s.wcount[b], pcie.index[Direction.D2H]
                 start, end = (
                     (K.EVICT_START, K.EVICT_END) if passive else (K.SWAP_OUT_START, K.SWAP_OUT_END)
@@ -80,7 +80,8 @@ class Transfers:
                 self.log.append(LogEntry(env.now, j, s.iteration, start, op, b, lane))
                 yield from pcie.transfer(n, Direction.D2H)
                 self.log.append(LogEntry(env.now, j, s.iteration, end, op, b, lane))
-                s.copying[b] = False
+                if s.copying[b] == ep:
+                    s.copying[b] = -1
         finally:
             mem.add_pending_out(-n)
         s.bytes_d2h += n
