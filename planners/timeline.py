@@ -24,7 +24,7 @@ from functools import cached_property
 
 import numpy as np
 
-from hwmodels.latency import LatencyModel
+from hwmodels.latency import LatencyModel, queued_usage
 from hwmodels.profile import Hardware
 from planners.errors import PlanError
 from traces.model import Trace
@@ -181,8 +181,9 @@ def _timeline_from_durations(d: np.ndarray) -> Timeline:
 
 
 def job_usage(n_jobs: int) -> float:
-    """The device share other jobs take while `n_jobs` run (sim's NOTE [ Usage ])."""
-    return 1.0 - 1.0 / n_jobs
+    """The usage each op is predicted at while `n_jobs` run, as the simulator
+    does (hwmodels NOTE [ Usage under a compute queue ])."""
+    return queued_usage(n_jobs)
 
 
 def predict_timelines(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hwmodels.latency import LatencyModel
+from hwmodels.latency import LatencyModel, queued_usage
 from hwmodels.profile import Hardware
 from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut, empty_plan, recompute_sources
 from sim.errors import SimError
@@ -151,7 +151,7 @@ class CompiledJob:
         share the device; see NOTE [ Usage ]."""
         d = self._durations.get(n_active)
         if d is None:
-            usage = 1.0 - 1.0 / n_active
+            usage = queued_usage(n_active)
             s = np.asarray(self._latency.predict_all(self.trace, self._hw, usage), np.float64)
             if s.shape != (self.n_ops,) or not np.isfinite(s).all() or (s < 0).any():
                 raise SimError(

@@ -111,11 +111,12 @@ K = LogKind
 # cleared only by the process that set it).
 #
 # NOTE [ Usage ]
-# An op's latency is `predict_all(trace, hw, usage)` with
-# usage = 1 - 1/n_active, n_active counting jobs that have arrived and not
-# ended (0 alone, 0.5 with two jobs); the value at the op's start holds for
-# the whole op. Kernels of different jobs still queue FIFO on one compute
-# resource.
+# An op's latency is `predict_all(trace, hw, queued_usage(n_active))`,
+# n_active counting jobs that have arrived and not ended, read at the op's
+# start. Kernels of different jobs queue FIFO on one compute resource: that
+# queue is the time-slicing, so the usage a kernel is predicted at is the one
+# it sees while it holds the device (hwmodels NOTE [ Usage under a compute
+# queue ]: none), not the share the other jobs take.
 #
 # NOTE [ Out of memory ]
 # An allocation that does not fit the budget: `fail` logs `oom`, stops the

@@ -159,3 +159,19 @@ def test_recompute_allocation_evicts_in_passive_mode():
     ]
     j = r.jobs[0]
     assert (j.passive_swaps, j.recompute_s, j.stall_s, j.peak_bytes) == (2, 0.001, 0.002, 3 * MiB)
+
+
+def test_jobs_sharing_the_device_are_not_slowed_twice():
+    """Four identical jobs on one FIFO compute queue take four times as long per
+    iteration as one job alone: the queue is the sharing, and the roofline is
+    asked for each kernel alone (hwmodels NOTE [ Usage under a compute queue ])."""
+    from hwmodels.latency import Roofline
+    from hwmodels.profile import load_hardware
+    from traces.synthetic import chain
+
+    trace = chain(4)
+    hw = load_hardware("rtx-a6000")
+    one = simulate([trace], hw, Roofline(), iterations=3)
+    four = simulate([trace] * 4, hw, Roofline(), iterations=3)
+    ratio = four.jobs[0].iteration_time_s / one.jobs[0].iteration_time_s
+    assert ratio == pytest.approx(4.0, rel=1e-6)
