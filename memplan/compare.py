@@ -190,8 +190,23 @@ def _failed(
     name: str, budget: int | None, reason: str, plan_time: float, result: PlanResult | None = None
 ) -> Row:
     nan = math.nan
-    return Row(name, False, reason, budget, None, nan, nan, nan, nan, 0.0, 0.0, 0, 0, plan_time,
-               result=result)
+    return Row(
+        name,
+        False,
+        reason,
+        budget,
+        None,
+        nan,
+        nan,
+        nan,
+        nan,
+        0.0,
+        0.0,
+        0,
+        0,
+        plan_time,
+        result=result,
+    )
 
 
 def compare_planners(
@@ -230,9 +245,17 @@ def compare_planners(
             if tensile is None:
                 if progress:
                     progress(f"{name}: planning tensile for its default budget")
-                tensile = run_planner("tensile", traces, hw, latency, vanilla, budget=None,
-                                      lanes=lanes, iterations=iterations,
-                                      options=options.get("tensile"))
+                tensile = run_planner(
+                    "tensile",
+                    traces,
+                    hw,
+                    latency,
+                    vanilla,
+                    budget=None,
+                    lanes=lanes,
+                    iterations=iterations,
+                    options=options.get("tensile"),
+                )
             own_budget = tensile.peak_bytes
         if progress:
             progress(f"planning {name}")

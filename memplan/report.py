@@ -12,8 +12,18 @@ from memplan.units import format_bytes
 from planners import io as plan_io
 from traces.io import atomic_write_bytes
 
-COLUMNS = ("planner", "feasible", "peak", "MSR", "EOR", "CBR", "iteration", "stall",
-           "moved", "plan time")
+COLUMNS = (
+    "planner",
+    "feasible",
+    "peak",
+    "MSR",
+    "EOR",
+    "CBR",
+    "iteration",
+    "stall",
+    "moved",
+    "plan time",
+)
 
 
 def _num(x: float, fmt: str) -> str:
@@ -43,8 +53,10 @@ def cells(row: Row) -> tuple[str, ...]:
 def header(c: Comparison) -> str:
     v = c.vanilla
     jobs = ", ".join(j.name for j in v.jobs)
-    return (f"{v.hardware}, {len(v.lanes)} lane(s); jobs: {jobs}; vanilla peak "
-            f"{format_bytes(v.peak_bytes)}, iteration {_ms(_vanilla_iter(c))}")
+    return (
+        f"{v.hardware}, {len(v.lanes)} lane(s); jobs: {jobs}; vanilla peak "
+        f"{format_bytes(v.peak_bytes)}, iteration {_ms(_vanilla_iter(c))}"
+    )
 
 
 def _vanilla_iter(c: Comparison) -> float:
@@ -57,8 +69,12 @@ def text_table(c: Comparison) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = [header(c), ""]
     for r in rows:
-        lines.append("  ".join(s.ljust(w) if i < 2 else s.rjust(w)
-                               for i, (s, w) in enumerate(zip(r, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                s.ljust(w) if i < 2 else s.rjust(w)
+                for i, (s, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
     notes = [f"  {r.planner}: {r.reason}" for r in c.rows if r.reason]
     if notes:
         lines += ["", "notes:", *notes]
@@ -66,11 +82,21 @@ def text_table(c: Comparison) -> str:
 
 
 def markdown(c: Comparison) -> str:
-    lines = ["# memplan compare", "", header(c), "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        "# memplan compare",
+        "",
+        header(c),
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in c.rows]
-    lines += ["", "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
-              "against the vanilla run of the same jobs on the same hardware.", ""]
+    lines += [
+        "",
+        "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
+        "against the vanilla run of the same jobs on the same hardware.",
+        "",
+    ]
     for r in c.rows:
         if r.reason:
             lines.append(f"- **{r.planner}**: {r.reason}")
@@ -85,14 +111,20 @@ def memory_figure(c: Comparison):  # noqa: ANN201
 
     fig, ax = plt.subplots(figsize=(11, 5))
     v = c.vanilla.memory
-    ax.step(v.t_s * 1e3, v.bytes / 2**30, where="post", color="black", lw=1.5, ls="--",
-            label="vanilla")
+    ax.step(
+        v.t_s * 1e3, v.bytes / 2**30, where="post", color="black", lw=1.5, ls="--", label="vanilla"
+    )
     for r in c.rows:
         if r.sim is None:
             continue
         m = r.sim.memory
-        ax.step(m.t_s * 1e3, m.bytes / 2**30, where="post", lw=1,
-                label=f"{r.planner}" + ("" if r.feasible else " (infeasible)"))
+        ax.step(
+            m.t_s * 1e3,
+            m.bytes / 2**30,
+            where="post",
+            lw=1,
+            label=f"{r.planner}" + ("" if r.feasible else " (infeasible)"),
+        )
     budgets = {r.budget_bytes for r in c.rows if r.budget_bytes}
     for b in sorted(budgets):
         ax.axhline(b / 2**30, color="grey", lw=0.8, ls=":")

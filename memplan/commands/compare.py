@@ -24,22 +24,47 @@ def register(sub: argparse._SubParsersAction) -> None:
             "iteration time, stall, bytes moved and planning time."
         ),
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE[:COUNT]",
-                   help="trace files; TRACE:4 runs four jobs of that trace together")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE[:COUNT]",
+        help="trace files; TRACE:4 runs four jobs of that trace together",
+    )
     p.add_argument("--gpu", required=True, help="hardware profile name (rtx-a6000) or .toml path")
-    p.add_argument("--planners", default="all",
-                   help="'all' (default) or a comma-separated list of planner names")
-    p.add_argument("--budget", help="device memory for all jobs: 8GiB, 512MB or bytes "
-                   "(default: none; capuchin then gets the peak TENSILE reached)")
-    p.add_argument("--lanes", type=int, choices=(1, 2), default=1,
-                   help="1: one PCIe lane shared by both directions (default); 2: one per direction")
+    p.add_argument(
+        "--planners",
+        default="all",
+        help="'all' (default) or a comma-separated list of planner names",
+    )
+    p.add_argument(
+        "--budget",
+        help="device memory for all jobs: 8GiB, 512MB or bytes "
+        "(default: none; capuchin then gets the peak TENSILE reached)",
+    )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: one PCIe lane shared by both directions (default); 2: one per direction",
+    )
     p.add_argument("--iterations", type=int, default=3, help="simulated iterations (default 3)")
-    p.add_argument("--latency", default="roofline", metavar="roofline|measured|mlp|MODEL",
-                   help="op latency model (default roofline)")
-    p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
-                   help="a planner option, e.g. checkpoint.segments=4 (repeatable)")
-    p.add_argument("--out", metavar="DIR",
-                   help="write the plans, report.md, report.json and memory.png to DIR")
+    p.add_argument(
+        "--latency",
+        default="roofline",
+        metavar="roofline|measured|mlp|MODEL",
+        help="op latency model (default roofline)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="PLANNER.KEY=VALUE",
+        help="a planner option, e.g. checkpoint.segments=4 (repeatable)",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="write the plans, report.md, report.json and memory.png to DIR"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
@@ -103,8 +128,17 @@ def run(args: argparse.Namespace) -> int:
         if tty:
             print(f"\r\033[K{msg} ...", end="", file=sys.stderr, flush=True)
 
-    c = compare_planners(traces, hw, latency, names, budget=budget, lanes=args.lanes,
-                         iterations=args.iterations, options=options, progress=progress)
+    c = compare_planners(
+        traces,
+        hw,
+        latency,
+        names,
+        budget=budget,
+        lanes=args.lanes,
+        iterations=args.iterations,
+        options=options,
+        progress=progress,
+    )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)
     written = report.write(c, Path(args.out)) if args.out else []

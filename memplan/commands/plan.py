@@ -20,10 +20,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planner", required=True, help="tensile, capuchin, vdnn, checkpoint, ...")
     p.add_argument("--gpu", required=True, help="hardware profile name or .toml path")
     p.add_argument("--budget", help="device memory for all jobs: 8GiB, 512MB or bytes")
-    p.add_argument("--latency", default="roofline", metavar="roofline|measured|mlp|MODEL",
-                   help="op latency model (default roofline)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a planner option (repeatable); see the planner's options dataclass")
+    p.add_argument(
+        "--latency",
+        default="roofline",
+        metavar="roofline|measured|mlp|MODEL",
+        help="op latency model (default roofline)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a planner option (repeatable); see the planner's options dataclass",
+    )
     p.add_argument("--out", metavar="PLAN", help="write the plan (memplan.plan/1 JSON) here")
     p.add_argument("--json", action="store_true", help="print the plan result summary as JSON")
     p.set_defaults(func=run)
@@ -39,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     latency = latency_model(args.latency)
     budget = parse_size(args.budget, "--budget") if args.budget else None
     traces = parse_jobs(args.traces)
-    result = registry.run(args.planner, traces, hw, latency, budget_bytes=budget,
-                          options=args.option)
+    result = registry.run(
+        args.planner, traces, hw, latency, budget_bytes=budget, options=args.option
+    )
     for p, t in zip(result.plans, traces, strict=False):
         check(p, t)
     if args.out and result.plans:
@@ -57,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     state = "feasible" if result.feasible else "INFEASIBLE"
-    print(f"{result.planner}: {state}, planned in {result.solve_time_s:.2f} s"
-          + (f" for a budget of {format_bytes(budget)}" if budget else ""))
+    print(
+        f"{result.planner}: {state}, planned in {result.solve_time_s:.2f} s"
+        + (f" for a budget of {format_bytes(budget)}" if budget else "")
+    )
     for i, p in enumerate(result.plans):
         counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in p.counts().items() if n)
         print(f"  job {i} ({traces[i].meta.model}): {counts or 'no events'}")
