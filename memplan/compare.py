@@ -224,9 +224,12 @@ def compare_planners(
     """Every planner in `planners` on the same jobs; see NOTE [ Budgets in a comparison ]."""
     if not traces:
         raise MemplanError("compare: no traces given")
-    for name in planners:
-        registry.get(name)  # unknown names fail before any work
     options = options or {}
+    for name in planners:  # unknown names and bad options fail before any work
+        registry.make_options(name, options.get(name))
+    for name in options:
+        if name not in planners and not (name == "tensile" and set(NEEDS_BUDGET) & set(planners)):
+            raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
     vanilla = simulate(
         _jobs(traces, [vanilla_plan(t) for t in traces]),
         hw,

@@ -34,12 +34,20 @@ def _ms(x: float) -> str:
     return "-" if math.isnan(x) else f"{x * 1e3:.2f} ms"
 
 
+def _peak(row: Row) -> str:
+    if row.peak_bytes is None:
+        return "-"
+    if row.sim is not None and row.sim.oom:
+        return "OOM"
+    return format_bytes(row.peak_bytes)
+
+
 def cells(row: Row) -> tuple[str, ...]:
     moved = row.bytes_h2d + row.bytes_d2h
     return (
         row.planner,
         "yes" if row.feasible else "no",
-        "-" if row.peak_bytes is None else format_bytes(row.peak_bytes),
+        _peak(row),
         _num(row.msr, ".3f"),
         _num(row.eor, ".3f"),
         _num(row.cbr, ".3f"),

@@ -1,0 +1,96 @@
+"""`memplan compare` and `memplan plan` end to end on a shipped trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memplan.cli import main
+from planners import io as plan_io
+from planners.check import check
+from traces import io
+
+ROOT = Path(__file__).resolve().parents[2]
+RESNET = str(ROOT / "traces" / "data" / "resnet50_b16_adam.json.gz")
+HEURISTICS = ["release_only", "tensile", "capuchin", "vdnn", "checkpoint"]
+
+
+def test_compare_json_rows_and_report(tmp_path, capsys):
+    out = tmp_path / "report"
+    argv = ["compare", RESNET, "--gpu", "rtx-a6000", "--planners", ",".join(HEURISTICS),
+            "--out", str(out), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["planner"]: r for r in doc["rows"]}
+    assert list(rows) == HEURISTICS
+    keys = {"planner", "feasible", "peak_bytes", "msr", "eor", "cbr", "iteration_time_s",
+            "plan_time_s"}  # fmt: skip
+    assert all(keys <= r.keys() for r in rows.values())
+    vanilla = doc["vanilla"]["peak_bytes"]
+    trace = io.load(RESNET)
+    assert vanilla == trace.peak("framework")[0]
+    for r in rows.values():
+        assert r["feasible"], r
+        assert r["peak_bytes"] <= vanilla
+        assert r["msr"] == pytest.approx((vanilla - r["peak_bytes"]) / vanilla)
+        assert r["cbr"] == pytest.approx(r["msr"] / r["eor"])
+    assert rows["release_only"]["peak_bytes"] == trace.peak("liveness")[0]
+    assert rows["tensile"]["eor"] == pytest.approx(1.0)  # TENSILE hides every swap
+    # capuchin got the peak TENSILE reached as its budget
+    assert rows["capuchin"]["budget_bytes"] == rows["tensile"]["peak_bytes"]
+    names = {p.name for p in (out / "plans").iterdir()}
+    assert names == {f"{n}.json" for n in HEURISTICS}
+    assert {"report.md", "report.json", "memory.png"} <= {p.name for p in out.iterdir()}
+    result = plan_io.load(out / "plans" / "tensile.json", [trace])
+    check(result.plans[0], trace)
+
+
+def test_compare_reports_a_budget_it_cannot_meet_as_infeasible(capsys):
+    argv = ["compare", RESNET, "--gpu", "rtx-a6000", "--planners", "tensile,checkpoint",
+            "--budget", "500MiB", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["feasible"] for r in rows] == [False, False]
+
+
+def test_two_jobs_share_one_lane(capsys):
+    argv = ["compare", f"{RESNET}:2", "--gpu", "rtx-a6000", "--planners", "tensile", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["jobs"] == ["resnet50#0", "resnet50#1"]
+    assert doc["rows"][0]["feasible"]
+
+
+def test_plan_writes_a_checked_plan(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["plan", RESNET, "--planner", "checkpoint", "--gpu", "rtx-a6000", "--out", str(out)]
+    assert main(argv) == 0
+    assert "checkpoint: feasible" in capsys.readouterr().out
+    trace = io.load(RESNET)
+    check(plan_io.load(out, [trace]).plans[0], trace)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--planners", "nope"], "unknown planner 'nope'"),
+        (["--option", "tensile.nope=1", "--planners", "tensile"], "unknown option 'nope'"),
+        (["--option", "vdnn.layers=all", "--planners", "tensile"], "is not being compared"),
+        (["--budget", "12QB"], "--budget='12QB'"),
+        (["--gpu", "no-such-gpu"], "no-such-gpu"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    base = ["compare", RESNET, "--gpu", "rtx-a6000"]
+    if "--gpu" in argv:
+        base = base[:2]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_count_suffix_must_be_a_number(capsys):
+    assert main(["compare", f"{RESNET}:x", "--gpu", "rtx-a6000"]) == 2
+    assert "COUNT after ':'" in capsys.readouterr().err
