@@ -47,7 +47,7 @@ traces: $(ZOO_STAMP)
 	$(ZOO_PY) -m traces.regenerate --out traces/data
 
 bench: setup
-	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	status=0; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || status=1; done; exit $$status
 
 clean:
 	rm -rf $(VENV) $(ZOO_VENV) report build *.egg-info

@@ -14,9 +14,21 @@ import datetime
 import os
 import threading
 
+import numpy as np
 import torch
 
-from hwmodels.microbench import cpu_description, cpu_setup, measure_copy, time_cpu, time_cuda
+from hwmodels.dataset import Dataset
+from hwmodels.microbench import (
+    cpu_description,
+    cpu_setup,
+    dataset_specs,
+    make_call,
+    make_tensor,
+    measure_copy,
+    time_cpu,
+    time_cpu_usage,
+    time_cuda,
+)
 from hwmodels.profile import Hardware
 
 _MATMUL_N = {"float32": 1024, "float64": 768, "bfloat16": 512, "float16": 512}
@@ -35,9 +47,9 @@ def measure_profile(device: str = "cpu", threads: int = 1, name: str = "cpu-loca
         flops = {d: _matmul_rate(d, dev, time_cpu) for d in _MATMUL_N}
         n = 16 * 2**20
         src, dst = torch.ones(n), torch.zeros(n)
-        bw = 2 * 4 * n / time_cpu(lambda: dst.copy_(src), 7, 0.0)
+        bw = 2 * 4 * n / time_cpu(lambda: dst.copy_(src), 7, 0.0, best=True)
         a, b = torch.ones(1), torch.ones(1)
-        launch = time_cpu(lambda: a.add(b), 7, 0.01)
+        launch = time_cpu(lambda: a.add(b), 7, 0.01, best=True)
     desc = cpu_description(threads)
     how = f"measured by `memplan microbench --profile-out` on {desc}, {when}"
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -55,14 +67,14 @@ def measure_profile(device: str = "cpu", threads: int = 1, name: str = "cpu-loca
         launch_overhead_s=launch,
         source={
             "memory_bytes": f"physical RAM (SC_PHYS_PAGES x SC_PAGE_SIZE), {when}",
-            "h2d_bytes_per_s": f"{how}: median of 7 memcpy (Tensor.copy_) of 64 MiB",
+            "h2d_bytes_per_s": f"{how}: best of 7 memcpy (Tensor.copy_) of 64 MiB",
             "d2h_bytes_per_s": f"{how}: the same memcpy (host to host has one direction)",
             "transfer_fixed_s": f"{how}: median per-call time of a 4-byte Tensor.copy_",
             "copy_engines": "a host copy is a memcpy on a CPU thread: one lane",
             "h2d_duplex_factor": f"{how}: 64 MiB copy rate with a second copy running / alone",
-            "peak_flops": f"{how}: median rate of square matmuls (n = {_MATMUL_N})",
-            "mem_bw_bytes_per_s": f"{how}: bytes read + written by a 64 MiB float32 copy",
-            "launch_overhead_s": f"{how}: median per-call time of a 1-element add",
+            "peak_flops": f"{how}: best of 5 rates of square matmuls (n = {_MATMUL_N})",
+            "mem_bw_bytes_per_s": f"{how}: bytes read + written by a 64 MiB float32 copy, best of 7",
+            "launch_overhead_s": f"{how}: per-call time of a 1-element add, best of 7 blocks",
         },
     )
 
@@ -70,7 +82,7 @@ def measure_profile(device: str = "cpu", threads: int = 1, name: str = "cpu-loca
 def _matmul_rate(dtype: str, dev: torch.device, timer) -> float:  # noqa: ANN001
     n = _MATMUL_N[dtype]
     a = torch.randn(n, n, device=dev).to(getattr(torch, dtype))
-    return 2.0 * n**3 / timer(lambda: a @ a, 5, 0.05)
+    return 2.0 * n**3 / timer(lambda: a @ a, 5, 0.05, best=True)
 
 
 def _duplex_factor() -> float:
@@ -102,9 +114,9 @@ def _measure_cuda(name: str, when: str) -> Hardware:
     flops = {d: _matmul_rate(d, dev, time_cuda) for d in _MATMUL_N}
     n = 64 * 2**20
     src, dst = torch.ones(n, device=dev), torch.zeros(n, device=dev)
-    bw = 2 * 4 * n / time_cuda(lambda: dst.copy_(src), 7, 0.0)
+    bw = 2 * 4 * n / time_cuda(lambda: dst.copy_(src), 7, 0.0, best=True)
     a, b = torch.ones(1, device=dev), torch.ones(1, device=dev)
-    launch = time_cuda(lambda: a.add(b), 7, 0.01)
+    launch = time_cuda(lambda: a.add(b), 7, 0.01, best=True)
     how = f"measured by `memplan microbench --profile-out` on {props.name}, {when}"
     return Hardware(
         name=name,
@@ -130,6 +142,25 @@ def _measure_cuda(name: str, when: str) -> Hardware:
             "launch_overhead_s": f"{how}: per-call time of a 1-element add",
         },
     )
+
+
+def remeasure(ds: Dataset, ops: np.ndarray, threads: int = 1) -> np.ndarray:
+    """Time the samples behind `ops` of a CPU dataset again, now and without
+    load: seconds alone (latency x (1 - observed usage)) per op, NaN where a
+    sample could not be made. How far these land from the dataset's own
+    labels is the measurement noise no model can beat."""
+    specs = dataset_specs(ds)
+    gen = torch.Generator().manual_seed(ds.meta.seed + 1)
+    out = np.full(len(ops), np.nan)
+    with cpu_setup(threads):
+        for i, o in enumerate(ops):
+            spec = specs[int(o)]
+            tensors = [make_tensor(t, torch.device("cpu"), gen) for t in spec.tensors]
+            _, fn = make_call(spec, tensors)
+            fn()
+            t, u = time_cpu_usage(fn, ds.meta.repeats, ds.meta.min_block_s, threads)
+            out[i] = t * (1.0 - u)
+    return out
 
 
 def with_efficiency(hw: Hardware, efficiency: dict[str, float], how: str) -> Hardware:

@@ -49,6 +49,8 @@ class DatasetMeta:
     elapsed_s: float = 0.0
     skipped: int = 0
     copy: dict[str, float] = field(default_factory=dict)
+    classes: tuple[str, ...] = ()  # measured op classes, in order; () = all
+    skipped_specs: tuple[int, ...] = ()  # sample indices the kernels rejected
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,7 +143,9 @@ def load_dataset(path: str | os.PathLike[str]) -> Dataset:
         raise LatencyError(f"{p}: trace.{e}") from None
     try:
         md = dict(doc["meta"])
-        md["usage_levels"] = tuple(md.get("usage_levels", (0.0,)))
+        for key in ("usage_levels", "classes", "skipped_specs"):
+            if key in md:
+                md[key] = tuple(md[key])
         meta = DatasetMeta(**md)
         m = doc["measurements"]
         op = np.asarray(m["op"], np.int64)

@@ -38,11 +38,6 @@ def summarize(pred: np.ndarray, true: np.ndarray) -> ErrorSummary:
     )
 
 
-def predict_rows(model: LatencyModel, ds: Dataset, hw: Hardware) -> np.ndarray:
-    """The model's prediction for every measurement row, at the row's usage."""
-    return model.predict_ops(ds.trace, hw, ds.op, ds.usage)
-
-
 def row_classes(ds: Dataset) -> np.ndarray:
     """The op class index (into `OP_CLASSES`) of every measurement row."""
     return op_costs(ds.trace).cls[ds.op]
@@ -54,7 +49,7 @@ def evaluate(
     """Error summaries over `rows` (default: the held-out split), keyed by
     op class value, plus "all"."""
     rows = ds.heldout() if rows is None else rows
-    pred = predict_rows(model, ds, hw)[rows]
+    pred = model.predict_ops(ds.trace, hw, ds.op[rows], ds.usage[rows])
     true = ds.latency_s[rows]
     cls = row_classes(ds)[rows]
     out = {"all": summarize(pred, true)}

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from hwmodels.opclass import OP_CLASSES, OpClass, base_name, bind, classify, is_inplace
+from hwmodels.opclass import (
+    OP_CLASSES,
+    OpClass,
+    base_name,
+    bind,
+    classify,
+    is_inplace,
+    vocab_token,
+)
 from traces.io import DTYPE_BYTES
 from traces.model import Op, Trace
 
@@ -183,7 +191,8 @@ def _transposed(trace: Trace, x: Any) -> int:
 @dataclass(frozen=True, eq=False)
 class ClassFeatures:
     """MLP inputs of every op of one class in a trace: `ops` (op ids),
-    `X` float64[len(ops), len(names)] and each op's base name."""
+    `X` float64[len(ops), len(names)] and each op's vocabulary token
+    (`hwmodels.opclass.vocab_token`)."""
 
     ops: np.ndarray
     X: np.ndarray
@@ -204,9 +213,10 @@ CLASS_NAMES: dict[OpClass, tuple[str, ...]] = {
     OpClass.CONV: ("log_n", "log_cin", "log_h", "log_w", "log_cout", "log_kh", "log_kw",
                    "stride_h", "stride_w", "pad_h", "pad_w", "dilation", "log_groups",
                    "transposed", "backward", "grad_input", "grad_weight", "bias",
-                   "log_hout", "log_wout"),
+                   "log_hout", "log_wout", "log_gemm_m", "log_gemm_k", "cin_by16",
+                   "cout_by16"),
     OpClass.MATMUL: ("log_batch", "log_m", "log_k", "log_n", "a_transposed", "b_transposed",
-                     "bias"),
+                     "bias", "m_by16", "k_by16", "n_by16"),
     OpClass.NORM: ("log_numel", "log_channels", "log_inner", "training", "backward",
                    "layer_norm", "grad_input", "grad_weight", "grad_bias"),
     OpClass.ELEMENTWISE: ("log_numel_out", "log_numel_in_max", "n_tensors",
@@ -246,7 +256,7 @@ def _build_features(trace: Trace) -> dict[OpClass, ClassFeatures]:
                 DTYPE_NAMES[costs.dtype[i]])  # fmt: skip
         rows.setdefault(c, []).append(_row(op, trace, cost))
         ids.setdefault(c, []).append(i)
-        names.setdefault(c, []).append(base_name(op.target))
+        names.setdefault(c, []).append(vocab_token(op.target))
     return {
         c: ClassFeatures(
             np.asarray(ids[c], np.int64), np.asarray(rows[c], np.float64), tuple(names[c])
@@ -256,12 +266,12 @@ def _build_features(trace: Trace) -> dict[OpClass, ClassFeatures]:
 
 
 def single_op_features(op: Op, trace: Trace) -> tuple[OpClass, np.ndarray | None, str]:
-    """(class, feature row or None for VIEW ops, base name) of one op: the
-    scalar twin of `class_features`."""
+    """(class, feature row or None for VIEW ops, vocabulary token) of one op:
+    the scalar twin of `class_features`."""
     cost = single_op_cost(op, trace)
     if cost[0] is OpClass.VIEW:
-        return cost[0], None, base_name(op.target)
-    return cost[0], np.asarray(_row(op, trace, cost), np.float64), base_name(op.target)
+        return cost[0], None, vocab_token(op.target)
+    return cost[0], np.asarray(_row(op, trace, cost), np.float64), vocab_token(op.target)
 
 
 def _row(op: Op, trace: Trace, cost: tuple[OpClass, float, float, float, str]) -> list[float]:
@@ -299,9 +309,12 @@ def _conv(op: Op, trace: Trace) -> list[float]:
         mask = [bool(m) for m in (a.get("output_mask") or [True, True, True])]
     else:
         mask = [True, False, a.get("bias") is not None]
+    # the implicit GEMM: (N x Ho x Wo) rows by (Cin/groups x kh x kw) deep
+    gemm_m, gemm_k = x[0] * ho * wo, (x[1] // max(groups, 1)) * kh * kw
     return [_lg(x[0]), _lg(x[1]), _lg(h), _lg(wd), _lg(cout), _lg(kh), _lg(kw),
             stride[0], stride[1], pad[0], pad[1], dil, _lg(groups), float(transposed),
-            float(back), float(mask[0]), float(mask[1]), float(mask[2]), _lg(ho), _lg(wo)]  # fmt: skip
+            float(back), float(mask[0]), float(mask[1]), float(mask[2]), _lg(ho), _lg(wo),
+            _lg(gemm_m), _lg(gemm_k), _by16(x[1] // max(groups, 1)), _by16(cout)]  # fmt: skip
 
 
 def _matmul(op: Op, trace: Trace) -> list[float]:
@@ -311,7 +324,8 @@ def _matmul(op: Op, trace: Trace) -> list[float]:
     bias = name in ("addmm", "baddbmm", "addbmm", "addmv", "_addmm_activation") or (
         name == "linear" and a.get("bias") is not None
     )
-    return [_lg(b), _lg(m), _lg(k), _lg(n), float(ta), float(tb), float(bias)]
+    return [_lg(b), _lg(m), _lg(k), _lg(n), float(ta), float(tb), float(bias), _by16(m),
+            _by16(k), _by16(n)]  # fmt: skip
 
 
 def _norm(op: Op, trace: Trace) -> list[float]:
@@ -372,6 +386,12 @@ def _other(op: Op, trace: Trace) -> list[float]:
     numel_in = [math.prod(trace.views[v].shape) for v in op.reads] or [0]
     numel_out = [math.prod(trace.views[v].shape) for v in op.writes] or [0]
     return [_lg(max(numel_in)), _lg(max(numel_out)), float(len(op.reads))]
+
+
+def _by16(n: int) -> float:
+    """1.0 when `n` fills whole 16-lane vectors (AVX-512 float32, tensor-core
+    tiles): kernels take their fast paths; ragged sizes do not."""
+    return float(n % 16 == 0)
 
 
 def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -1,8 +1,8 @@
 """TENSILE's latency predictor (§IV-A): one small MLP per op class.
 
 Inputs: the op's log-scaled dims and parameters (`hwmodels.features`), a
-one-hot of its name within the class, and `usage` (the share of the device
-other work takes). Trained with torch on microbenchmarks
+one-hot of its name (and cost family, for pointwise ops), and `usage` (the
+share of the device other work takes). Trained with torch on microbenchmarks
 (`hwmodels.microbench`, `hwmodels.mlptrain`); inference runs in numpy on
 weights extracted once, over feature matrices cached per trace.
 
@@ -58,6 +58,12 @@ from traces.model import Op, Trace
 SCHEMA = "memplan.mlp/1"
 RANGE_MARGIN = 0.1
 DATA_DIR = Path(__file__).parent / "data"
+# The shipped CPU data and model, measured and trained on the development machine:
+#   memplan microbench --device cpu --samples 600 --usage 0,0.5,1 --seed 0 \
+#       --out hwmodels/data/cpu-local.microbench.json.gz \
+#       --profile-out hwmodels/profiles/cpu-local.toml
+#   memplan latency train hwmodels/data/cpu-local.microbench.json.gz \
+#       --out hwmodels/data/cpu-local.mlp.pt
 DEFAULT_MODEL = DATA_DIR / "cpu-local.mlp.pt"
 DEFAULT_DATASET = DATA_DIR / "cpu-local.microbench.json.gz"
 
@@ -84,17 +90,25 @@ class FeatureSpec:
         margin = RANGE_MARGIN * (hi - lo)
         below, above = feats < lo - margin - 1e-9, feats > hi + margin + 1e-9
         out_of_range = (below | above).any(axis=1)
+        # a token is "name" or "family/name" (NOTE [ Elementwise families ]):
+        # its first part must be known; every known part gets its column
         index = {n: i for i, n in enumerate(self.vocab)}
-        col = np.array([index.get(n, -1) for n in op_names], np.int64)
-        unknown = col < 0
-        ok = ~out_of_range & ~unknown
         onehot = np.zeros((len(feats), len(self.vocab)))
-        onehot[np.flatnonzero(~unknown), col[~unknown]] = 1.0
+        unknown = np.zeros(len(feats), bool)
+        for i, token in enumerate(op_names):
+            parts = token.split("/")
+            if parts[0] not in index:
+                unknown[i] = True
+                continue
+            for part in parts:
+                if part in index:
+                    onehot[i, index[part]] = 1.0
+        ok = ~out_of_range & ~unknown
         Z = np.hstack([(feats - np.asarray(self.mean)) / np.asarray(self.std), onehot])
         reasons = []
         for i in np.flatnonzero(~ok):
             if unknown[i]:
-                reasons.append(f"op {op_names[i]} not in training set")
+                reasons.append(f"op {op_names[i].split('/')[-1]} not in training set")
             else:
                 j = int(np.flatnonzero(below[i] | above[i])[0])
                 reasons.append(f"outside training range: {self.names[j]}")
@@ -125,7 +139,7 @@ class MLPMeta:
     torch_version: str = ""
     dataset_created: str = ""
     n_train: int = 0
-    hidden: tuple[int, ...] = (64, 64, 32)
+    hidden: tuple[int, ...] = (32, 32, 16)
     ensemble: int = 1
     epochs: int = 0
     created: str = ""
@@ -155,6 +169,9 @@ class _Designs:
     reason: np.ndarray
     Z: dict[OpClass, np.ndarray]
     base_s: np.ndarray
+    memo: dict[tuple[int, float], tuple[Hardware, np.ndarray, MLPStats | None]] = field(
+        default_factory=dict
+    )
 
 
 Layers = list[tuple[np.ndarray, np.ndarray]]
@@ -227,8 +244,16 @@ class MLPLatency(LatencyModel):
         return got
 
     def predict_all(self, trace: Trace, hw: Hardware, usage: float = 0.0) -> np.ndarray:
+        """Every op at one usage; memoised per (trace, hardware, usage), since
+        planners ask the same question many times."""
         usage = check_usage(usage)
-        return self.predict_ops(trace, hw, np.arange(trace.n_ops), np.full(trace.n_ops, usage))
+        d = self._designs(trace)
+        hit = d.memo.get((id(hw), usage))
+        if hit is None or hit[0] is not hw:  # Hardware holds dicts: keyed by identity
+            out = self.predict_ops(trace, hw, np.arange(trace.n_ops), np.full(trace.n_ops, usage))
+            hit = d.memo[(id(hw), usage)] = (hw, out, self.last_stats)
+        self.last_stats = hit[2]
+        return hit[1].copy()
 
     def predict_ops(
         self, trace: Trace, hw: Hardware, ops: np.ndarray, usage: np.ndarray
@@ -292,10 +317,14 @@ class MLPLatency(LatencyModel):
         for c, net in self.nets.items():
             spec = _plain(asdict(net.spec))
             spec["op_class"] = c.value
+            # one flat float32 tensor per class (trained in float32: nothing
+            # is lost): W1, b1, W2, b2, ... of each member in turn
+            flat = [a.astype(np.float32).ravel() for m in net.members for W, b in m for a in (W, b)]
             doc["classes"][c.value] = {
                 "spec": spec,
-                "weights": [[torch.from_numpy(W.copy()) for W, _ in m] for m in net.members],
-                "biases": [[torch.from_numpy(b.copy()) for _, b in m] for m in net.members],
+                "sizes": [net.members[0][0][0].shape[0]] + [b.shape[0] for _, b in net.members[0]],
+                "members": len(net.members),
+                "params": torch.from_numpy(np.concatenate(flat)),
             }
         buf = io.BytesIO()
         torch.save(doc, buf)
@@ -336,14 +365,30 @@ class MLPLatency(LatencyModel):
                         f"{p}: classes.{key}: features {list(spec.names)} do not match this "
                         f"version's {list(feature_names(c))}; retrain with `memplan latency train`"
                     )
-                members = [
-                    [(W.double().numpy(), b.double().numpy()) for W, b in zip(ws, bs, strict=True)]
-                    for ws, bs in zip(entry["weights"], entry["biases"], strict=True)
-                ]
-                nets[c] = ClassNet(spec, members)
+                nets[c] = ClassNet(
+                    spec,
+                    _unflatten(entry["params"].double().numpy(), entry["sizes"], entry["members"]),
+                )
         except (KeyError, TypeError, ValueError) as e:
             raise LatencyError(f"{p}: malformed latency model ({e})") from None
         return cls(nets, meta, fallback)
+
+
+def _unflatten(flat: np.ndarray, sizes: list[int], members: int) -> list[Layers]:
+    """The inverse of `save`'s packing: `members` nets of layer `sizes`."""
+    out: list[Layers] = []
+    at = 0
+    for _ in range(members):
+        layers: Layers = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            W = flat[at : at + a * b].reshape(a, b)
+            at += a * b
+            layers.append((W, flat[at : at + b].copy()))
+            at += b
+        out.append(layers)
+    if at != len(flat):
+        raise ValueError(f"{len(flat)} parameters for {members} nets of sizes {sizes}")
+    return out
 
 
 def _plain(x: Any) -> Any:

@@ -24,19 +24,22 @@ class TrainOptions:
     """TENSILE uses a four-layer MLP: here three hidden ReLU layers and a linear
     output, `ensemble` of them per class (seeds seed, seed+1, ...)."""
 
-    hidden: tuple[int, ...] = (64, 64, 32)
+    hidden: tuple[int, ...] = (32, 32, 16)
     ensemble: int = 5
-    epochs: int = 1500
+    epochs: int = 400
     lr: float = 3e-3
     weight_decay: float = 1e-4
     seed: int = 0
     heldout_fraction: float = 0.2
+    loss: str = "l1"  # of log latency: l1 fits the typical op, mse the mean
 
     def __post_init__(self) -> None:
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise LatencyError(f"hidden={list(self.hidden)}: need at least one layer, sizes >= 1")
         if self.ensemble < 1 or self.epochs < 1 or self.lr <= 0:
             raise LatencyError("ensemble and epochs must be >= 1, lr > 0")
+        if self.loss not in ("l1", "mse"):
+            raise LatencyError(f"loss={self.loss!r} must be 'l1' or 'mse'")
 
 
 def fit_baseline(ds: Dataset, rows: np.ndarray) -> Baseline:
@@ -101,7 +104,8 @@ def train_mlp(
             usage = np.minimum(ds.usage[rows], MAX_USAGE)
             std = X.std(axis=0)
             spec = FeatureSpec(
-                c, feature_names(c), tuple(sorted(set(names))), tuple(X.mean(axis=0)),
+                c, feature_names(c), tuple(sorted({p for t in names for p in t.split("/")})),
+                tuple(X.mean(axis=0)),
                 tuple(np.where(std > 1e-9, std, 1.0)), tuple(X.min(axis=0)),
                 tuple(X.max(axis=0)), float(usage.max()),
             )  # fmt: skip
@@ -156,7 +160,8 @@ def _fit(Z: np.ndarray, y: np.ndarray, opts: TrainOptions, seed: int, torch: Any
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=opts.epochs)
     for _ in range(opts.epochs):
         optim.zero_grad(set_to_none=True)
-        loss = torch.mean((model(Zt) - yt) ** 2)
+        diff = model(Zt) - yt
+        loss = diff.abs().mean() if opts.loss == "l1" else (diff**2).mean()
         loss.backward()
         optim.step()
         sched.step()

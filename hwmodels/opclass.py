@@ -98,6 +98,42 @@ _NO_KERNEL = {
 }  # fmt: skip
 
 
+# NOTE [ Elementwise families ]
+# The MLP tells ops of a class apart by a one-hot token. For most classes the
+# token is the op's name (a handful per class), but pointwise ops are many and
+# alike: ~30 names sharing a few hundred samples leave a dozen per name. Their
+# token is "family/name": both columns are set, so every `add` teaches the
+# network about `sub` too (same family), the name still tells them apart, and
+# a pointwise op never measured is predicted from its family alone.
+ELEMENTWISE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "copy": ("copy", "clone", "_to_copy", "contiguous"),
+    "fill": ("fill", "zero", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
+             "scalar_tensor", "arange"),
+    "arith": ("add", "sub", "rsub", "mul", "neg", "abs", "relu", "threshold",
+              "threshold_backward", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+              "where", "masked_fill", "clamp", "clamp_min", "clamp_max", "sign", "hardtanh",
+              "hardtanh_backward", "leaky_relu", "leaky_relu_backward", "logical_not",
+              "bitwise_not", "square", "tanh_backward", "sigmoid_backward", "floor", "ceil",
+              "round", "trunc", "frac", "native_dropout_backward"),
+    "divide": ("div", "reciprocal", "sqrt", "rsqrt", "pow", "fmod", "remainder"),
+    "transcendental": ("exp", "log", "log1p", "expm1", "sigmoid", "tanh", "gelu",
+                       "gelu_backward", "silu", "silu_backward", "erf", "sin", "cos", "elu",
+                       "elu_backward", "softplus", "softplus_backward", "hardswish",
+                       "hardswish_backward"),
+    "random": ("bernoulli", "native_dropout"),
+}  # fmt: skip
+_FAMILY = {name: fam for fam, names in ELEMENTWISE_FAMILIES.items() for name in names}
+
+
+def vocab_token(target: str) -> str:
+    """What the MLP's one-hot sees: "family/name" for a pointwise op of a known
+    family, the base name otherwise (see NOTE [ Elementwise families ])."""
+    name = base_name(target)
+    if classify(target) is OpClass.ELEMENTWISE and name in _FAMILY:
+        return f"{_FAMILY[name]}/{name}"
+    return name
+
+
 def packet(target: str) -> str:
     """`aten.add_.Tensor` -> `add_`; targets without a namespace pass through."""
     parts = target.split(".")

@@ -72,40 +72,48 @@ def _channels(rng: np.random.Generator) -> int:
     return _pick(rng, [3, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048])
 
 
+# feature-map sides of the zoo's CNNs (ResNet/VGG/DenseNet: 224..7, Inception: 299..8)
+_SIDES = [7, 8, 14, 17, 28, 35, 56, 71, 73, 112, 147, 224]
+
+
+def _side(rng: np.random.Generator) -> int:
+    return _pick(rng, _SIDES) if rng.random() < 0.7 else _logu(rng, 4, 230)
+
+
 # ---- conv ------------------------------------------------------------------------
 def _conv(rng: np.random.Generator) -> SampleSpec | None:
+    """Dense 2-D convolutions as CNNs use them (groups = 1: grouped and
+    depthwise convs are outside the training range and fall back)."""
     n = _pick(rng, [1, 2, 4, 8, 16, 32])
     cin, cout = _channels(rng), _channels(rng)
-    h = _logu(rng, 4, 230)
-    w = h if rng.random() < 0.85 else _logu(rng, 4, 230)
+    if cout == 3:
+        return None  # no network maps back to 3 channels
+    h = _side(rng)
+    w = h if rng.random() < 0.9 else _side(rng)
     k = _pick(rng, [1, 3, 5, 7], [0.4, 0.42, 0.05, 0.13])
+    kh, kw = (k, k) if rng.random() < 0.93 else _pick(rng, [(1, 7), (7, 1), (1, 3), (3, 1)])
     stride = _pick(rng, [1, 2], [0.75, 0.25])
-    pad = k // 2 if rng.random() < 0.85 else 0
-    dil = 2 if (k == 3 and rng.random() < 0.05) else 1
-    groups = 1
-    if rng.random() < 0.1 and cin > 3:
-        groups = cout = cin  # depthwise
+    ph, pw = (kh // 2, kw // 2) if rng.random() < 0.85 else (0, 0)
     bias = rng.random() < 0.3
-    if cin == 3 and (k not in (3, 7) or groups != 1):
+    if cin == 3 and kh * kw not in (9, 49):
         return None  # 3 channels only as a network's stem, as in real models
-    ho = (h + 2 * pad - dil * (k - 1) - 1) // stride + 1
-    wo = (w + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    ho = (h + 2 * ph - kh) // stride + 1
+    wo = (w + 2 * pw - kw) // stride + 1
     if ho < 1 or wo < 1 or max(n * cin * h * w, n * cout * ho * wo) > MAX_NUMEL:
         return None
-    flops = 2.0 * n * cout * ho * wo * (cin // groups) * k * k
+    flops = 2.0 * n * cout * ho * wo * cin * kh * kw
     backward = rng.random() >= 0.45
     if not 1e4 <= flops <= MAX_CONV_FLOPS / (2 if backward else 1):
         return None
     x = TensorSpec((n, cin, h, w))
-    wt = TensorSpec((cout, cin // groups, k, k))
-    geo = ([stride, stride], [pad, pad], [dil, dil], False, [0, 0], groups)
+    wt = TensorSpec((cout, cin, kh, kw))
+    geo = ([stride, stride], [ph, pw], [1, 1], False, [0, 0], 1)
     if not backward:
         tensors = (x, wt) + ((TensorSpec((cout,)),) if bias else ())
         return SampleSpec(OpClass.CONV, "aten.convolution.default", tensors,
                           _call(_v(0), _v(1), _v(2) if bias else None, *geo))  # fmt: skip
-    mask = _pick(
-        rng, [[True, True, False], [False, True, False], [True, True, True]], [0.8, 0.1, 0.1]
-    )
+    masks = [[True, True, False], [False, True, False], [True, True, True]]
+    mask = _pick(rng, masks, [0.8, 0.1, 0.1])
     gy = TensorSpec((n, cout, ho, wo))
     bias_sizes = [cout] if mask[2] else None
     return SampleSpec(OpClass.CONV, "aten.convolution_backward.default", (gy, x, wt),
@@ -113,28 +121,49 @@ def _conv(rng: np.random.Generator) -> SampleSpec | None:
 
 
 # ---- matmul ----------------------------------------------------------------------
+_WIDTHS = [64, 128, 256, 384, 512, 768, 1000, 1024, 1536, 2048, 3072, 4096]
+
+
+def _width(rng: np.random.Generator) -> int:
+    """A layer width: a common one, or any in 8..4096."""
+    return _pick(rng, _WIDTHS) if rng.random() < 0.6 else _logu(rng, 8, 4096)
+
+
 def _matmul(rng: np.random.Generator) -> SampleSpec | None:
-    kind = _pick(rng, ["mm", "addmm", "bmm"], [0.45, 0.35, 0.2])
-    m, k, n = _logu(rng, 1, 8192), _logu(rng, 1, 4096), _logu(rng, 1, 8192)
-    b = _logu(rng, 2, 256) if kind == "bmm" else 1
+    """Linear layers and attention as autograd runs them: forward
+    x @ W.t() (+ bias), input grad g @ W, weight grad g.t() @ x; batched
+    Q @ K.t() and P @ V with their backward transposes."""
+    kind = _pick(rng, ["linear", "dgrad", "wgrad", "bmm"], [0.35, 0.2, 0.2, 0.25])
+    rows, k, n = _logu(rng, 8, 16384), _width(rng), _width(rng)
+    b = 1
+    if kind == "bmm":
+        b = _pick(rng, [12, 16, 24, 48, 96, 192, 384]) if rng.random() < 0.7 else _logu(rng, 2, 512)
+        t, d = _logu(rng, 16, 1024), _pick(rng, [32, 64, 128])
+        m, k, n = _pick(rng, [(t, d, t), (t, t, d), (d, t, t)])
+        ta, tb = _pick(rng, [(False, True), (False, False), (True, False)])
+    elif kind == "linear":
+        m, ta, tb = rows, False, True
+    elif kind == "dgrad":
+        m, ta, tb = rows, False, False
+    else:  # weight grad: (out, rows) @ (rows, in)
+        m, k, ta, tb = k, rows, True, False
     if not 1e3 <= 2.0 * b * m * k * n <= MAX_MM_FLOPS or b * (m * k + k * n + m * n) > MAX_NUMEL:
         return None
-    ta, tb = rng.random() < 0.3, rng.random() < 0.4
     if kind == "bmm":
         a, bb = TensorSpec((b, m, k), transposed=ta), TensorSpec((b, k, n), transposed=tb)
         return SampleSpec(OpClass.MATMUL, "aten.bmm.default", (a, bb), _call(_v(0), _v(1)))
     a, bb = TensorSpec((m, k), transposed=ta), TensorSpec((k, n), transposed=tb)
-    if kind == "mm":
-        return SampleSpec(OpClass.MATMUL, "aten.mm.default", (a, bb), _call(_v(0), _v(1)))
-    bias = TensorSpec((n,))
-    return SampleSpec(OpClass.MATMUL, "aten.addmm.default", (bias, a, bb),
-                      _call(_v(0), _v(1), _v(2)))  # fmt: skip
+    if kind == "linear" and rng.random() < 0.8:
+        bias = TensorSpec((n,))
+        return SampleSpec(OpClass.MATMUL, "aten.addmm.default", (bias, a, bb),
+                          _call(_v(0), _v(1), _v(2)))  # fmt: skip
+    return SampleSpec(OpClass.MATMUL, "aten.mm.default", (a, bb), _call(_v(0), _v(1)))
 
 
 # ---- normalization -----------------------------------------------------------------
 def _norm(rng: np.random.Generator) -> SampleSpec | None:
     if rng.random() < 0.7:  # batch norm over (N, C, H, W)
-        n, c, h = _pick(rng, [1, 2, 4, 8, 16, 32]), _channels(rng), _logu(rng, 1, 115)
+        n, c, h = _pick(rng, [1, 2, 4, 8, 16, 32]), _channels(rng), _side(rng)
         if n * c * h * h > MAX_NUMEL:
             return None
         x, ch = TensorSpec((n, c, h, h)), TensorSpec((c,))
@@ -147,7 +176,7 @@ def _norm(rng: np.random.Generator) -> SampleSpec | None:
         tensors = (x, x, ch, ch, pos, ch, pos)
         return SampleSpec(OpClass.NORM, "aten.native_batch_norm_backward.default", tensors,
                           _call(_v(0), _v(1), _v(2), _v(3), _v(4), _v(5), _v(6), True, 1e-5, mask))  # fmt: skip
-    d, rows = _logu(rng, 16, 4096), _logu(rng, 1, 16384)
+    d, rows = _width(rng), _logu(rng, 1, 16384)
     if d * rows > MAX_NUMEL // 2:
         return None
     shape = (rows, d) if rng.random() < 0.5 else (_logu(rng, 1, 16), max(1, rows // 16), d)
@@ -247,7 +276,7 @@ def _optimizer(rng: np.random.Generator) -> SampleSpec | None:
 def _reduction(rng: np.random.Generator) -> SampleSpec | None:
     u = rng.random()
     if u < 0.3:  # pooling over (N, C, H, W)
-        n, c, h = _pick(rng, [1, 2, 4, 8, 16]), _channels(rng), _logu(rng, 2, 115)
+        n, c, h = _pick(rng, [1, 2, 4, 8, 16]), _channels(rng), _side(rng)
         if n * c * h * h > MAX_NUMEL:
             return None
         k, s = _pick(rng, [2, 3]), _pick(rng, [1, 2], [0.2, 0.8])
@@ -297,6 +326,12 @@ def _reduction(rng: np.random.Generator) -> SampleSpec | None:
         one = TensorSpec((), fill="ones")
         return SampleSpec(OpClass.REDUCTION, f"aten.{name}.default", (one, x, tgt, one),
                           _call(_v(0), _v(1), _v(2), None, 1, -100, _v(3)))  # fmt: skip
+    if u < 0.7:  # a bias gradient: (rows, width) summed over rows
+        rows, width = _logu(rng, 1, 16384), _width(rng)
+        if rows * width > MAX_NUMEL:
+            return None
+        return SampleSpec(OpClass.REDUCTION, "aten.sum.dim_IntList", (TensorSpec((rows, width)),),
+                          _call(_v(0), [0], True))  # fmt: skip
     shape = _shape_of(rng, _logu(rng, 2, MAX_NUMEL))
     x = TensorSpec(shape)
     if len(shape) == 4 and rng.random() < 0.4:

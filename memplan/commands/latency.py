@@ -26,9 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = lat.add_parser("train", help="train an MLP latency model on a microbenchmark dataset")
     t.add_argument("data", metavar="DATA", help="dataset from `memplan microbench`")
     t.add_argument("--out", required=True, metavar="MODEL", help="model file to write (.pt)")
-    t.add_argument("--hidden", default="64,64,32", help="hidden layer sizes (default 64,64,32)")
+    t.add_argument("--hidden", default="32,32,16", help="hidden layer sizes (default 32,32,16)")
     t.add_argument("--ensemble", type=int, default=5, help="networks per op class (default 5)")
-    t.add_argument("--epochs", type=int, default=1500)
+    t.add_argument("--epochs", type=int, default=400)
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=run_train)
 

@@ -28,9 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, metavar="DATA", help="dataset file (.json.gz)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=5, help="timed blocks per measurement")
+    p.add_argument("--repeats", type=int, default=3, help="timed blocks per measurement")
     p.add_argument(
-        "--min-block-ms", type=float, default=4.0, help="least duration of a timed block (ms)"
+        "--min-block-ms", type=float, default=2.0, help="least duration of a timed block (ms)"
     )
     p.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1)")
     p.add_argument(

@@ -43,6 +43,18 @@ def test_classify(target, cls):
     assert classify(target) is cls
 
 
+def test_vocab_tokens():
+    from hwmodels.opclass import vocab_token
+
+    assert vocab_token("aten.add_.Tensor") == "arith/add"
+    assert vocab_token("aten.threshold_backward.default") == "arith/threshold_backward"
+    assert vocab_token("aten.rsqrt.default") == "divide/rsqrt"
+    assert vocab_token("aten.gelu.default") == "transcendental/gelu"
+    assert vocab_token("aten.zeros.default") == "fill/zeros"
+    assert vocab_token("aten.mm.default") == "mm"
+    assert vocab_token("aten.addcdiv_.default") == "addcdiv"
+
+
 def test_names():
     assert base_name("aten.relu_.default") == "relu"
     assert base_name("aten._foreach_mul_.Scalar") == "_foreach_mul"

@@ -86,20 +86,31 @@ def test_falls_back_to_the_roofline_outside_what_it_saw(trained):
     _, model = trained
     conv = Call("aten.convolution.default", ((1, 3, 8, 8), (4, 3, 3, 3)), (1, 4, 6, 6),
                 ["$0", "$1", None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1])  # fmt: skip
-    sub = Call("aten.sub.Tensor", ((64,), (64,)), (64,), ["$0", "$1"])
-    t = make([mm(64, 64, 64), mm(8192, 8192, 8192), sub, conv])
+    bmm = Call("aten.bmm.default", ((2, 64, 64), (2, 64, 64)), (2, 64, 64), ["$0", "$1"])
+    t = make([mm(64, 64, 64), mm(8192, 8192, 8192), bmm, conv])
     got = model.predict_all(t, HW)
     roof = Roofline().predict_all(t, HW)
     st = model.last_stats
     assert (st.n_ops, st.n_mlp, st.n_fallback) == (4, 1, 3)
     assert st.fallback_by_reason == {
         "outside training range: log_flops": 1,
-        "op sub not in training set": 1,
+        "op bmm not in training set": 1,
         "no model for class conv": 1,
     }
-    assert st.fallback_by_class == {"matmul": 1, "elementwise": 1, "conv": 1}
+    assert st.fallback_by_class == {"matmul": 2, "conv": 1}
     assert got[1:].tolist() == roof[1:].tolist()
     assert got[0] == pytest.approx(truth(t, 0.0)[0], rel=0.1)
+
+
+def test_pointwise_ops_share_their_family(trained):
+    _, model = trained
+    # only `add` was measured, but `sub` and `mul` are the same kind of kernel
+    sub = Call("aten.sub.Tensor", ((5000,), (5000,)), (5000,), ["$0", "$1"])
+    model.predict_all(make([sub]), HW)
+    assert model.last_stats.n_mlp == 1
+    exp = Call("aten.exp.default", ((5000,),), (5000,), ["$0"])
+    model.predict_all(make([exp]), HW)
+    assert model.last_stats.fallback_by_reason == {"op exp not in training set": 1}
 
 
 def test_usage_beyond_training_is_stretched(trained):
