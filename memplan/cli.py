@@ -24,6 +24,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "latency",
     "plan",
     "compare",
+    "validate",
+    "export",
 )
 
 

@@ -233,10 +233,6 @@ def test_reading_a_released_buffer_names_the_op_and_the_buffer():
             "release of buffer {b} after op {f1}: it is not on the device",
         ),
         (
-            lambda b, f, k: [SwapIn(b, f, k)],
-            "swap_in of buffer {b} after op {f} of iteration 0: already on the device",
-        ),
-        (
             lambda b, f, k: [Release(b, f), SwapIn(b, f + 1, k)],
             r"no valid host copy \(it was never swapped out\)",
         ),

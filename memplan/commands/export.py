@@ -1,0 +1,78 @@
+"""`memplan export PLAN --trace TRACE --out runtime_plan.json`: a plan for a
+real PyTorch training loop (`validate.runtime.apply_plan`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+from memplan.units import format_bytes
+from traces.errors import MemplanError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="turn a plan into a runtime plan for a PyTorch training loop",
+        description=(
+            "Map a plan's swaps and recomputes onto the tensors autograd saves (keyed by "
+            "module path and pack order, as recorded at capture): which are offloaded and "
+            "where they are prefetched, which modules are checkpointed and which of their ops "
+            "recomputed. Use it with validate.runtime.apply_plan(model, runtime_plan)."
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN", help="plan file (memplan.plan/1)")
+    p.add_argument("--trace", required=True, help="the trace the plan was made for")
+    p.add_argument("--job", type=int, default=0, help="which plan of the file (default 0)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="runtime plan to write (memplan.runtime/1 JSON, .gz compresses)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planners import io as plan_io
+    from traces import io
+    from validate.runtime_io import save
+    from validate.runtime_plan import Action, export
+
+    trace = io.load(args.trace)
+    result = plan_io.load(args.plan)
+    if not 0 <= args.job < len(result.plans):
+        raise MemplanError(f"--job={args.job}: {args.plan} has {len(result.plans)} plans")
+    plan = result.plans[args.job]
+    rp = export(plan, trace, result.planner)
+    save(rp, args.out)
+    reasons = Counter(s.reason for s in rp.skipped)
+    summary = {
+        "out": args.out,
+        "model": rp.model,
+        "planner": rp.planner,
+        "saved_tensors": rp.counts(),
+        "offloaded_bytes": rp.held_bytes(frozenset({Action.OFFLOAD})),
+        "kept_bytes": rp.held_bytes(),
+        "regions": list(rp.regions),
+        "recomputed_ops": len(rp.recompute),
+        "skipped": dict(reasons),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    c = rp.counts()
+    print(
+        f"{rp.model or args.trace} ({rp.planner}): {len(rp.saved)} saved tensors: "
+        f"{c['keep']} kept, {c['offload']} offloaded "
+        f"({format_bytes(summary['offloaded_bytes'])}), "
+        f"{c['recompute']} recomputed and {c['region']} cached in checkpointed modules"
+    )
+    if rp.regions:
+        print(f"checkpointed: {', '.join(rp.regions)} ({len(rp.recompute)} ops recomputed)")
+    for reason, n in reasons.most_common():
+        print(f"not covered: {n} event(s): {reason}")
+    print(f"wrote {args.out}")
+    return 0

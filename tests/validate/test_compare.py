@@ -1,0 +1,239 @@
+"""Simulated versus measured: every planner's plan computes bit-identical
+results on CPU; the figures that do not depend on timing agree exactly; the
+measured device model is what the NOTE blocks of `validate/measure.py` say."""
+
+from __future__ import annotations
+
+import functools
+import math
+import platform
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hwmodels.latency import Fixed, Roofline
+from hwmodels.profile import load_hardware
+from planners import registry
+from planners.check import check
+from planners.errors import PlanError
+from planners.plan import Plan, SwapIn, SwapOut
+from tests.validate.helpers import (
+    first_backward_use,
+    first_op,
+    last_forward_use,
+    output_of,
+    plan_of,
+    trace_of,
+)
+from traces.zoo import BUILTIN
+from validate import Direction, TransferRecord, ValidationError
+from validate.compare import validate_plan
+from validate.measure import (
+    PROBE_SWAPS,
+    Sample,
+    lane_fixed_cost,
+    op_latencies,
+    probe_plan,
+    quietest,
+)
+
+PLANNERS = ("release_only", "tensile", "capuchin", "vdnn", "checkpoint")
+
+
+def _budget(model: str) -> int:
+    """Capuchin's budget: 80% of the vanilla peak (it saves only what a budget asks)."""
+    return int(0.8 * trace_of(model).peak("framework")[0])
+
+
+@functools.cache
+def plan_for(model: str, planner: str) -> Plan:
+    """A deterministic plan: roofline latencies on the shipped cpu-local profile."""
+    trace = trace_of(model)
+    budget = _budget(model) if planner == "capuchin" else None
+    result = registry.run(
+        planner, [trace], load_hardware("cpu-local"), Roofline(), budget_bytes=budget
+    )
+    return result.plans[0]
+
+
+def _validate(model: str, plan: Plan | str, **kw):
+    kw = {"iterations": 2, "runs": 1, "samples": 1, "bandwidth": 2e9, **kw}
+    return validate_plan(trace_of(model), plan, **kw)
+
+
+# NOTE [ Periodic swap-ins of persistent buffers ]
+# TENSILE swaps some persistent buffers in before their first use and out
+# after their last, every iteration. In the first iteration such a buffer is
+# still resident: the simulator, `planners.check` and the executor all treat
+# a swap-in of a resident buffer (not leaving) as a no-op, so these plans
+# replay like any other.
+@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize("model", BUILTIN)
+def test_every_planners_plan_computes_bit_identical_results(model, planner):
+    plan = plan_for(model, planner)
+    r = _validate(model, plan)
+    assert r.correct, r.mismatch
+    assert r.mismatch == "" and r.device == "cpu"
+    assert r.time_meas_s > 0 and r.time_pred_s > 0
+    if plan.counts()["swap_out"] == 0:
+        assert r.bytes_d2h_meas == r.bytes_d2h_pred == r.bytes_h2d_meas == r.bytes_h2d_pred == 0
+
+
+def test_a_planner_by_name_plans_for_the_measured_device():
+    r = _validate("small_cnn", "vdnn")
+    assert r.correct and r.planner == "vdnn" and r.events["swap_out"] > 0
+    assert r.bytes_d2h_meas > 0 and r.bytes_d2h_pred > 0
+
+
+def test_a_swap_moves_the_bytes_the_simulation_moves():
+    """Block 1's ReLU output of small_cnn, out after its last forward use and
+    back before its first backward use: 256 KiB each way, every iteration."""
+    trace = trace_of("small_cnn")
+    b = output_of(trace, first_op(trace, "aten.relu.default"))
+    out, back = last_forward_use(trace, b), first_backward_use(trace, b)
+    plan = plan_of(trace, SwapOut(b, out), SwapIn(b, back - 3, back))
+    r = _validate("small_cnn", plan, iterations=3)
+    assert r.correct
+    assert r.bytes_d2h_meas == r.bytes_d2h_pred == 3 * 2**18
+    assert r.bytes_h2d_meas == r.bytes_h2d_pred == 3 * 2**18
+
+
+def test_tiny_transformer_with_dropout_is_bit_identical_under_recompute():
+    r = _validate("tiny_transformer", plan_for("tiny_transformer", "checkpoint"))
+    assert r.correct and r.events["recompute"] > 0
+    assert r.recompute_meas_s > 0 and r.recompute_pred_s > 0
+
+
+@pytest.mark.parametrize(
+    "planner,policy",
+    [("vanilla", "framework"), ("release_only", "liveness")],
+)
+def test_plans_without_copies_predict_the_peak_exactly(planner, policy):
+    """No transfer, no timing: the pool and the simulator follow the trace."""
+    trace = trace_of("small_cnn")
+    r = _validate("small_cnn", planner)
+    assert r.peak_pred_bytes == r.peak_meas_bytes == trace.peak(policy)[0]
+    assert r.peak_err == 0.0
+    assert r.vanilla_peak_bytes == trace.peak("framework")[0]
+
+
+def test_recompute_plans_predict_the_peak_exactly():
+    r = _validate("tiny_resnet", plan_for("tiny_resnet", "checkpoint"))
+    assert r.events["recompute"] > 0
+    assert r.peak_pred_bytes == r.peak_meas_bytes < r.vanilla_peak_bytes
+
+
+def test_a_plan_object_and_the_report_dict():
+    trace = trace_of("mlp")
+    plan = Plan(trace.fingerprint(), (), "mlp")
+    r = validate_plan(trace, plan, iterations=2, runs=2, samples=1)
+    d = r.to_dict()
+    assert {
+        "correct",
+        "time_pred_s",
+        "time_meas_s",
+        "time_err",
+        "peak_pred_bytes",
+        "peak_meas_bytes",
+        "peak_err",
+    } <= d.keys()
+    assert d["correct"] is True and d["planner"] == "file" and len(d["per_run"]) == 2
+    assert d["peak_err"] == 0.0
+    assert d["bandwidth_throttled"] is False and d["bandwidth_bytes_per_s"] > 0
+    assert math.isclose(d["time_err"], (r.time_pred_s - r.time_meas_s) / r.time_meas_s)
+
+
+def test_a_vanilla_plan_is_predicted_as_its_own_vanilla_replay():
+    """The latencies of a pair's vanilla replay add up to its best iteration
+    (NOTE [ What the simulator is told ]): for the empty plan each run's
+    prediction is that pair's vanilla figure."""
+    r = _validate("linear_chain", "vanilla", runs=2)
+    for run in r.per_run:
+        assert run.time_pred_s == pytest.approx(run.vanilla_time_s, abs=1e-6)
+        assert run.stall_pred_s == 0.0 and run.stall_meas_s == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"iterations": 1}, "iterations=1 must be an integer >= 2"),
+        ({"runs": 0}, "runs=0"),
+        ({"samples": 0}, "samples=0"),
+        ({"lanes": 3}, "lanes=3"),
+        ({"bandwidth": 0.0}, "bandwidth=0.0"),
+        ({"threads": 0}, "threads=0"),
+        ({"device": "tpu"}, "device='tpu'"),
+    ],
+)
+def test_bad_arguments_are_validation_errors(kwargs, message):
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(")):
+        validate_plan(trace_of("mlp"), "release_only", **kwargs)
+
+
+def test_a_plan_for_another_trace_and_a_planner_without_a_plan_are_plan_errors():
+    other = Plan(trace_of("small_cnn").fingerprint(), (), "small_cnn")
+    with pytest.raises(PlanError, match="not for this trace"):
+        validate_plan(trace_of("mlp"), other, iterations=2, runs=1, samples=1)
+    with pytest.raises(PlanError, match="capuchin.*made no plan"):
+        validate_plan(trace_of("mlp"), "capuchin", iterations=2, runs=1, samples=1)
+
+
+# ---- the device model ------------------------------------------------------------------
+def _result(op_seconds, iteration_seconds, transfers=()):
+    return SimpleNamespace(
+        op_seconds=np.asarray(op_seconds, float),
+        iteration_seconds=np.asarray(iteration_seconds, float),
+        transfers=tuple(transfers),
+    )
+
+
+def test_op_latencies_are_least_call_times_plus_an_even_harness_share():
+    # iteration 0 is warm-up; steady rows: op 0 at best 1 ms, op 1 at best 2 ms;
+    # the best steady iteration is 5 ms: 2 ms of harness over 2 ops
+    result = _result([[9e-3, 9e-3], [1e-3, 3e-3], [2e-3, 2e-3]], [30e-3, 5e-3, 6e-3])
+    ops, overhead, best = op_latencies(result)
+    np.testing.assert_allclose(ops, [2e-3, 3e-3])
+    assert overhead == pytest.approx(1e-3) and best == pytest.approx(5e-3)
+    assert Fixed(ops).durations_s.sum() == pytest.approx(best)
+
+
+def test_lane_fixed_cost_is_the_median_busy_span_beyond_the_bytes():
+    # 1 MB at 1 GB/s is 1 ms. The first copy was ready at 0 and ended at 3 ms:
+    # 2 ms beyond its bytes. The second was queued behind it (ready at 2.5 ms),
+    # so its span starts when the first ended (3 ms): it ended at 4.5 ms, 0.5 ms
+    # beyond. Median: 1.25 ms.
+    mb = 10**6
+    t = [
+        TransferRecord(Direction.D2H, 1, 0, mb, 0.0, 0.0, 1e-3, 3e-3),
+        TransferRecord(Direction.H2D, 1, 0, mb, 2.5e-3, 2.5e-3, 3e-3, 4.5e-3),
+    ]
+    fixed, n = lane_fixed_cost(_result([[0.0]], [0.0], t), 1e9, lanes=1)
+    assert n == 2 and fixed == pytest.approx(1.25e-3)
+    # on two lanes the swap-in did not queue behind the swap-out: 1 ms beyond
+    assert lane_fixed_cost(_result([[0.0]], [0.0], t), 1e9, lanes=2)[0] == pytest.approx(1.5e-3)
+    assert lane_fixed_cost(_result([[0.0]], [0.0]), 1e9) == (0.0, 0)
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "tiny_transformer"])
+def test_the_probe_is_a_valid_plan_of_swaps(model):
+    trace = trace_of(model)
+    plan = probe_plan(trace)
+    assert plan is not None and plan.counts()["swap_out"] == plan.counts()["swap_in"] == PROBE_SWAPS
+    check(plan, trace)
+
+
+def test_the_quietest_sample_wins_and_unknown_contention_takes_the_first():
+    assert quietest([Sample("a", 0.5), Sample("b", 0.1), Sample("c", 0.3)]).value == "b"
+    assert quietest([Sample("a", math.nan), Sample("b", math.nan)]).value == "a"
+
+
+def test_host_allocations_can_be_cached_on_glibc():
+    """Process-wide and one-way (NOTE [ Host allocations ]): in a child process."""
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    code = "from validate.measure import cache_host_allocations as c; print(c())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -1,0 +1,374 @@
+"""The replay device as the simulator sees it: per-op latencies measured by a
+vanilla replay, and a hardware profile whose copy lane is the replay's own.
+
+# NOTE [ What the simulator is told ]
+The simulator predicts a replay, so every figure it gets is measured on the
+replay itself, never taken from a datasheet:
+- Op latency (`Fixed`): per op, the least call time over the steady
+  iterations (all but the first), plus the replay's per-op harness cost --
+  the part of the best steady iteration that no op call accounts for
+  (argument views, pool bookkeeping, the framework's frees), spread evenly
+  over the ops. A vanilla replay's iteration is then predicted to be
+  exactly its measured best: what is left to predict is what the plan adds
+  (stalls, recomputes, copies, NOTE [ Steady figures ] in
+  `validate/compare.py`).
+- Lane bandwidth: the throttle when one is given (NOTE [ Throttled copies ]
+  in `validate/lanes.py`), else the device's measured copy speed
+  (`hwmodels.microbench.measure_copy`: memcpy on CPU, pinned copies on
+  CUDA).
+- Fixed cost per transfer: measured by a probe replay (NOTE [ The lane
+  probe ]), not the microbenchmark's 4-byte memcpy: a replay's transfer
+  also pays for waking the lane thread, its bookkeeping, the throttle's
+  sleep overshoot, and for waking the compute thread that waits on it.
+- Memory: the machine's RAM (CPU) or the card's (CUDA); replays run without
+  a budget, and so does the simulation.
+
+# NOTE [ The lane probe ]
+A probe replay applies a plan of its own to the trace: up to `PROBE_SWAPS`
+activation buffers, swapped out after one access and back in just before
+the next. Per transfer, the lane is busy from the later of its ready time
+and the end of the lane's previous transfer until it ends; the fixed cost
+is the median of that span minus `nbytes / bandwidth`, at least 0. The
+probe moves the trace's own buffer sizes through the replay's own lanes, so
+the figure covers what a plan's transfers pay, whatever plan is validated
+afterwards. A trace without such buffers gets no probe and a fixed cost of 0.
+The probe runs as often as the plan is sampled, each time after a vanilla
+replay; the least contended pair gives the fixed cost (NOTE [ Contention ]).
+
+# NOTE [ Transfers cost the compute thread too ]
+Queueing a copy (the executor's bookkeeping, waking the lane thread) runs on
+the compute thread, and the lane thread's own Python work takes the GIL
+from it: measured here, tens of microseconds per transfer, a tenth of a
+20 ms iteration for a plan with 40 transfers. The simulator's copy engine
+costs compute nothing, so the cost is put into the latencies instead: per
+transfer, on the op whose end triggers it. Its size is the probe replay's
+harness time (the part of its best steady iteration that neither op calls
+nor stalls account for, `harness_s`) beyond that of the vanilla replay run
+just before it, per transfer of an iteration; the median over the samples.
+Wall time, as the GIL waits count; measured on a quiet machine here 40-100
+us per transfer, noisy by as much on a busy one. (The compute thread's CPU
+time would be immune to other processes, but misses the GIL waits and
+carries the replay's setup, which varies by more than the effect.)
+
+# NOTE [ Contention ]
+The machine is shared: while another process holds the cores, the replay's
+compute thread is runnable but not running, and its ops take 2-3x their
+time (here: on-CPU time of a replay steady within 10%, wall time 1-2.5x).
+Linux counts that time per thread (`/proc/thread-self/schedstat`, the
+second field: nanoseconds waiting on a run queue). `Sample.contention` is
+that wait over the wall time of a replay, of the calling thread -- the one
+that runs the ops. The lane probe keeps its least contended sample; plan
+replays are picked by `drift` instead (NOTE [ Paired runs ] in
+`validate/compare.py`), which also sees a slowdown no thread waits for (a
+sibling vCPU's load). Both are reported with the figures, as the caveat to
+read them by. Where schedstat is missing, contention is NaN.
+
+# NOTE [ Host allocations ]
+On CPU the "device" and the host are both malloc'd memory. glibc returns
+large freed blocks to the kernel (mmap threshold, heap trimming), so every
+swapped-out copy, and every buffer brought back, pays page faults to touch
+fresh pages again: about one per 4 KiB, 2-3 ms of CPU per iteration for a
+plan moving 8 MiB each way, on the copy lane and on the compute thread
+that reuses the memory. A device allocator and a pinned host pool cache
+their blocks instead. `cache_host_allocations` makes glibc keep freed
+memory (mmap threshold and trim threshold at 1 GiB); it is process-wide
+and one-way (glibc has no call to read the old values back), so the CLI
+and the benchmark call it once at start, and `validate_plan` leaves it to
+its caller.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+import torch
+
+from hwmodels.latency import Fixed
+from hwmodels.microbench import measure_copy
+from hwmodels.profile import Hardware, load_hardware
+from planners.plan import Plan, SwapIn, SwapOut, fingerprint_of
+from traces.model import BufferKind, Trace
+from validate.errors import ValidationError
+from validate.result import ReplayResult
+
+PROBE_SWAPS = 16
+PROBE_ITERATIONS = 4
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
+KEEP_BYTES = 1 << 30
+T = TypeVar("T")
+
+
+def cache_host_allocations() -> bool:
+    """NOTE [ Host allocations ]: keep freed host memory in the process (glibc
+    only). Returns whether the setting took."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES)
+    )
+
+
+def _run_queue_s() -> float:
+    """Seconds the calling thread has waited for a CPU (NaN if unknown)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Sample(Generic[T]):
+    """What `fn` returned, the share of its wall time the calling thread
+    spent waiting for a CPU (NOTE [ Contention ]), and the CPU seconds the
+    calling thread used meanwhile."""
+
+    value: T
+    contention: float
+    cpu_s: float = math.nan
+
+
+def sampled(fn: Callable[[], T]) -> Sample[T]:
+    q0, c0, t0 = _run_queue_s(), time.thread_time(), time.perf_counter()
+    value = fn()
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    return Sample(value, (_run_queue_s() - q0) / wall if wall > 0 else math.nan, cpu)
+
+
+def quietest(samples: list[Sample[T]]) -> Sample[T]:
+    """The least contended sample (the first one when contention is unknown)."""
+    known = [s for s in samples if not math.isnan(s.contention)]
+    return min(known, key=lambda s: s.contention) if known else samples[0]
+
+
+@dataclass(frozen=True, slots=True)
+class LaneModel:
+    """A replay lane: bytes/s, and seconds every transfer pays on top of its
+    bytes on the lane (`fixed_s`) and on the compute thread (`compute_s`,
+    NOTE [ Transfers cost the compute thread too ]). `throttled`: the
+    bandwidth is the executor's throttle, not measured. `probes`: how many
+    transfers the fixed cost is the median of."""
+
+    bandwidth_bytes_per_s: float
+    fixed_s: float
+    throttled: bool
+    probes: int
+    compute_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceModel:
+    """Per-op seconds (call + harness share, NOTE [ What the simulator is
+    told ]) and the hardware profile to simulate with."""
+
+    hardware: Hardware
+    op_seconds: np.ndarray  # float64[n_ops]
+    overhead_s: float  # the harness share included in every op, seconds
+    iteration_s: float  # the vanilla replay's median steady iteration
+
+    compute_s: float = 0.0  # per transfer, on the op that triggers it
+
+    @property
+    def latency(self) -> Fixed:
+        return Fixed(self.op_seconds)
+
+    def latency_for(self, plan: Plan) -> Fixed:
+        """The latencies with each swap's compute-thread cost on the op whose
+        end triggers it (the first op for the iteration's start)."""
+        ops = self.op_seconds.copy()
+        for ev in plan.events:
+            if isinstance(ev, SwapOut | SwapIn):
+                ops[max(ev.after_op, 0)] += self.compute_s
+        return Fixed(ops)
+
+
+def steady(values: np.ndarray) -> np.ndarray:
+    """The rows of a per-iteration array after the first (the first alone if
+    only one ran): warm-up excluded, as the simulator's steady time does."""
+    return values[1:] if len(values) > 1 else values
+
+
+def op_latencies(*vanilla: ReplayResult) -> tuple[np.ndarray, float, float]:
+    """(per-op seconds, per-op harness seconds, best steady iteration) of
+    vanilla replays; see NOTE [ What the simulator is told ]."""
+    ops = np.min([steady(v.op_seconds).min(axis=0) for v in vanilla], axis=0)
+    iteration = min(best_iteration(v) for v in vanilla)
+    n = max(len(ops), 1)
+    overhead = max(iteration - float(ops.sum()), 0.0) / n
+    return ops + overhead, overhead, iteration
+
+
+def best_iteration(result: ReplayResult) -> float:
+    """The least steady iteration time of a replay (NOTE [ Steady figures ]
+    in `validate/compare.py`)."""
+    return float(steady(result.iteration_seconds).min())
+
+
+def probe_plan(trace: Trace, max_swaps: int = PROBE_SWAPS) -> Plan | None:
+    """NOTE [ The lane probe ]: swap-outs after one access of an activation
+    and swap-ins before its next, largest gaps first; None if there is none."""
+    found = []
+    for buf in trace.buffers:
+        if buf.persistent or buf.kind is not BufferKind.ACTIVATION or buf.nbytes == 0:
+            continue
+        acc = trace.accesses_of(buf.id)
+        if len(acc) < 2:
+            continue
+        gaps = np.diff(acc)
+        k = int(np.argmax(gaps))
+        if gaps[k] >= 3:
+            found.append((int(gaps[k]), buf.id, int(acc[k]), int(acc[k + 1])))
+    if not found:
+        return None
+    found.sort(reverse=True)
+    events: list[SwapOut | SwapIn] = []
+    for _gap, b, first, second in found[:max_swaps]:
+        events += [SwapOut(b, first), SwapIn(b, second - 2, second)]
+    return Plan(fingerprint_of(trace), tuple(events), trace.meta.model)
+
+
+def lane_fixed_cost(
+    result: ReplayResult, bandwidth_bytes_per_s: float, lanes: int = 1
+) -> tuple[float, int]:
+    """(median fixed seconds per transfer, transfers) of a replay's transfers
+    on `lanes` lanes (2: swap-outs on one, swap-ins on the other); see NOTE
+    [ The lane probe ]."""
+    spans = []
+    lane_end: dict[object, float] = {}
+    for t in sorted(result.transfers, key=lambda t: t.start_s):
+        lane = t.direction if lanes > 1 else None
+        begin = max(t.ready_s, lane_end.get(lane, -np.inf))
+        lane_end[lane] = t.end_s
+        spans.append(t.end_s - begin - t.nbytes / bandwidth_bytes_per_s)
+    if not spans:
+        return 0.0, 0
+    return max(statistics.median(spans), 0.0), len(spans)
+
+
+def measure_lane(
+    trace: Trace,
+    *,
+    device: str,
+    bandwidth_bytes_per_s: float | None,
+    lanes: int,
+    seed: int,
+    samples: int = 1,
+) -> LaneModel:
+    """The lane of a replay of `trace` on `device` (NOTE [ What the simulator
+    is told ], NOTE [ The lane probe ], NOTE [ Transfers cost the compute
+    thread too ]): from the quietest of `samples` pairs of a vanilla replay
+    and a probe replay."""
+    from validate.executor import replay
+
+    throttled = bandwidth_bytes_per_s is not None
+    if bandwidth_bytes_per_s is None:
+        copy = measure_copy(torch.device(device))
+        bandwidth_bytes_per_s = float(min(copy["h2d_bytes_per_s"], copy["d2h_bytes_per_s"]))
+    bw = bandwidth_bytes_per_s
+    plan = probe_plan(trace)
+    if plan is None:
+        return LaneModel(bw, 0.0, throttled, 0)
+
+    def run(probe: Plan | None) -> Sample[ReplayResult]:
+        return sampled(
+            lambda: replay(
+                trace,
+                device=device,
+                iterations=PROBE_ITERATIONS,
+                seed=seed,
+                plan=probe,
+                bandwidth_bytes_per_s=bw if throttled and probe else None,
+                lanes=lanes,
+            )
+        )
+
+    pairs = [(run(None), run(plan)) for _ in range(samples)]
+    quiet = quietest([Sample(p, max(p[0].contention, p[1].contention)) for p in pairs]).value
+    fixed, n = lane_fixed_cost(quiet[1].value, bw, lanes)
+    per_iteration = max(n / PROBE_ITERATIONS, 1.0)
+    extra = statistics.median(harness_s(p.value) - harness_s(v.value) for v, p in pairs)
+    return LaneModel(bw, fixed, throttled, n, max(extra, 0.0) / per_iteration)
+
+
+def harness_s(result: ReplayResult) -> float:
+    """The least harness time of a replay's steady iterations: the part of
+    an iteration no op call, stall or recompute accounts for."""
+    rest = (
+        result.iteration_seconds
+        - result.op_seconds.sum(axis=1)
+        - result.wait_seconds
+        - result.recompute_seconds
+    )
+    return float(steady(rest).min())
+
+
+def device_hardware(device: str, lane: LaneModel, lanes: int, overhead_s: float) -> Hardware:
+    """A profile of the replay device: the lane's copy figures, the harness's
+    per-op cost as the launch overhead, the device's memory; compute figures
+    (unused by a `Fixed` latency) from `cpu-local` on CPU."""
+    dev = torch.device(device)
+    how = "measured by memplan validate on this replay device"
+    bw_source = (
+        "the replay's throttle (validate/lanes.py NOTE [ Throttled copies ])"
+        if lane.throttled
+        else f"{how}: hwmodels.microbench.measure_copy"
+    )
+    if dev.type == "cuda":
+        from hwmodels.calibrate import measure_profile
+
+        base = measure_profile("cuda", name="cuda-replay")
+        memory = int(torch.cuda.get_device_properties(dev).total_memory)
+        duplex = 1.0 if lane.throttled else base.h2d_duplex_factor
+    else:
+        base = load_hardware("cpu-local")
+        memory = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        duplex = 1.0  # each lane thread sleeps out its own throttle; unthrottled: see README
+    source = dict(base.source)
+    source.update(
+        h2d_bytes_per_s=bw_source,
+        d2h_bytes_per_s=bw_source,
+        transfer_fixed_s=f"{how}: lane probe, median of {lane.probes} transfers",
+        copy_engines="the replay's copy lanes",
+        h2d_duplex_factor="throttled lanes do not slow each other"
+        if lane.throttled
+        else base.source.get("h2d_duplex_factor", ""),
+        launch_overhead_s=f"{how}: the replay harness's per-op cost",
+        memory_bytes="the device's memory; replays run without a budget",
+    )
+    return dataclasses.replace(
+        base,
+        name=f"{dev.type}-replay",
+        description=f"the replay device {device} as memplan validate measured it",
+        memory_bytes=memory,
+        h2d_bytes_per_s=lane.bandwidth_bytes_per_s,
+        d2h_bytes_per_s=lane.bandwidth_bytes_per_s,
+        transfer_fixed_s=lane.fixed_s,
+        copy_engines=max(lanes, 1),
+        h2d_duplex_factor=duplex,
+        launch_overhead_s=overhead_s,
+        source=source,
+    )
+
+
+def device_model(hardware: Hardware, lane: LaneModel, *vanilla: ReplayResult) -> DeviceModel:
+    """The latencies vanilla replays measured, with `hardware` and the
+    compute-thread cost of the lane's transfers."""
+    if vanilla[0].op_seconds.shape[1] == 0:
+        raise ValidationError("the vanilla replay ran no ops")
+    ops, overhead, iteration = op_latencies(*vanilla)
+    return DeviceModel(hardware, ops, overhead, iteration, lane.compute_s)
