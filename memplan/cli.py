@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "latency",
     "plan",
     "compare",
+    "bounds",
     "validate",
     "export",
 )

@@ -1,0 +1,116 @@
+"""`memplan bounds TRACE --gpu G [--budget B] [--json]`: what no plan can beat.
+
+Prints the peak lower bound, the iteration-time lower bound under the budget
+(NOTE [ Lower bounds ] in planners/bounds.py) and, unless `--time-limit 0`,
+what the CP-SAT planner proves within that time (its bound holds for the
+plans its model can express).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from memplan.units import format_bytes, parse_size
+from traces.errors import MemplanError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bounds",
+        help="lower bounds on peak memory and iteration time under a budget",
+        description=(
+            "Lower bounds that hold for every plan of one trace: the peak (largest working "
+            "set, or what is resident when an iteration starts) and the iteration time "
+            "under a memory budget (compute, and the copies or recomputations needed to get "
+            "every op under the budget). Optionally runs the CP-SAT planner for its bound."
+        ),
+    )
+    p.add_argument("trace", help="trace file (.json or .json.gz)")
+    p.add_argument(
+        "--gpu", required=True, help="hardware profile name (a100-pcie-40gb) or .toml path"
+    )
+    p.add_argument("--budget", help="device memory: 8GiB, 512MB or bytes (default: the GPU's)")
+    p.add_argument(
+        "--lanes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: one PCIe lane shared by both directions (default); 2: one per direction",
+    )
+    p.add_argument(
+        "--latency",
+        default="roofline",
+        metavar="roofline|measured|mlp|MODEL",
+        help="op latency model (default roofline)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="CP-SAT time limit; 0 skips the solver (default 10)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run)
+
+
+def cpsat_bound(trace: Any, hw: Any, latency: Any, budget: int, lanes: int, limit: float) -> dict:
+    """The CP-SAT planner's status, objective and bound (seconds) within `limit`."""
+    from planners.cpsat import cpsat
+
+    r = cpsat([trace], hw, latency, budget_bytes=budget, lanes=lanes, time_limit_s=limit)
+    s = r.stats
+    return {
+        "status": s["status"],
+        "search": s.get("search"),
+        "iteration_time_s": s.get("iteration_time_s"),
+        "best_bound_s": s.get("best_bound"),
+        "model_bound_s": s.get("model_bound_s"),
+        "relative_gap": s.get("relative_gap"),
+        "solve_time_s": r.solve_time_s,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwmodels.profile import load_hardware
+    from memplan.commands.simulate import latency_model
+    from planners.bounds import bounds
+    from traces import io
+
+    if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
+        raise MemplanError(f"--time-limit={args.time_limit} must be a number of seconds >= 0")
+    trace = io.load(args.trace)
+    hw = load_hardware(args.gpu)
+    latency = latency_model(args.latency)
+    budget = parse_size(args.budget, "--budget") if args.budget else hw.memory_bytes
+    b = bounds(trace, hw, latency, budget_bytes=budget, lanes=args.lanes)
+    solver = None
+    if args.time_limit > 0 and b.time.feasible:
+        solver = cpsat_bound(trace, hw, latency, budget, args.lanes, args.time_limit)
+    if args.json:
+        out = {"trace": trace.meta.model, "gpu": hw.name, "lanes": args.lanes, **b.to_dict()}
+        out["cpsat"] = solver
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{trace.meta.model} on {hw.name}, budget {format_bytes(budget)}, lanes {args.lanes}")
+    pk = b.peak
+    where = f"working set of op {pk.op}" if pk.op >= 0 else "resident at the iteration start"
+    print(f"peak  >= {format_bytes(pk.nbytes):>12}   ({where})")
+    t = b.time
+    if not t.feasible:
+        print("time  >=          inf   (no plan fits this budget)")
+    else:
+        why = f"memory at op {t.op}" if t.op >= 0 else "compute"
+        print(f"time  >= {t.seconds * 1e3:>9.3f} ms   ({why}; compute {t.compute_s * 1e3:.3f} ms)")
+    if solver is not None:
+        line = f"cpsat    {solver['status']}"
+        if solver["iteration_time_s"] is not None:
+            line += f", plan {solver['iteration_time_s'] * 1e3:.3f} ms"
+        if solver["best_bound_s"] is not None:
+            line += f", bound {solver['best_bound_s'] * 1e3:.3f} ms"
+        line += f" ({solver['search']} search, {solver['solve_time_s']:.1f} s)"
+        print(line)
+    return 0

@@ -1,0 +1,416 @@
+"""The CP-SAT planner: hand-worked optima, agreement with an independent brute
+force and with the simulator, statuses, options and the search for large
+traces.
+
+Hand-built traces run on `tiny_hw`: the lane moves 1 MiB per ms each way (4
+MiB per ms where `bw=4`), ops take whole ms, so every time below is whole ms
+plus the model's 1 ns margins (NOTE [ CP-SAT semantics ])."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwmodels.latency import Fixed, Measured
+from hwmodels.profile import load_hardware
+from planners import registry
+from planners.bounds import peak_lower_bound
+from planners.check import check
+from planners.cpsat import CpsatOptions, cpsat
+from planners.cpsat_data import INEXACT_MARGIN, build_data
+from planners.cpsat_model import Objective
+from planners.errors import PlanError
+from planners.plan import Recompute, Release, SwapIn, SwapOut
+from sim import Job, simulate
+from sim.log import LogKind
+from tests.planners.bruteforce import (
+    MS,
+    B,
+    MiB,
+    Step,
+    brute_force,
+    durations_s,
+    random_tiny,
+    tiny_hw,
+    tiny_trace,
+)
+from traces.synthetic import Durations, TimeUnit, random_dag, residual
+
+NS = 1e-9
+
+
+def plan_one(trace, budget_mib, bw=1.0, **options):
+    hw = tiny_hw(lanes_bw_mib_per_ms=bw)
+    lat = Fixed(durations_s(trace))
+    opts = {"hint": None, "num_workers": 1, "time_limit_s": 20.0, **options}
+    return cpsat([trace], hw, lat, budget_bytes=int(budget_mib * MiB), **opts), hw, lat
+
+
+def simulated(trace, plan, hw, lat, budget_bytes, lanes=1):
+    check(plan, trace)
+    res = simulate([Job(trace, plan)], hw, lat, budget=budget_bytes, iterations=3, lanes=lanes)
+    job = res.jobs[0]
+    assert not job.oom, job.oom_at
+    return res, job
+
+
+# ---- hand-worked optima ---------------------------------------------------------------
+# A (4 MiB) is made by op 0 and read by op 3; ops 1-2 make X and Y (1 MiB each).
+# Release-only peaks at op 2 with A + X + Y = 6 MiB; the budget is 5 MiB.
+RECOMPUTE_BUFS = [B(4), B(1), B(1), B(1)]
+
+
+def test_recompute_beats_a_swap_that_cannot_finish_in_time():
+    # The 4 ms copy-out of A cannot end before op 2's window (op 1 ends at
+    # 4 ms), so the only plan re-runs op 0 (1 ms) before op 3: 8 + 1 ms.
+    ops = [Step((), (0,), 1), Step((), (1,), 3), Step((1,), (2,), 3), Step((0,), (3,), 1)]
+    t = tiny_trace(RECOMPUTE_BUFS, ops)
+    r, hw, lat = plan_one(t, 5)
+    assert r.feasible and r.stats["status"] == "OPTIMAL"
+    assert r.stats["iteration_time_s"] == pytest.approx(0.009, abs=NS / 10)
+    assert r.plans[0].events == (Release(0, 0), Recompute(0, 3, (0,)))
+    _, job = simulated(t, r.plans[0], hw, lat, 5 * MiB)
+    assert job.iteration_times_s == pytest.approx((0.009,) * 3, abs=1e-12)
+
+
+def test_swap_when_the_producer_consumes_rng():
+    # op 0 draws random numbers: no recompute. With op 1 at 5 ms the copy-out
+    # [1, 5] ms ends before op 2's window (from 6 ms); the copy-in starts 1 ns
+    # after op 2 ends (9 ms) and takes 4 ms: op 3 runs from 13 ms + 1 ns.
+    ops = [Step((), (0,), 1, rng=True), Step((), (1,), 5), Step((1,), (2,), 3), Step((0,), (3,), 1)]
+    t = tiny_trace(RECOMPUTE_BUFS, ops)
+    r, hw, lat = plan_one(t, 5)
+    assert r.stats["status"] == "OPTIMAL"
+    assert round(r.stats["iteration_time_s"] / NS) == 14 * MS + 1
+    assert r.plans[0].events == (SwapOut(0, 0, 0.0), SwapIn(0, 2, 3, 0.001))
+    _, job = simulated(t, r.plans[0], hw, lat, 5 * MiB)
+    assert job.iteration_time_s == pytest.approx(0.014000001, abs=1e-12)
+
+
+# Two 2 MiB buffers made by ops 0 and 1 (RNG: no recompute) and read by op 4;
+# op 3 makes 4 MiB: at a 5 MiB budget both must be off the device there.
+LANE_BUFS = [B(2), B(2), B(1), B(4)]
+LANE_OPS = [
+    Step((), (0,), 1, True),
+    Step((), (1,), 1, True),
+    Step((), (2,), 6),
+    Step((2,), (3,), 1),
+    Step((0, 1), (), 1),
+]
+
+
+def test_the_lane_serialises_both_directions_and_the_simulator_agrees():
+    # Copies out [1, 3] and [3, 5] ms; both copies in must start after op 3
+    # (9 ms) and share the lane: [9, 11] and [11, 13] ms + 1 ns, so op 4 ends
+    # at 14 ms + 1 ns. A model (or simulator) without the shared lane would
+    # run both copies in at once and say 12 ms + 1 ns.
+    t = tiny_trace(LANE_BUFS, LANE_OPS)
+    r, hw, lat = plan_one(t, 5)
+    assert r.stats["status"] == "OPTIMAL"
+    assert round(r.stats["iteration_time_s"] / NS) == 14 * MS + 1
+    res, job = simulated(t, r.plans[0], hw, lat, 5 * MiB)
+    assert job.iteration_time_s == pytest.approx(0.014000001, abs=1e-12)
+    # the same decisions with both copies in triggered at once: the simulator
+    # queues the second behind the first on the one lane
+    naive = r.plans[0].__class__(
+        r.plans[0].trace_fingerprint,
+        (SwapOut(0, 0), SwapOut(1, 1), SwapIn(0, 3, 4, 0.001), SwapIn(1, 3, 4, 0.001)),
+    )
+    _, naive_job = simulated(t, naive, hw, lat, 5 * MiB)
+    assert naive_job.iteration_time_s == pytest.approx(0.014000001, abs=1e-12)
+    starts = sorted(e.t_us for e in res.log if e.kind is LogKind.SWAP_IN_START and e.iteration == 1)
+    assert starts[1] - starts[0] == pytest.approx(2000.0)
+
+
+def test_tensile_refuses_a_swap_it_cannot_hide_cpsat_takes_it():
+    # A (4 MiB) costs 5 ms to recompute; swapping it stalls op 3 by 1 ms + 1 ns
+    # (4 MiB/ms lane). TENSILE only schedules hidden swaps and recomputes:
+    # 9 + 5 = 14 ms. CP-SAT swaps: 10 ms + 1 ns.
+    bufs = [B(4), B(1), B(1)]
+    ops = [Step((), (0,), 5), Step((), (1,), 2), Step((1,), (2,), 1), Step((0, 2), (), 1)]
+    t = tiny_trace(bufs, ops)
+    hw, lat = tiny_hw(lanes_bw_mib_per_ms=4), Fixed(durations_s(t))
+    ten = registry.get("tensile")([t], hw, lat, budget_bytes=5 * MiB)
+    assert ten.feasible
+    _, ten_job = simulated(t, ten.plans[0], hw, lat, 5 * MiB)
+    r, _, _ = plan_one(t, 5, bw=4)
+    assert r.stats["status"] == "OPTIMAL"
+    _, job = simulated(t, r.plans[0], hw, lat, 5 * MiB)
+    assert ten_job.iteration_time_s == pytest.approx(0.014, abs=1e-12)
+    assert job.iteration_time_s == pytest.approx(0.010000001, abs=1e-12)
+    # and with TENSILE's plan as the hint it still finds the better one
+    hinted, _, _ = plan_one(t, 5, bw=4, hint="tensile")
+    assert hinted.stats["hint"] == "tensile"
+    assert hinted.stats["iteration_time_s"] == pytest.approx(0.010000001, abs=NS / 10)
+
+
+def test_cross_iteration_swap_of_a_parameter():
+    # P (2 MiB, persistent) is last used by op 1 (an in-place update) and next
+    # by op 0 of the next iteration. Op 3 needs it gone: out after op 1
+    # [2, 4] ms, in [6 ms + 1 ns, 8 ms + 1 ns], done before the 9 ms iteration
+    # ends -- no stall, and iteration 0 (P resident at its start) fits too.
+    bufs = [B(2, "param"), B(1), B(2), B(2)]
+    ops = [
+        Step((0,), (1,), 1),
+        Step((0, 1), (0,), 1),
+        Step((), (2,), 3),
+        Step((2,), (3,), 1),
+        Step((3,), (), 3),
+    ]
+    t = tiny_trace(bufs, ops)
+    r, hw, lat = plan_one(t, 4)
+    assert r.stats["status"] == "OPTIMAL"
+    assert r.plans[0].events == (SwapOut(0, 1, 0.0), SwapIn(0, 3, 0, 0.001, next_iteration=True))
+    _, job = simulated(t, r.plans[0], hw, lat, 4 * MiB)
+    assert job.iteration_times_s == pytest.approx((0.009,) * 3, abs=1e-12)
+
+
+def test_a_valid_host_copy_is_reused_with_a_release():
+    # A is read by ops 3 and 6 and nobody writes it: the second gap releases
+    # it after op 3 and swaps it back from the first copy -- one D2H copy.
+    # Each copy in stalls its op by 2 ms + 1 ns: 11 ms + 4 ms + 2 ns.
+    bufs = [B(2), B(1), B(2), B(1), B(2)]
+    ops = [
+        Step((), (0,), 1, True),
+        Step((), (1,), 3),
+        Step((1,), (2,), 1),
+        Step((0, 2), (), 1),
+        Step((), (3,), 3),
+        Step((3,), (4,), 1),
+        Step((0, 4), (), 1),
+    ]
+    t = tiny_trace(bufs, ops)
+    r, hw, lat = plan_one(t, 4)
+    assert r.stats["status"] == "OPTIMAL"
+    assert r.stats["d2h_copies"] == 1
+    assert r.plans[0].events == (
+        SwapOut(0, 0, 0.0),
+        SwapIn(0, 2, 3, 0.001),
+        Release(0, 3),
+        SwapIn(0, 5, 6, 0.001),
+    )
+    _, job = simulated(t, r.plans[0], hw, lat, 4 * MiB)
+    assert job.iteration_time_s == pytest.approx(0.015000002, abs=1e-12)
+
+
+def test_peak_objective_under_a_time_cap():
+    ops = [Step((), (0,), 1), Step((), (1,), 3), Step((1,), (2,), 3), Step((0,), (3,), 1)]
+    t = tiny_trace(RECOMPUTE_BUFS, ops)
+    # a 1 ms recompute fits in 8 ms * 1.2: the peak drops to the working set
+    r, hw, lat = plan_one(t, 64, objective="peak", max_eor=1.2)
+    assert r.stats["status"] == "OPTIMAL"
+    assert r.stats["objective"] == 5 * MiB and r.stats["model_peak_bytes"] == 5 * MiB
+    res, _ = simulated(t, r.plans[0], hw, lat, 64 * MiB)
+    assert res.jobs[0].peak_bytes == 5 * MiB
+    # no slowdown allowed: neither a recompute nor the (late) swap fits
+    r, _, _ = plan_one(t, 64, objective="peak", max_eor=1.0)
+    assert r.stats["status"] == "OPTIMAL" and r.stats["objective"] == 6 * MiB
+
+
+# ---- agreement with the brute force and the simulator ------------------------------------
+def _agree(seed: int, max_reads: int = 2) -> None:
+    t, budget = random_tiny(seed, n_ops=8, max_reads=max_reads)
+    d = [round(op.duration_us * 1000) for op in t.ops]
+    io = [int(b.nbytes // MiB) * MS // 4 for b in t.buffers]  # a 4 MiB/ms lane
+    bf = brute_force(t, d, io, budget)
+    r, hw, lat = plan_one(t, budget / MiB, bw=4)
+    assert r.stats["status"] in ("OPTIMAL", "INFEASIBLE"), r.stats
+    if bf.iteration_ticks is None:
+        assert r.stats["status"] == "INFEASIBLE" and not r.feasible
+        return
+    assert r.stats["status"] == "OPTIMAL"
+    assert round(r.stats["objective"] / NS) == bf.iteration_ticks, (seed, bf.modes)
+    _, job = simulated(t, r.plans[0], hw, lat, budget)
+    assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_optimum_equals_the_brute_force(seed):
+    _agree(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100))
+def test_optimum_equals_the_brute_force_denser_graphs(seed):
+    _agree(seed, max_reads=3)
+
+
+@pytest.mark.parametrize(("n_ops", "seed", "frac"), [(40, 0, 0.8), (50, 1, 0.7), (60, 2, 0.8)])
+def test_synthetic_plans_check_and_simulate_as_the_model_says(n_ops, seed, frac):
+    t = random_dag(n_ops, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
+    hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
+    budget = int(frac * t.peak("liveness")[0])
+    r = cpsat([t], hw, Measured(), budget_bytes=budget, hint=None, num_workers=2, time_limit_s=20)
+    assert r.stats["status"] == "OPTIMAL", r.stats
+    _, job = simulated(t, r.plans[0], hw, Measured(), budget)
+    assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=0.01)
+    assert job.peak_bytes <= budget
+
+
+# ---- statuses ---------------------------------------------------------------------------
+def test_budget_below_the_peak_bound_is_infeasible_not_an_error():
+    t = tiny_trace(LANE_BUFS, LANE_OPS)
+    r, _, _ = plan_one(t, 4)  # op 3 alone needs 5 MiB
+    assert not r.feasible and r.plans == ()
+    assert r.stats["status"] == "INFEASIBLE" and "peak lower bound" in r.stats["reason"]
+
+
+def test_a_budget_no_plan_of_the_model_meets_is_infeasible():
+    # op 1 runs right after op 0 made A: A cannot leave before op 1's window
+    ops = [Step((), (0,), 1, True), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
+    t = tiny_trace([B(2), B(2)], ops)
+    r, _, _ = plan_one(t, 3)
+    assert r.stats["peak_bound_bytes"] <= 3 * MiB
+    assert not r.feasible and r.stats["status"] == "INFEASIBLE"
+
+
+def test_an_expired_time_limit_is_feasible_or_unknown():
+    t = random_dag(200, seed=1, durations=Durations(TimeUnit.US, 20, 400))
+    hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
+    budget = int(0.6 * t.peak("liveness")[0])
+    r = cpsat([t], hw, Measured(), budget_bytes=budget, hint=None, num_workers=1, time_limit_s=1.0)
+    assert r.stats["status"] in ("FEASIBLE", "UNKNOWN")
+    assert r.feasible == (r.stats["status"] == "FEASIBLE")
+
+
+def test_no_hot_op_is_optimal_without_a_solve():
+    t = tiny_trace(LANE_BUFS, LANE_OPS)
+    r, _, _ = plan_one(t, 64)
+    assert r.stats["status"] == "OPTIMAL" and r.stats["search"] == "none"
+    assert r.stats["iteration_time_s"] == pytest.approx(0.010)
+    assert r.stats["relative_gap"] == 0.0
+
+
+# ---- large traces: windows --------------------------------------------------------------
+def test_windows_give_a_valid_plan_no_worse_than_the_hint():
+    t = random_dag(120, seed=0, durations=Durations(TimeUnit.US, 20, 400))
+    hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
+    budget = int(0.8 * t.peak("liveness")[0])
+    ten = registry.get("tensile")([t], hw, Measured(), budget_bytes=budget)
+    r = cpsat(
+        [t],
+        hw,
+        Measured(),
+        budget_bytes=budget,
+        hint="tensile",
+        num_workers=2,
+        time_limit_s=12,
+        max_exact_terms=100,
+        lns_window_time_s=2.0,
+    )
+    assert r.stats["search"] == "lns"
+    assert r.stats["windows"] >= 1 or r.stats["status"] == "OPTIMAL"  # (stops at the bound)
+    assert r.feasible
+    _, job = simulated(t, r.plans[0], hw, Measured(), budget)
+    assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=0.01)
+    if ten.feasible and r.stats["hint"] == "tensile":
+        _, ten_job = simulated(t, ten.plans[0], hw, Measured(), budget)
+        assert job.iteration_time_s <= ten_job.iteration_time_s * (1 + 1e-9)
+
+
+# ---- options and the shared signature ---------------------------------------------------
+def test_registered_with_the_shared_signature_and_string_options():
+    ops = [Step((), (0,), 1), Step((), (1,), 3), Step((1,), (2,), 3), Step((0,), (3,), 1)]
+    t = tiny_trace(RECOMPUTE_BUFS, ops)
+    hw, lat = tiny_hw(), Fixed(durations_s(t))
+    r = registry.run(
+        "cpsat",
+        [t],
+        hw,
+        lat,
+        budget_bytes=5 * MiB,
+        options=["time_limit_s=5", "num_workers=1", "hint=none", "objective=time"],
+    )
+    assert r.planner == "cpsat" and r.feasible
+    assert r.options["time_limit_s"] == 5.0 and r.options["budget_bytes"] == 5 * MiB
+    assert r.stats["iteration_time_s"] == pytest.approx(0.009)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"time_limit": 3}, "unknown option 'time_limit'"),
+        ({"objective": "speed"}, "objective='speed' must be 'time' or 'peak'"),
+        ({"num_workers": 0}, "num_workers=0 must be an integer >= 1"),
+        ({"max_eor": -1.0}, "max_eor=-1.0 must be a number > 0"),
+        ({"lanes": 3}, "lanes=3 must be 1 or 2"),
+    ],
+)
+def test_bad_options_are_one_line_plan_errors(options, message):
+    t = tiny_trace(RECOMPUTE_BUFS, [Step((), (0,), 1), Step((0,), (1,), 1)])
+    with pytest.raises(PlanError, match="cpsat: " + message.replace("(", r"\(")):
+        cpsat([t], tiny_hw(), Fixed(durations_s(t)), **options)
+
+
+def test_more_than_one_job_or_a_bad_budget_is_a_plan_error():
+    t = tiny_trace(RECOMPUTE_BUFS, [Step((), (0,), 1), Step((0,), (1,), 1)])
+    hw, lat = tiny_hw(), Fixed(durations_s(t))
+    with pytest.raises(PlanError, match="one job at a time, got 2 jobs"):
+        cpsat([t, t], hw, lat)
+    with pytest.raises(PlanError, match="budget=-5 must be a positive number of bytes"):
+        cpsat([t], hw, lat, budget_bytes=-5)
+
+
+def test_options_dataclass_defaults():
+    o = CpsatOptions()
+    assert o.time_limit_s == 60.0 and o.objective is Objective.TIME and o.hint == "tensile"
+    assert CpsatOptions(objective="peak").objective is Objective.PEAK
+
+
+def test_progress_line_on_stderr(capsys):
+    ops = [Step((), (0,), 1, rng=True), Step((), (1,), 5), Step((1,), (2,), 3), Step((0,), (3,), 1)]
+    t = tiny_trace(RECOMPUTE_BUFS, ops)
+    plan_one(t, 5, progress=True)
+    err = capsys.readouterr().err
+    assert "cpsat: solution 1" in err and "ms" in err and err.endswith("\n")
+
+
+def test_copy_times_that_are_not_whole_ns_widen_the_margin():
+    # 3 MiB/ms: a 4 MiB copy takes 1333333.33 ns, rounded up in the model
+    ops = [Step((), (0,), 1, rng=True), Step((), (1,), 5), Step((1,), (2,), 3), Step((0,), (3,), 1)]
+    t = tiny_trace(RECOMPUTE_BUFS, ops)
+    hw, lat = tiny_hw(lanes_bw_mib_per_ms=3), Fixed(durations_s(t))
+    data = build_data(t, hw, lat, 5 * MiB)
+    assert not data.exact_transfers and data.margin == INEXACT_MARGIN
+    assert int(data.out_ticks[0]) == 1333334
+    r, _, _ = plan_one(t, 5, bw=3)
+    # out [1, 2.33] ms, in from op 2's end (9 ms) + 64 ns for 1333334 ns
+    assert round(r.stats["iteration_time_s"] / NS) == 9 * MS + 64 + 1333334 + 1 * MS
+    _, job = simulated(t, r.plans[0], hw, lat, 5 * MiB)
+    assert job.iteration_time_s == pytest.approx(r.stats["iteration_time_s"], abs=1e-9)
+
+
+def test_two_lanes_keep_each_direction_serial_and_agree_with_the_simulator():
+    # both copies in are H2D: one per direction still serialises them
+    t = tiny_trace(LANE_BUFS, LANE_OPS)
+    r, hw, lat = plan_one(t, 5, lanes=2)
+    assert r.stats["status"] == "OPTIMAL"
+    assert round(r.stats["iteration_time_s"] / NS) == 14 * MS + 1
+    _, job = simulated(t, r.plans[0], hw, lat, 5 * MiB, lanes=2)
+    assert job.iteration_time_s == pytest.approx(0.014000001, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_a_coarse_model_too_coarse_to_fit_is_refined_then_windows_improve_it():
+    # residual(4) halfway between its peak bound and its release-only peak:
+    # blocks of 8 hot ops cannot fit (INFEASIBLE), blocks of 2 can; the
+    # exact optimum is 2.534 ms
+    t = residual(4, act_mib=4, param_mib=2, seed=4, durations=Durations(TimeUnit.US, 5, 100))
+    hw = load_hardware("a100-pcie-40gb")
+    lb, peak = peak_lower_bound(t).nbytes, t.peak("liveness")[0]
+    budget = int(lb + 0.5 * (peak - lb))
+    r = cpsat(
+        [t],
+        hw,
+        Measured(),
+        budget_bytes=budget,
+        hint=None,
+        num_workers=2,
+        time_limit_s=10,
+        max_exact_terms=50,
+        lns_coarse_segments=60,
+        lns_window_time_s=1.0,
+    )
+    assert r.stats["search"] == "lns" and r.stats["block"] == 2 and r.feasible
+    _, job = simulated(t, r.plans[0], hw, Measured(), budget)
+    assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=0.01)
+    assert r.stats["objective"] >= 0.002534 - 1e-9
