@@ -19,6 +19,7 @@ same hardware, and TENSILE's metrics (MSR, EOR, CBR) compare the two.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 from hwmodels.latency import LatencyModel
 from hwmodels.profile import Hardware
 from planners import registry
+from planners.bounds import bounds, gap_to_bound
 from planners.check import check
 from planners.plan import PlanResult
 from planners.vanilla import vanilla_plan
@@ -59,6 +61,7 @@ class Row:
     bytes_d2h: int
     plan_time_s: float
     events: dict[str, int] = field(default_factory=dict)
+    gap: float = math.nan
     result: PlanResult | None = None
     sim: SimResult | None = None
 
@@ -82,6 +85,7 @@ class Row:
             "bytes_d2h": self.bytes_d2h,
             "plan_time_s": self.plan_time_s,
             "events": self.events,
+            "gap": num(self.gap),
         }
 
 
@@ -273,4 +277,19 @@ def compare_planners(
             iterations=iterations,
             options=options.get(name),
         )
-    return Comparison(vanilla, tuple(rows[n] for n in planners))
+    ordered = [rows[n] for n in planners]
+    if len(traces) == 1:
+        ordered = [_with_gap(r, traces[0], hw, latency, lanes) for r in ordered]
+    return Comparison(vanilla, tuple(ordered))
+
+
+def _with_gap(row: Row, trace: Trace, hw: Hardware, latency: LatencyModel, lanes: int) -> Row:
+    """NOTE [ Gap to the bound ]: (simulated iteration time - bound) / bound,
+    with the analytic lower bound at the same budget (`planners.bounds`), which
+    holds for every plan. It is computed for one job only: the bounds model one
+    trace on the device."""
+    if not row.feasible:
+        return row
+    budget = row.budget_bytes if row.budget_bytes is not None else hw.memory_bytes
+    b = bounds(trace, hw, latency, budget_bytes=budget, lanes=lanes)
+    return dataclasses.replace(row, gap=gap_to_bound(row.iteration_time_s, b.best_time_s))

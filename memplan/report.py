@@ -20,6 +20,7 @@ COLUMNS = (
     "EOR",
     "CBR",
     "iteration",
+    "gap",
     "stall",
     "moved",
     "plan time",
@@ -52,6 +53,7 @@ def cells(row: Row) -> tuple[str, ...]:
         _num(row.eor, ".3f"),
         _num(row.cbr, ".3f"),
         _ms(row.iteration_time_s),
+        "-" if math.isnan(row.gap) else f"{max(row.gap, 0.0):.1%}",  # -1e-9: ns rounding
         _ms(row.stall_s) if row.peak_bytes is not None else "-",
         format_bytes(moved) if row.peak_bytes is not None else "-",
         f"{row.plan_time_s:.2f} s",
@@ -102,7 +104,8 @@ def markdown(c: Comparison) -> str:
     lines += [
         "",
         "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
-        "against the vanilla run of the same jobs on the same hardware.",
+        "against the vanilla run of the same jobs on the same hardware; gap = (iteration - "
+        "lower bound) / lower bound at the same budget (planners/bounds.py; one job only).",
         "",
     ]
     for r in c.rows:

@@ -34,7 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--planners",
         default="all",
-        help="'all' (default) or a comma-separated list of planner names",
+        help="'all' (default: every heuristic planner) or a comma-separated list of "
+        "planner names; cpsat, the exact baseline, runs only when named",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="cpsat's time limit in seconds (default 60)",
     )
     p.add_argument(
         "--budget",
@@ -87,15 +95,19 @@ def parse_jobs(specs: list[str]) -> list[Trace]:
 
 
 def planner_names(text: str) -> list[str]:
+    """`all` is every heuristic planner (not vanilla, not cpsat); names may be
+    mixed with it: `all,cpsat`."""
     from planners import registry
 
-    if text == "all":
-        return [n for n in registry.names() if n not in ("vanilla", "cpsat")]
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    heuristics = [n for n in registry.names() if n not in ("vanilla", "cpsat")]
+    names: list[str] = []
+    for n in (x.strip() for x in text.split(",")):
+        for name in heuristics if n == "all" else [n] if n else []:
+            if name not in names:
+                registry.get(name)
+                names.append(name)
     if not names:
         raise MemplanError("--planners: give 'all' or planner names separated by commas")
-    for n in names:
-        registry.get(n)
     return names
 
 
@@ -121,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
         raise MemplanError(f"--iterations={args.iterations} must be >= 1")
     names = planner_names(args.planners)
     options = parse_options(args.option)
+    if args.time_limit <= 0:
+        raise MemplanError(f"--time-limit={args.time_limit} must be > 0")
+    if "cpsat" in names:
+        extra = [f"time_limit_s={args.time_limit}"] + (["lanes=2"] if args.lanes == 2 else [])
+        options["cpsat"] = extra + options.get("cpsat", [])
     traces = parse_jobs(args.traces)
     tty = sys.stderr.isatty()
 

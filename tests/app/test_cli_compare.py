@@ -94,3 +94,15 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
 def test_count_suffix_must_be_a_number(capsys):
     assert main(["compare", f"{RESNET}:x", "--gpu", "rtx-a6000"]) == 2
     assert "COUNT after ':'" in capsys.readouterr().err
+
+
+def test_cpsat_joins_the_comparison_with_a_gap_to_the_bound(capsys):
+    argv = ["compare", RESNET, "--gpu", "a100-pcie-40gb", "--planners", "tensile,cpsat",
+            "--budget", "1.45GiB", "--time-limit", "20", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["planner"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["cpsat"]["feasible"] and rows["tensile"]["feasible"]
+    # the bound holds for every plan, and CP-SAT is never worse than its TENSILE hint
+    assert rows["cpsat"]["gap"] >= -1e-6 and rows["tensile"]["gap"] >= -1e-6
+    assert rows["cpsat"]["iteration_time_s"] <= rows["tensile"]["iteration_time_s"] * (1 + 1e-6)
+    assert rows["cpsat"]["peak_bytes"] <= int(1.45 * 2**30)
