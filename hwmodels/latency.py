@@ -9,6 +9,7 @@ time other work takes while the op runs (0 = alone); see NOTE [ Usage ].
 
 from __future__ import annotations
 
+import abc
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,13 +23,14 @@ from hwmodels.profile import Hardware
 from traces.model import Op, Trace
 
 
-class LatencyModel:
+class LatencyModel(abc.ABC):
     """Base class. Subclasses implement `predict_all`; `predict` defaults to it."""
 
     name = "latency"
 
+    @abc.abstractmethod
     def predict_all(self, trace: Trace, hw: Hardware, usage: float = 0.0) -> np.ndarray:
-        raise NotImplementedError
+        """Seconds per op of `trace` on `hw` at `usage` (float64[n_ops])."""
 
     def predict(self, op: Op, trace: Trace, hw: Hardware, usage: float = 0.0) -> float:
         return float(self.predict_all(trace, hw, usage)[op.id])
