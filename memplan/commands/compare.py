@@ -164,5 +164,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report.text_table(c))
         if written:
-            print(f"\nwrote {args.out}/: {', '.join(written)}")
+            print(f"\nwrote {Path(args.out)}/: {', '.join(written)}")
     return 0

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(result, args.latency)
         if args.out:
-            print(f"\nwrote {args.out}/result.json, timeline.json, memory.png, gantt.png")
+            print(f"\nwrote {Path(args.out)}/result.json, timeline.json, memory.png, gantt.png")
     return 0
 
 
