@@ -19,11 +19,9 @@ Every problem is a `PlanError` naming the location (``plans[0].events[3]``).
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from planners.errors import PlanError
@@ -38,7 +36,7 @@ from planners.plan import (
     SwapOut,
     validate,
 )
-from traces.io import atomic_write_bytes
+from traces.io import read_json, save_json
 from traces.model import Trace
 
 SCHEMA = "memplan.plan/1"
@@ -85,10 +83,7 @@ def to_dict(result: PlanResult) -> dict[str, Any]:
 
 def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
     """Write atomically; gzip-compressed when the name ends in `.gz`."""
-    blob = json.dumps(to_dict(result), indent=1).encode()
-    if str(path).endswith(".gz"):
-        blob = gzip.compress(blob, compresslevel=9, mtime=0)
-    atomic_write_bytes(path, blob)
+    save_json(to_dict(result), path, indent=1)
 
 
 # ---- reading ---------------------------------------------------------------
@@ -182,22 +177,7 @@ def from_dict(doc: Any, traces: Sequence[Trace] | None = None) -> PlanResult:
 
 def load(path: str | os.PathLike[str], traces: Sequence[Trace] | None = None) -> PlanResult:
     """Load (and with `traces`, validate) a plan file; problems are one-line `PlanError`s."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise PlanError(f"{p}: no such plan file") from None
-    except OSError as e:
-        raise PlanError(f"{p}: cannot read: {e.strerror}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise PlanError(f"{p}: corrupt gzip data: {e}") from None
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanError(f"{p}: not valid JSON: {e}") from None
+    p, doc = read_json(path, PlanError, "plan file")
     try:
         return from_dict(doc, traces)
     except PlanError as e:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from traces.errors import TraceError
+from traces.errors import MemplanError, TraceError
 from traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
 
 SCHEMA = "memplan.trace/1"
@@ -123,33 +123,47 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise
 
 
-def save(trace: Trace, path: str | os.PathLike[str]) -> None:
-    """Save as JSON, gzip-compressed when the name ends in `.gz`."""
-    blob = json.dumps(to_dict(trace), separators=(",", ":")).encode()
+def save_json(doc: Any, path: str | os.PathLike[str], *, indent: int | None = None) -> None:
+    """Write a JSON document atomically, gzip-compressed when the name ends in `.gz`."""
+    seps = (",", ":") if indent is None else None
+    blob = (json.dumps(doc, indent=indent, separators=seps) + ("\n" if indent else "")).encode()
     if str(path).endswith(".gz"):
         blob = gzip.compress(blob, compresslevel=9, mtime=0)
     atomic_write_bytes(path, blob)
 
 
+def save(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Save as JSON, gzip-compressed when the name ends in `.gz`."""
+    save_json(to_dict(trace), path)
+
+
 # ---- reading ---------------------------------------------------------------
-def load(path: str | os.PathLike[str]) -> Trace:
-    """Load and validate a trace file; any problem is a one-line `TraceError`."""
+def read_json(
+    path: str | os.PathLike[str], error: type[MemplanError], what: str = "file"
+) -> tuple[Path, Any]:
+    """(path, document) of a JSON or gzip-compressed JSON file; any problem
+    reading it is a one-line `error` naming the file."""
     p = Path(path)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise TraceError(f"{p}: no such trace file") from None
+        raise error(f"{p}: no such {what}") from None
     except OSError as e:
-        raise TraceError(f"{p}: cannot read: {e.strerror}") from None
+        raise error(f"{p}: cannot read: {e.strerror}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as e:
-            raise TraceError(f"{p}: corrupt gzip data: {e}") from None
+            raise error(f"{p}: corrupt gzip data: {e}") from None
     try:
-        doc = json.loads(raw)
+        return p, json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{p}: not valid JSON: {e}") from None
+        raise error(f"{p}: not valid JSON: {e}") from None
+
+
+def load(path: str | os.PathLike[str]) -> Trace:
+    """Load and validate a trace file; any problem is a one-line `TraceError`."""
+    p, doc = read_json(path, TraceError, "trace file")
     try:
         return from_dict(doc)
     except TraceError as e:

@@ -4,13 +4,11 @@ Every problem is a one-line `ValidationError` naming the field."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-from pathlib import Path
 from typing import Any
 
-from traces.io import atomic_write_bytes
+from traces.io import read_json, save_json
 from validate.errors import ValidationError
 from validate.runtime_plan import Action, RecomputeOp, RuntimePlan, SavedDecision, Skipped
 
@@ -120,24 +118,11 @@ def from_dict(doc: Any) -> RuntimePlan:
 
 def save(rp: RuntimePlan, path: str | os.PathLike[str]) -> None:
     """Write atomically; gzip-compressed when the name ends in `.gz`."""
-    blob = (json.dumps(to_dict(rp), indent=1) + "\n").encode()
-    if str(path).endswith(".gz"):
-        blob = gzip.compress(blob, compresslevel=9, mtime=0)
-    atomic_write_bytes(path, blob)
+    save_json(to_dict(rp), path, indent=1)
 
 
 def load(path: str | os.PathLike[str]) -> RuntimePlan:
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise ValidationError(f"{p}: cannot read: {e.strerror}") from None
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValidationError(f"{p}: not valid JSON: {e}") from None
+    p, doc = read_json(path, ValidationError, "runtime plan file")
     try:
         return from_dict(doc)
     except ValidationError as e:
