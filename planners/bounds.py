@@ -112,9 +112,9 @@ def gap_to_bound(iteration_s: float, bound_s: float) -> float:
 def working_sets(trace: Trace, workspace: bool = True) -> np.ndarray:
     """int64[n_ops]: bytes each op reads or writes (+ its workspace)."""
     p, bufs = trace.access_csr
-    sizes = trace.nbytes[bufs]
-    ws = np.add.reduceat(sizes, p[:-1]) if len(bufs) else np.zeros(trace.n_ops, np.int64)
-    ws = np.where(np.diff(p) > 0, ws, 0).astype(np.int64)
+    op_of = np.repeat(np.arange(trace.n_ops, dtype=np.int64), np.diff(p))
+    ws = np.zeros(trace.n_ops, np.int64)
+    np.add.at(ws, op_of, trace.nbytes[bufs])  # reduceat breaks on ops that touch nothing
     if workspace:
         ws += np.fromiter((op.workspace_bytes for op in trace.ops), np.int64, trace.n_ops)
     return ws

@@ -13,7 +13,8 @@ import json
 import math
 from typing import Any
 
-from memplan.units import format_bytes, parse_size
+from memplan.commands import machine
+from memplan.units import format_bytes
 from traces.errors import MemplanError
 
 
@@ -29,23 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("trace", help="trace file (.json or .json.gz)")
-    p.add_argument(
-        "--gpu", required=True, help="hardware profile name (a100-pcie-40gb) or .toml path"
-    )
-    p.add_argument("--budget", help="device memory: 8GiB, 512MB or bytes (default: the GPU's)")
-    p.add_argument(
-        "--lanes",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="1: one PCIe lane shared by both directions (default); 2: one per direction",
-    )
-    p.add_argument(
-        "--latency",
-        default="roofline",
-        metavar="roofline|measured|mlp|MODEL",
-        help="op latency model (default roofline)",
-    )
+    machine.add_gpu(p)
+    machine.add_budget(p)
+    machine.add_lanes(p)
+    machine.add_latency(p)
     p.add_argument(
         "--time-limit",
         type=float,
@@ -75,17 +63,15 @@ def cpsat_bound(trace: Any, hw: Any, latency: Any, budget: int, lanes: int, limi
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwmodels.profile import load_hardware
-    from memplan.commands.simulate import latency_model
     from planners.bounds import bounds
     from traces import io
 
     if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
         raise MemplanError(f"--time-limit={args.time_limit} must be a number of seconds >= 0")
     trace = io.load(args.trace)
-    hw = load_hardware(args.gpu)
-    latency = latency_model(args.latency)
-    budget = parse_size(args.budget, "--budget") if args.budget else hw.memory_bytes
+    hw = machine.hardware(args)
+    latency = machine.latency_model(args.latency)
+    budget = machine.budget(args) or hw.memory_bytes
     b = bounds(trace, hw, latency, budget_bytes=budget, lanes=args.lanes)
     solver = None
     if args.time_limit > 0 and b.time.feasible:

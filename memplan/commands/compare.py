@@ -7,8 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from memplan.commands.simulate import latency_model
-from memplan.units import parse_size
+from memplan.commands import machine
 from traces import io
 from traces.errors import MemplanError
 from traces.model import Trace
@@ -30,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="TRACE[:COUNT]",
         help="trace files; TRACE:4 runs four jobs of that trace together",
     )
-    p.add_argument("--gpu", required=True, help="hardware profile name (rtx-a6000) or .toml path")
+    machine.add_gpu(p)
     p.add_argument(
         "--planners",
         default="all",
@@ -44,25 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="cpsat's time limit in seconds (default 60)",
     )
-    p.add_argument(
-        "--budget",
-        help="device memory for all jobs: 8GiB, 512MB or bytes "
-        "(default: none; capuchin then gets the peak TENSILE reached)",
-    )
-    p.add_argument(
-        "--lanes",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="1: one PCIe lane shared by both directions (default); 2: one per direction",
-    )
+    machine.add_budget(p, "none; capuchin then gets the peak TENSILE reached")
+    machine.add_lanes(p)
     p.add_argument("--iterations", type=int, default=3, help="simulated iterations (default 3)")
-    p.add_argument(
-        "--latency",
-        default="roofline",
-        metavar="roofline|measured|mlp|MODEL",
-        help="op latency model (default roofline)",
-    )
+    machine.add_latency(p)
     p.add_argument(
         "--option",
         action="append",
@@ -122,13 +106,12 @@ def parse_options(items: list[str]) -> dict[str, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwmodels.profile import load_hardware
     from memplan import report
     from memplan.compare import compare_planners
 
-    hw = load_hardware(args.gpu)
-    latency = latency_model(args.latency)
-    budget = parse_size(args.budget, "--budget") if args.budget else None
+    hw = machine.hardware(args)
+    latency = machine.latency_model(args.latency)
+    budget = machine.budget(args)
     if args.iterations < 1:
         raise MemplanError(f"--iterations={args.iterations} must be >= 1")
     names = planner_names(args.planners)

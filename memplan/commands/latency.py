@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict
 
 from hwmodels.errors import LatencyError
+from memplan.commands import machine
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,19 +60,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--usage", type=float, default=0.0, help="device share taken by others")
     q.add_argument("--top", type=int, default=10, help="list this many slowest ops")
     q.set_defaults(func=run_predict)
-
-
-def latency_model(spec: str):  # noqa: ANN201 -- returns a LatencyModel, imported lazily
-    """roofline | measured | mlp (the shipped model) | a saved model path."""
-    from hwmodels.latency import Measured, Roofline
-
-    if spec == "roofline":
-        return Roofline()
-    if spec == "measured":
-        return Measured()
-    from hwmodels.mlp import MLPLatency
-
-    return MLPLatency.load(None if spec == "mlp" else spec)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -147,7 +135,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
     trace = io.load(args.trace)
     hw = load_hardware(args.hardware)
-    model = latency_model(args.model)
+    model = machine.latency_model(args.model)
     t0 = time.perf_counter()
     s = model.predict_all(trace, hw, args.usage)
     dt = time.perf_counter() - t0

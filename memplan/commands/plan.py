@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from memplan.commands import machine
 from memplan.commands.compare import parse_jobs
-from memplan.commands.simulate import latency_model
-from memplan.units import format_bytes, parse_size
+from memplan.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,14 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("traces", nargs="+", metavar="TRACE[:COUNT]", help="trace files")
     p.add_argument("--planner", required=True, help="tensile, capuchin, vdnn, checkpoint, ...")
-    p.add_argument("--gpu", required=True, help="hardware profile name or .toml path")
-    p.add_argument("--budget", help="device memory for all jobs: 8GiB, 512MB or bytes")
-    p.add_argument(
-        "--latency",
-        default="roofline",
-        metavar="roofline|measured|mlp|MODEL",
-        help="op latency model (default roofline)",
-    )
+    machine.add_gpu(p)
+    machine.add_budget(p, "none")
+    machine.add_latency(p)
     p.add_argument(
         "--option",
         action="append",
@@ -39,14 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwmodels.profile import load_hardware
     from planners import io as plan_io
     from planners import registry
     from planners.check import check
 
-    hw = load_hardware(args.gpu)
-    latency = latency_model(args.latency)
-    budget = parse_size(args.budget, "--budget") if args.budget else None
+    hw = machine.hardware(args)
+    latency = machine.latency_model(args.latency)
+    budget = machine.budget(args)
     traces = parse_jobs(args.traces)
     result = registry.run(
         args.planner, traces, hw, latency, budget_bytes=budget, options=args.option

@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memplan.units import format_bytes, parse_size
+from memplan.commands import machine
+from memplan.units import format_bytes
 from planners import io as plan_io
 from planners.errors import PlanError
 from planners.plan import Plan, validate
@@ -19,7 +20,7 @@ from traces.io import atomic_write_bytes
 from traces.model import Trace
 
 if TYPE_CHECKING:
-    from hwmodels.latency import LatencyModel
+    pass
 
 BUILTIN_PLANS = {"vanilla": vanilla_plan, "release_only": release_only_plan}
 
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.json or .json.gz)")
-    p.add_argument("--gpu", required=True, help="hardware profile name (rtx-a6000) or .toml path")
+    machine.add_gpu(p)
     p.add_argument(
         "--plan",
         action="append",
@@ -45,25 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--plan options go to the traces in order (one built-in name alone goes to every "
         "trace); default: vanilla",
     )
-    p.add_argument(
-        "--latency",
-        default="roofline",
-        metavar="roofline|measured|mlp|MODEL",
-        help="op latency model: roofline (default), measured (the trace's durations), "
-        "mlp (the shipped model) or a saved latency model file",
-    )
+    machine.add_latency(p)
     p.add_argument("--iterations", type=int, default=3, help="iterations per job (default 3)")
-    p.add_argument(
-        "--lanes",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="1: one PCIe lane shared by both directions (default); 2: one per direction",
-    )
-    p.add_argument(
-        "--budget",
-        help="device memory for the jobs: 8GiB, 512MB or bytes (default: the GPU's memory)",
-    )
+    machine.add_lanes(p)
+    machine.add_budget(p)
     p.add_argument(
         "--oom",
         choices=[o.value for o in OomPolicy],
@@ -77,21 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
-
-
-def latency_model(name: str) -> LatencyModel:
-    """The `--latency` choice as a `LatencyModel` (imported lazily)."""
-    if name == "roofline":
-        from hwmodels.latency import Roofline
-
-        return Roofline()
-    if name == "measured":
-        from hwmodels.latency import Measured
-
-        return Measured()
-    from hwmodels.mlp import MLPLatency
-
-    return MLPLatency.load(None if name == "mlp" else name)
 
 
 def plans_for(sources: list[str], traces: list[Trace]) -> list[Plan]:
@@ -121,11 +92,10 @@ def plans_for(sources: list[str], traces: list[Trace]) -> list[Plan]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwmodels.profile import load_hardware
 
-    hw = load_hardware(args.gpu)
-    latency = latency_model(args.latency)
-    budget = parse_size(args.budget, "--budget") if args.budget else None
+    hw = machine.hardware(args)
+    latency = machine.latency_model(args.latency)
+    budget = machine.budget(args)
     traces = [io.load(p) for p in args.traces]
     plans = plans_for(args.plan, traces)
     jobs = [

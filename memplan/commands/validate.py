@@ -11,8 +11,9 @@ import argparse
 import json
 import math
 
+from memplan.commands import machine
 from memplan.commands.compare import parse_options
-from memplan.units import format_bytes, parse_rate, parse_size
+from memplan.units import format_bytes, parse_rate
 from traces.errors import MemplanError
 
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.option and not args.planner:
         raise MemplanError("--option applies to --planner")
     bandwidth = parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
-    budget = parse_size(args.budget, "--budget") if args.budget else None
+    budget = machine.budget(args)
     if args.threads < 1:
         raise MemplanError(f"--threads={args.threads} must be >= 1")
     if not args.device.startswith("cuda"):

@@ -212,3 +212,15 @@ def test_command_bad_input_is_one_line_exit_2(trace_file, capsys):
         "memplan bounds: error: --budget='lots': expected a size such as 8GiB, 512MB or 4096"
     )
     assert main(["bounds", str(trace_file), "--gpu", "a100-pcie-40gb", "--time-limit", "-1"]) == 2
+
+
+def test_working_sets_of_ops_that_touch_nothing():
+    from planners.bounds import working_sets
+    from tests.traces.test_io import MiB, toy
+    from traces.model import Op, Phase, Trace
+
+    t = toy()
+    empty = Op(3, "aten.empty.memory_format", Phase.BACKWARD, (), ())
+    t2 = Trace(t.meta, t.buffers, t.views, (*t.ops, empty))
+    # mm reads w (4) and x (1), writes a (2); relu a -> r (3); sum reads r; the last op nothing
+    assert (working_sets(t2) // MiB).tolist() == [7, 5, 3, 0]
