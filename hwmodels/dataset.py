@@ -51,6 +51,9 @@ class DatasetMeta:
     copy: dict[str, float] = field(default_factory=dict)
     classes: tuple[str, ...] = ()  # measured op classes, in order; () = all
     skipped_specs: tuple[int, ...] = ()  # sample indices the kernels rejected
+    # CPU: cores kept busy by other processes on the cores not measured on,
+    # averaged over the run (-1: not known); see NOTE [ Block length ]
+    other_busy_cores: float = -1.0
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,6 +33,21 @@ median (3.5% back to back), and neither a min-of-blocks statistic nor
 normalising by a reference kernel timed alongside narrowed that. CUDA rows
 keep the load level (a per-kernel utilisation is not observable from the
 host).
+
+# NOTE [ Block length ]
+A timed block must span several scheduler time slices, or the load level
+decides nothing: with 2 ms blocks most blocks at "usage 0.5" ran whole
+before a competitor got the core (observed usage 0 in the median block), and
+two back-to-back timings of 150 shapes disagreed by a median 11.4%. With
+10 ms blocks and the median of 5-7 of them the same check gives 3.0% (and
+88% of shapes within ±20%, against 65%), so those are the defaults; a
+600-shape-per-class CPU run takes about 17 minutes.
+What no block length removes is a neighbour: with other work (a test suite)
+running on the *other* core of this 2-core VM, the same back-to-back check
+gave 19.5%, through the shared cache and memory bus. A CPU run therefore
+records how busy the cores it does not measure on were (`other_busy_cores`,
+from /proc/stat) and the CLI warns when it is not near zero: measure on an
+idle machine.
 """
 
 from __future__ import annotations
@@ -67,8 +82,8 @@ class MicrobenchOptions:
     samples: int = 200  # shapes per op class
     usage_levels: tuple[float, ...] = (0.0, 0.5, 1.0)
     seed: int = 0
-    repeats: int = 3
-    min_block_s: float = 0.002
+    repeats: int = 5
+    min_block_s: float = 0.010  # see NOTE [ Block length ]
     threads: int = 1
     classes: tuple[OpClass, ...] = MEASURED_CLASSES
     hardware_name: str = "cpu-local"
@@ -337,6 +352,44 @@ def cpu_description(threads: int) -> str:
     return f"{model} ({os.cpu_count()} cores), torch {torch.__version__}, {threads} thread(s)"
 
 
+def _busy_jiffies(cores: set[int]) -> int | None:
+    """Busy (non-idle, non-iowait) jiffies of the given cores since boot, from
+    /proc/stat; None where that file is not available."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [ln.split() for ln in f if ln.startswith("cpu") and ln[3:4].isdigit()]
+    except OSError:
+        return None
+    total = 0
+    for fields in lines:
+        if int(fields[0][3:]) in cores:
+            vals = [int(x) for x in fields[1:]]
+            total += sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)
+    return total
+
+
+class OtherActivity:
+    """How many of the cores outside `measured` other processes kept busy,
+    on average between `start()` and `stop()` (-1 when it cannot be known)."""
+
+    def __init__(self, measured: list[int] | None):
+        n = os.cpu_count() or 1
+        self.others = set(range(n)) - set(measured or [])
+        self._j0: int | None = None
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._j0 = _busy_jiffies(self.others) if self.others else None
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        j1 = _busy_jiffies(self.others) if self._j0 is not None else None
+        elapsed = time.perf_counter() - self._t0
+        if j1 is None or self._j0 is None or elapsed <= 0:
+            return -1.0
+        return round((j1 - self._j0) / os.sysconf("SC_CLK_TCK") / elapsed, 3)
+
+
 def run_microbench(
     opts: MicrobenchOptions, progress: Callable[[int, int], None] | None = None
 ) -> Dataset:
@@ -353,9 +406,12 @@ def run_microbench(
             cores = stack.enter_context(cpu_setup(opts.threads))
             load: Any = stack.enter_context(CpuLoad(cores))
             description = cpu_description(opts.threads)
+            others: OtherActivity | None = OtherActivity(cores)
+            others.start()
         else:
             load = stack.enter_context(CudaLoad(device))
             description = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+            others = None
         for i, spec in enumerate(specs):
             try:
                 tensors = [make_tensor(t, device, gen) for t in spec.tensors]
@@ -377,6 +433,7 @@ def run_microbench(
             if progress is not None:
                 progress(i + 1, len(specs))
         load.set(0.0)
+        other_busy = others.stop() if others is not None else -1.0
         copy = measure_copy(device)
     meta = DatasetMeta(
         device=opts.device,
@@ -395,6 +452,7 @@ def run_microbench(
         copy=copy,
         classes=tuple(c.value for c in opts.classes),
         skipped_specs=tuple(skipped_specs),
+        other_busy_cores=other_busy,
     )
     trace = builder.trace(TraceMeta(model="microbench", batch_size=1, device=opts.device,
                                     torch_version=torch.__version__))  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hwmodels.errors import LatencyError
 from memplan.units import format_bytes
@@ -28,9 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, metavar="DATA", help="dataset file (.json.gz)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3, help="timed blocks per measurement")
     p.add_argument(
-        "--min-block-ms", type=float, default=2.0, help="least duration of a timed block (ms)"
+        "--repeats", type=int, default=5, help="timed blocks per measurement (default 5)"
+    )
+    p.add_argument(
+        "--min-block-ms",
+        type=float,
+        default=10.0,
+        help="least duration of a timed block (ms, default 10)",
     )
     p.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1)")
     p.add_argument(
@@ -108,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(m.copy['d2h_bytes_per_s'])}/s D2H, "
         f"{m.copy['fixed_s'] * 1e6:.2f} us fixed"
     )
+    if m.other_busy_cores > 0.05:
+        print(
+            f"warning: other processes kept {m.other_busy_cores:.2f} of the cores not measured "
+            f"on busy while measuring; shared caches make these timings noisier (NOTE [ Block "
+            f"length ] in hwmodels/microbench.py): measure on an idle machine",
+            file=sys.stderr,
+        )
     print(f"wrote {args.out}")
     if args.profile_out:
         from hwmodels.calibrate import measure_profile, with_efficiency

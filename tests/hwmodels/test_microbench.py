@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from hwmodels import shapes
 from hwmodels.dataset import load_dataset, save_dataset
 from hwmodels.errors import LatencyError
 from hwmodels.load import CpuLoad
-from hwmodels.microbench import MicrobenchOptions, cpu_setup, run_microbench
+from hwmodels.microbench import MicrobenchOptions, OtherActivity, cpu_setup, run_microbench
 from hwmodels.opclass import OpClass, classify
 from memplan.cli import main
 from traces import io
@@ -43,6 +45,28 @@ def test_cpu_load_workers_start_and_stop():
         load.set(0.5)
         assert all(p.poll() is None for p in procs)
     assert all(p.poll() is not None for p in procs)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2
+    or not os.path.exists("/proc/stat"),
+    reason="needs two cores to pin to and /proc/stat",
+)  # fmt: skip
+def test_other_activity_sees_a_spinner_on_another_core():
+    """A CPU-bound process pinned to the last core keeps about one core busy;
+    the monitor of a run measuring on the first core must see most of it."""
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+    spin = (
+        f"import os, time\nos.sched_setaffinity(0, {{{last}}})\n"
+        "t = time.time()\nwhile time.time() - t < 0.6:\n    pass\n"
+    )
+    monitor = OtherActivity([first])
+    proc = subprocess.Popen([sys.executable, "-c", spin])
+    monitor.start()
+    proc.wait()
+    busy = monitor.stop()
+    assert 0.5 <= busy <= len(monitor.others) + 0.05
+    assert OtherActivity(list(range(os.cpu_count() or 1))).stop() == -1.0  # no other cores
 
 
 def test_tiny_run_makes_a_valid_dataset(small_shapes, tmp_path):
