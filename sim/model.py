@@ -39,7 +39,8 @@ K = LogKind
 # - SwapOut: at its trigger the buffer is marked leaving (still usable); after
 #   the delay it queues for the D2H lane; the device memory is freed when the
 #   copy ends. If the buffer already has a valid host copy, no bytes move: the
-#   device copy is dropped when the delay ends (a `discard`).
+#   device copy is dropped when the delay ends (a `discard`; with no delay, at
+#   the trigger, before the next op takes its outputs).
 # - Host copies: a host copy is valid from the end of a D2H copy until an op
 #   writes the buffer (in-place update, optimizer step) or the framework frees
 #   it; a swap-in does not drop it (TENSILE). A copy that overlaps a writing
@@ -445,7 +446,13 @@ class GpuModel(Transfers):
                 else:
                     log(LogEntry(env.now, j, it, K.SKIP, after, b))
             elif code == OUT:
-                if w == DEV and s.alive[b]:
+                if w == DEV and s.alive[b] and not delay and s.host[b]:
+                    # a discard without a delay is done here: a process would
+                    # drop the copy only after the next op took its outputs,
+                    # at the same instant, and the peak would count both
+                    self._drop(s, b)
+                    log(LogEntry(env.now, j, it, K.DISCARD, after, b))
+                elif w == DEV and s.alive[b]:
                     where[b] = LEAVING
                     s.keep[b] = False
                     if self.passive:

@@ -311,6 +311,7 @@ def validate_plan(
     budget_bytes: int | None = None,
     options: Mapping[str, Any] | object = None,
     threads: int | None = None,
+    lane_samples: int | None = None,
 ) -> ValidationReport:
     """Replay `plan` (a `Plan` for `trace`, or a planner's name: it plans for
     the measured device, under `budget_bytes`, with `options`) on `device`,
@@ -318,7 +319,11 @@ def validate_plan(
     correctness verdict; NOTE [ Paired runs ]. `bandwidth` (bytes/s)
     throttles the copy lanes; None: they run at the device's copy speed,
     measured. `threads`: intra-op threads while measuring (None: torch's
-    setting). On CPU call `validate.measure.cache_host_allocations()` first
+    setting). `lane_samples`: vanilla/probe pairs that measure the lane
+    (None: `samples`; the compute-thread cost per transfer is a difference
+    of two timings and wants more, `validate.measure` NOTE [ Transfers cost
+    the compute thread too ]). On CPU call
+    `validate.measure.cache_host_allocations()` first
     for figures like the CLI's (NOTE [ Host allocations ]). Raises
     `ValidationError` for bad arguments or a plan that cannot be replayed,
     `PlanError` for a plan that does not fit the trace or a planner that
@@ -327,6 +332,7 @@ def validate_plan(
         ("iterations", iterations, 2),
         ("runs", runs, 1),
         ("samples", samples, 1),
+        ("lane_samples", samples if lane_samples is None else lane_samples, 1),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValidationError(f"{name}={value!r} must be an integer >= {low}")
@@ -350,7 +356,7 @@ def validate_plan(
             bandwidth_bytes_per_s=bandwidth,
             lanes=lanes,
             seed=seed,
-            samples=samples,
+            samples=samples if lane_samples is None else lane_samples,
         )
         hardware = device_hardware(device, lane, lanes, op_latencies(reference)[1])
         first = device_model(hardware, lane, reference)

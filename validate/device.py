@@ -4,6 +4,7 @@ on it, and the determinism switches a bit-exact replay needs."""
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,22 @@ def run_device(device: str) -> torch.device:
 def iteration_seed(seed: int, iteration: int) -> int:
     state = np.random.SeedSequence([seed, iteration, 1]).generate_state(1, np.uint64)[0]
     return int(state) & ((1 << 63) - 1)
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off (and back on if it was on), as
+    `timeit` does while it times: a collection holds the GIL from the op
+    loop and the copy lanes alike, at random points of the replay (here up
+    to a millisecond, over a hundred of them in one `validate_plan`).
+    Replays make no reference cycles that need it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextlib.contextmanager

@@ -17,34 +17,44 @@ iteration the default generator of the run device is seeded from
 between runs. The caller's generator state is restored when the replay ends.
 
 # NOTE [ Applying a plan ]
-Semantics follow `planners/plan.py` and the simulator:
+Semantics are the simulator's (NOTE [ Event semantics ] in `sim/model.py`),
+so that a replay measures what a simulation predicts:
 - Events with `after_op = i` fire when op i ends (-1: when the iteration
-  starts), in plan order, before the framework's own frees after op i.
+  starts), in plan order, before the framework's own frees after op i (a
+  checked plan has no event on a buffer freed there, so the order is moot).
 - `SwapOut` queues a copy to the host pool; the device copy is freed when
-  the copy ends (NOTE [ Device bytes ]). An op may still read the buffer
-  while the copy runs; a write to it between the trigger and the end of the
-  copy would make the host copy stale and is an error.
+  the copy ends (NOTE [ Device bytes ]). The buffer stays usable until then;
+  needing it again keeps it (NOTE [ Keep ] in `validate/pool.py`). A
+  swap-out of a buffer whose host copy is still valid moves no bytes. One of
+  a buffer already leaving or arriving does nothing, as in the simulator.
 - `SwapIn` queues a copy back; its device bytes are taken when the copy
   starts. `before_op` (of the next iteration if `next_iteration`) waits for
   it, and so does any op that needs the buffer: both count in
-  `wait_seconds`. The host copy stays valid until the buffer is written, so
-  a `Release` followed by another `SwapIn` needs no second `SwapOut`. In the
-  last iteration a `next_iteration` swap-in is not started.
-- `Release` frees the device copy at once; releasing a buffer that is not
-  on the device or has a copy in flight is an error.
+  `wait_seconds`. A swap-in of a buffer on the device does nothing; of one
+  still leaving, it keeps it (no copy either way); of one arriving, it
+  waits for that copy. The host copy stays valid until the buffer is
+  written, so a `Release` followed by another `SwapIn` needs no second
+  `SwapOut`. In the last iteration a `next_iteration` swap-in is not started.
+- `Release` frees the device copy at once; of a leaving buffer it undoes a
+  keep; of an arriving one it does nothing; of one not on the device it is
+  an error.
+- Each op first waits for the swap-ins due before it, then makes every
+  buffer it needs present, in buffer order: leaving is present (and kept),
+  arriving is waited for, absent is recomputed by a `Recompute` for that
+  buffer and op (NOTE [ Recompute ]) -- else the replay stops with a
+  `ValidationError` naming the op and the buffer.
 - Lanes (NOTE [ Throttled copies ] in `validate/lanes.py`): with one lane
   every copy shares it, in order of ready time; with two, swap-outs use
-  lane 0 and swap-ins lane 1. A copy of a buffer whose copy the other way
-  is still queued or running waits for it.
-Any op needing a buffer that is not on the device (and not arriving) stops
-the replay with a `ValidationError` naming the op and the buffer.
+  lane 0 and swap-ins lane 1.
 
 # NOTE [ Recompute ]
-A `Recompute` runs on demand: only when its buffer is neither on the device
-nor arriving when `before_op` is due. Its ops are re-run in order; outputs
-for buffers that are absent are bound (the chain's intermediates are freed
-again when the chain ends, only `buffer` stays), outputs for buffers still
-present are dropped at once. An op of the chain that writes in place a
+A `Recompute` runs on demand: only when `before_op` needs its buffer and it
+is absent. Its ops are re-run in order, each after its sources are made
+present as an op's inputs are (waiting for a swap-in, or another
+`Recompute` of the source before the same op); outputs for buffers that are
+absent are bound (the chain's intermediates are freed again when the chain
+ends, only `buffer` stays), outputs for buffers still present are dropped
+at once. An op of the chain that writes in place a
 buffer the chain did not bring back (BatchNorm's running statistics, see
 NOTE [ Hidden mutations ]) writes a scratch copy instead: a recompute never
 changes live data. RNG ops run with the generator state saved before their
@@ -57,7 +67,7 @@ is written by the same ops, in order, as the dropped copy was.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -70,6 +80,7 @@ from validate.device import (
     deterministic,
     get_rng,
     iteration_seed,
+    no_gc,
     run_device,
     seed_rng,
     swap_rng,
@@ -77,11 +88,21 @@ from validate.device import (
 from validate.errors import ValidationError
 from validate.initial import initial_bytes
 from validate.invoke import Invoker
-from validate.lanes import Direction, Lane, Mover, Transfer
+from validate.lanes import Direction, Lane, LaneSync, Mover, Transfer
 from validate.pool import DevicePool
 from validate.program import Program, compile_trace
 from validate.result import ReplayResult
 from validate.schedule import Schedule, Triggered, build_schedule
+
+NOTHING: frozenset[int] = frozenset()
+
+
+class ReplaySync(LaneSync, Protocol):
+    """NOTE [ Test synchronisation ] in `validate/lanes.py`: also called on
+    the compute thread when op `op` of `iteration` has ended and its events
+    have fired."""
+
+    def op_done(self, iteration: int, op: int) -> None: ...
 
 
 class Executor:
@@ -96,6 +117,7 @@ class Executor:
         iterations: int,
         bandwidth_bytes_per_s: float | None,
         lanes: int,
+        sync: ReplaySync | None = None,
     ):
         self.trace = trace
         self.dev = device
@@ -110,7 +132,8 @@ class Executor:
         self.start_bytes = initial_bytes(trace, self.program.buffer_dtype, seed)
         self.t0 = time.perf_counter()
         mover = Mover(self.pool, lanes)
-        self.lanes = [Lane(k, mover, bandwidth_bytes_per_s, self.t0) for k in range(lanes)]
+        self.sync = sync
+        self.lanes = [Lane(k, mover, bandwidth_bytes_per_s, self.t0, sync) for k in range(lanes)]
         n_it, n_ops = iterations, trace.n_ops
         self.op_seconds = np.zeros((n_it, n_ops))
         self.memory_curve = np.zeros((n_it, n_ops), np.int64)
@@ -123,6 +146,8 @@ class Executor:
         self.rng_state: dict[int, torch.Tensor] = {}
         self.recompute_spans: list[tuple[Any, Any]] = []  # CUDA events of this iteration
         self.read_versions: dict[int, dict[int, int]] = {}
+        self.recomputing: set[int] = set()  # buffers whose recompute is running
+        self.rebuilding: set[int] = set()  # buffers those recomputes have brought back
         self.it = 0
 
     # ---- the run ------------------------------------------------------------------
@@ -133,7 +158,7 @@ class Executor:
         for lane in self.lanes:
             lane.start()
         try:
-            with deterministic(self.dev):
+            with deterministic(self.dev), no_gc():
                 for it in range(self.iterations):
                     self._iteration(it)
         finally:
@@ -183,14 +208,19 @@ class Executor:
                 pool.bind(b, raw.to(self.dev, copy=True).untyped_storage())
         timer = CudaTimer(self.trace.n_ops) if self.cuda else None
         start = time.perf_counter()
+        steps, n = self.steps, len(self.steps)
+        last = it + 1 == self.iterations
+        # NOTE [ Keep ]: an op pins what it accesses from the end of the op
+        # before it (when the simulator's job process moves on) to its own end
+        with pool.lock:
+            pool.pinned = steps[0].accesses
         self._trigger(self.schedule.after[0])
-        for step in self.steps:
+        for step in steps:
             i = step.op
-            for ev in self.schedule.recompute[i]:
-                self._recompute(ev)
             for t in self.deadlines.pop((it, i), ()):
                 self._wait(t)
-            self._ensure(step.needs, self.invoker.op(i))
+            for b in step.needs:
+                self._ensure(b, i, self.invoker.op(i))
             if i == self.program.loss_op:
                 self._record_loss()
             if i in self.schedule.recompute_ops:
@@ -199,12 +229,18 @@ class Executor:
                 self.rng_state[i] = get_rng(self.dev)
             self.op_seconds[it, i] = self.invoker.call(step, timer)
             self.memory_curve[it, i] = pool.current_bytes
+            with pool.lock:
+                pool.pinned = (
+                    steps[i + 1].accesses if i + 1 < n else NOTHING if last else steps[0].accesses
+                )
             if i + 1 == self.program.loss_op:  # no backward: the loss is the last op's output
                 self._record_loss()
             self._trigger(self.schedule.after[i + 1])
             for b in step.frees:
                 pool.kill(b)
             self._raise_lane_errors()
+            if self.sync is not None:
+                self.sync.op_done(it, i)
         if self.cuda:
             torch.cuda.synchronize(self.dev)
         self.iteration_seconds[it] = time.perf_counter() - start
@@ -224,17 +260,25 @@ class Executor:
             )
 
     # ---- one op -------------------------------------------------------------------
-    def _ensure(self, buffers: tuple[int, ...], who: str) -> None:
-        """Wait for buffers arriving; fail on buffers that are gone."""
+    def _ensure(self, b: int, i: int, who: str) -> None:
+        """Make `b`, which op `i` (or a recompute for it) needs, usable
+        (NOTE [ Applying a plan ])."""
         pool = self.pool
-        for b in buffers:
+        while True:
             with pool.lock:
+                if b in pool.leaving:
+                    pool.keep.add(b)  # NOTE [ Keep ]
+                    return
                 t = pool.arriving.get(b)
-                present = pool.on_device(b)
+                if t is None and pool.on_device(b):
+                    return
             if t is not None:
                 self._wait(t)
-            elif not present:
+                continue
+            ev = self.schedule.recompute.get((b, i))
+            if ev is None or b in self.recomputing:
                 raise ValidationError(f"{who} needs {self.invoker.gone(b)}")
+            self._recompute(ev)
 
     def _wait(self, t: Transfer) -> None:
         if not t.done.is_set():
@@ -248,81 +292,102 @@ class Executor:
         for ev in events:
             if isinstance(ev, Release):
                 self._release(ev)
+            elif isinstance(ev, SwapOut):
+                self._swap_out(ev)
             else:
-                self._submit(ev)
+                self._swap_in(ev)
 
     def _release(self, ev: Release) -> None:
         pool, b = self.pool, ev.buffer
         with pool.lock:
-            busy = b in pool.leaving or b in pool.arriving
-            present = pool.on_device(b)
-        if busy or not present:
-            why = "a copy of it is in flight" if busy else "it is not on the device"
-            raise ValidationError(f"{describe(ev)} after op {ev.after_op}: {why}")
-        pool.drop(b)
-
-    def _submit(self, ev: SwapOut | SwapIn) -> None:
-        pool, b = self.pool, ev.buffer
-        out = isinstance(ev, SwapOut)
-        if not out and ev.next_iteration and self.it + 1 == self.iterations:
-            return  # no next iteration to serve (planners.plan NOTE [ Cross-iteration swaps ])
-        with pool.lock:
-            table = pool.leaving if out else pool.arriving
-            other = pool.arriving if out else pool.leaving
-            if b in table:
-                raise ValidationError(
-                    f"{describe(ev)} after op {ev.after_op}: the previous one is still in flight"
-                )
-            if out and not pool.on_device(b) and b not in pool.arriving:
+            if b in pool.leaving:
+                pool.keep.discard(b)  # the swap-out frees it after all
+                return
+            if b in pool.arriving:
+                return  # as the simulator: a skip
+            if not pool.on_device(b):
                 raise ValidationError(
                     f"{describe(ev)} after op {ev.after_op}: it is not on the device"
                 )
-            if not out and pool.on_device(b) and b not in pool.leaving:
-                return  # resident already (a periodic plan's first iteration): as the simulator
-            prev = other.get(b)
-            now = time.perf_counter()
-            ready_s = now + ev.delay_us * 1e-6
-            if prev is not None:  # never queued ahead of the copy it follows (one lane: deadlock)
-                ready_s = max(ready_s, prev.ready_s)
-            t = Transfer(
-                Direction.D2H if out else Direction.H2D,
-                b,
-                self.it,
-                label=f"{describe(ev)} after op {ev.after_op} of iteration {self.it}",
-                queued_s=now,
-                ready_s=ready_s,
-                lifetime=int(pool.lifetime[b]),
-                version=int(pool.version[b]),
-                after=None if prev is None else prev.done,
-                compute_ready=cuda_event() if self.cuda else None,
-            )
-            table[b] = t
-        if not out:
-            key = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
-            self.deadlines.setdefault(key, []).append(t)
-        self.lanes[0 if out or len(self.lanes) == 1 else 1].submit(t)
+            pool.drop(b)
+
+    def _swap_out(self, ev: SwapOut) -> None:
+        pool, b = self.pool, ev.buffer
+        with pool.lock:
+            if b in pool.leaving or b in pool.arriving:
+                return  # as the simulator: a skip
+            if not pool.on_device(b):
+                raise ValidationError(
+                    f"{describe(ev)} after op {ev.after_op}: it is not on the device"
+                )
+            pool.keep.discard(b)
+            if not ev.delay_us and pool.host_valid(b):
+                pool.drop(b)  # a discard (NOTE [ Keep ]), at once as in the simulator
+                return
+            t = self._transfer(Direction.D2H, ev, b)
+            pool.leaving[b] = t
+        self.lanes[0].submit(t)
+
+    def _swap_in(self, ev: SwapIn) -> None:
+        pool, b = self.pool, ev.buffer
+        if ev.next_iteration and self.it + 1 == self.iterations:
+            return  # no next iteration to serve (planners.plan NOTE [ Cross-iteration swaps ])
+        due = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
+        with pool.lock:
+            t = pool.arriving.get(b)
+            if t is None:
+                if b in pool.leaving:
+                    pool.keep.add(b)  # NOTE [ Keep ]: no copy either way
+                    return
+                if pool.on_device(b):
+                    return  # resident already (a periodic plan's first iteration)
+                t = pool.arriving[b] = self._transfer(Direction.H2D, ev, b)
+                submit = True
+            else:
+                submit = False  # the copy in flight serves this one too
+        self.deadlines.setdefault(due, []).append(t)
+        if submit:
+            self.lanes[-1].submit(t)
+
+    def _transfer(self, direction: Direction, ev: SwapOut | SwapIn, b: int) -> Transfer:
+        now = time.perf_counter()
+        return Transfer(
+            direction,
+            b,
+            self.it,
+            label=f"{describe(ev)} after op {ev.after_op} of iteration {self.it}",
+            nbytes=int(self.pool.nbytes[b]),
+            queued_s=now,
+            ready_s=now + ev.delay_us * 1e-6,
+            lifetime=int(self.pool.lifetime[b]),
+            compute_ready=cuda_event() if self.cuda else None,
+        )
 
     def _recompute(self, ev: Recompute) -> None:
-        """NOTE [ Recompute ]"""
+        """NOTE [ Recompute ]: `ev.buffer` is absent and `ev.before_op` needs it."""
         pool = self.pool
-        with pool.lock:
-            needed = not pool.on_device(ev.buffer) and ev.buffer not in pool.arriving
-        if not needed:
-            return
         who = f"recompute of {self.invoker.name(ev.buffer)} before op {ev.before_op}"
         t0 = time.perf_counter()
         span = (cuda_event(timing=True), None) if self.cuda else None
         restored: set[int] = set()
         writers: dict[int, list[int]] = {}
+        pinned = pool.pinned
+        outer = not self.recomputing  # a nested chain's time is in the outer one's
+        self.recomputing.add(ev.buffer)
         for k in ev.ops:
             step = self.steps[k]
+            with pool.lock:
+                pool.pinned = pinned | step.accesses
             read = [b for b in step.needs if b not in restored]
-            self._ensure(tuple(read), f"{who}: op {k}")
+            for b in read:
+                self._ensure(b, ev.before_op, f"{who}: op {k}")
             scratch = {b for b in step.writes if b not in restored}
             versions = self.read_versions.get(k)
             if versions is None:
                 raise ValidationError(f"{who}: op {k} has not run in this iteration")
             for b in read:
+                if b in self.rebuilding:  # an enclosing chain's, checked by that chain
+                    continue
                 if b not in scratch and pool.version[b] != versions[b]:
                     raise ValidationError(
                         f"{who}: op {k} reads {self.invoker.name(b)}, which op "
@@ -334,11 +399,13 @@ class Executor:
             if saved is not None:
                 swap_rng(self.dev, saved)
             restored |= absent
+            self.rebuilding |= absent
             for b in absent:
                 writers[b] = [k]
             for b in step.writes:
                 if b in restored and b not in absent:
                     writers[b].append(k)
+        self.rebuilding -= restored
         for b in sorted(restored):
             if tuple(writers[b]) != pool.dropped_writers.get(b):
                 raise ValidationError(
@@ -348,9 +415,12 @@ class Executor:
             pool.restored(b)
             if b != ev.buffer:
                 pool.drop(b)
-        if span is not None:  # device time, read when the iteration synchronises
+        with pool.lock:
+            pool.pinned = pinned
+        self.recomputing.discard(ev.buffer)
+        if outer and span is not None:  # device time, read when the iteration synchronises
             self.recompute_spans.append((span[0], cuda_event(timing=True)))
-        else:
+        elif outer:
             self.recompute_seconds[self.it] += time.perf_counter() - t0
         self.recomputes[self.it] += 1
 
@@ -374,6 +444,7 @@ def replay(
     plan: Plan | None = None,
     bandwidth_bytes_per_s: float | None = None,
     lanes: int = 1,
+    sync: ReplaySync | None = None,
 ) -> ReplayResult:
     """Run `iterations` training steps of `trace` with real tensors on
     `device`, applying `plan` (None: the framework's own frees only).
@@ -385,6 +456,7 @@ def replay(
     `compare_results`. Raises `ValidationError` if the plan cannot run (a
     read of a buffer that is gone, a stale host copy, a recompute that does
     not reproduce its buffer) and `PlanError` if it does not fit the trace.
+    `sync`: for tests, NOTE [ Test synchronisation ] in `validate/lanes.py`.
     """
     if iterations < 1:
         raise ValidationError(f"iterations={iterations} must be >= 1")
@@ -396,5 +468,5 @@ def replay(
         raise ValidationError(f"trace {trace.meta.model!r} has no ops to replay")
     dev = run_device(device)
     schedule = build_schedule(plan, trace)
-    ex = Executor(trace, dev, schedule, seed, iterations, bandwidth_bytes_per_s, lanes)
+    ex = Executor(trace, dev, schedule, seed, iterations, bandwidth_bytes_per_s, lanes, sync)
     return ex.run()

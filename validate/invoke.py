@@ -39,11 +39,10 @@ class Invoker:
         Returns the op's seconds (host time; the executor reads CUDA events)."""
         pool = self.pool
         storages: set[int] = set()
-        with pool.lock:  # a swap-out ending now cannot take a buffer from under the op
+        with pool.lock:
             for b in step.needs:
                 if not pool.on_device(b) or b in pool.arriving:
                     raise ValidationError(f"{self.op(step.op)} needs {self.gone(b)}")
-            pool.hold(step.needs)
             args = [
                 self.fill(a, storages, scratch if ("args", j) in step.mutated else frozenset())
                 for j, a in enumerate(step.args)
@@ -52,13 +51,18 @@ class Invoker:
                 k: self.fill(v, storages, scratch if ("kwargs", k) in step.mutated else frozenset())
                 for k, v in step.kwargs.items()
             }
+            # outputs are taken as the op starts, as the simulator does (NOTE
+            # [ Device bytes ]); writes count from here for a copy ending meanwhile
+            pool.reserve(step.create_bytes)
+            pool.writing = frozenset(b for b in step.writes if b not in scratch)
+            pool.writing_op = step.op
         if timer is not None:
             timer.start(step.op)
         t0 = time.perf_counter()
         try:
             out = step.fn(*args, **kwargs)
         except Exception as e:
-            pool.let_go()
+            pool.writing = frozenset()
             raise ValidationError(f"{self.op(step.op)} failed on replay: {e}") from e
         seconds = time.perf_counter() - t0
         if timer is not None:
@@ -71,24 +75,25 @@ class Invoker:
                 f"{self.op(step.op)} made {len(new)} new buffers, the trace records "
                 f"{len(step.creates)}: {list(step.creates)}"
             )
-        for b, s in zip(step.creates, new, strict=True):
-            if s.nbytes() != pool.nbytes[b]:
-                if s.nbytes() < pool.nbytes[b]:
-                    raise ValidationError(
-                        f"{self.op(step.op)}: its output for {self.name(b)} has {s.nbytes()} "
-                        f"bytes, fewer than the {int(pool.nbytes[b])} the trace records"
-                    )
-                self.size_mismatches[b] = (int(pool.nbytes[b]), s.nbytes())
-            if bind is None or b in bind:
-                pool.created(b, step.op)
-                pool.bind(b, s)
-            else:
-                pool.transient(int(pool.nbytes[b]))
+        with pool.lock:
+            for b, s in zip(step.creates, new, strict=True):
+                if s.nbytes() != pool.nbytes[b]:
+                    if s.nbytes() < pool.nbytes[b]:
+                        raise ValidationError(
+                            f"{self.op(step.op)}: its output for {self.name(b)} has {s.nbytes()} "
+                            f"bytes, fewer than the {int(pool.nbytes[b])} the trace records"
+                        )
+                    self.size_mismatches[b] = (int(pool.nbytes[b]), s.nbytes())
+                if bind is None or b in bind:
+                    pool.created(b, step.op)
+                    pool.bind(b, s, reserved=True)
+                else:  # made for a moment and dropped (a recompute's output still present)
+                    pool.unreserve(int(pool.nbytes[b]))
+            for b in step.writes:
+                if b not in scratch:
+                    pool.written(b, step.op)
+            pool.writing = frozenset()
         del new
-        for b in step.writes:
-            if b not in scratch:
-                pool.written(b, step.op)
-        pool.let_go()
         return seconds
 
     def fill(self, x: Any, storages: set[int], scratch: frozenset[int]) -> Any:

@@ -2,32 +2,75 @@
 pool, one transfer at a time per lane, like the simulator's PCIe lanes.
 
 A transfer is queued when its trigger op ends and may not start before
-`ready_s` (the trigger's end plus the plan's `delay_us`); each lane runs its
-transfers in order of `ready_s`, then of submission.
+`ready_s` (the trigger's end plus the plan's `delay_us`). It goes through
+the simulator's three steps (`sim/transfers.py`):
+- ready (`Mover.arrive`): what needs no lane is settled at once, even while
+  the lane is busy -- a swap-out of a buffer the framework freed meanwhile
+  is dropped, one of a buffer whose host copy is still valid is a discard
+  (NOTE [ Keep ] in `validate/pool.py`); the rest queue for the lane, FIFO
+  in order of ready time;
+- start (`Mover.start`), when it gets the lane: a swap-out of a buffer
+  needed again meanwhile does not start; a swap-in takes its device bytes;
+  the bytes are copied;
+- end (`Mover.end`), when the lane has been busy for `nbytes / bandwidth`:
+  a swap-out makes its host copy and frees the device copy (unless kept); a
+  swap-in's buffer becomes usable.
 
 # NOTE [ Throttled copies ]
 On CPU a copy is a memcpy on the lane's thread, far faster than PCIe. Given
-`bandwidth_bytes_per_s`, the lane sleeps after each copy for the rest of
-`nbytes / bandwidth`, so a transfer occupies its lane as long as it would on
-the emulated link. The sleep is the emulation of a device lane, not a wait
-for a result: nothing polls. On CUDA the copy runs on the lane's own stream
-into (or out of) pinned host memory; the lane thread waits for the copy's
-event before it takes the next transfer, so the lane is busy exactly while
-the copy engine is.
+`bandwidth_bytes_per_s`, the lane emulates the link on a schedule: a
+transfer occupies the link from the later of its ready time and the end of
+the link's previous transfer, for `nbytes / bandwidth`, and the lane holds
+it until then, so its end (a swap-out's free, a swap-in's arrival) comes
+when the link's would. The schedule is the link's, not the thread's: a
+thread that wakes late (timer overshoot, the GIL, a busy CPU) does not push
+every later transfer back by as much -- the link was free on time -- it
+only ends that transfer late, and catches up. Waiting out the span is the
+emulation of a device lane, not a wait for a result: the thread sleeps
+until the earlier of the copy's end and the next transfer's ready time, and
+wakes for either or for a new transfer; nothing polls. What the emulation
+adds -- the thread's wake-up after the span, its bookkeeping, which bounds
+how fast it can take transfers whose bytes take less (tens of us here) --
+is the lane's fixed cost, measured by the lane probe (NOTE [ The lane
+probe ] in `validate/measure.py`). To keep it small and steady the lane
+thread asks the kernel for exact timer wake-ups (`PR_SET_TIMERSLACK`; the
+default slack lets every timed wait overshoot by up to 50 us) and, where
+allowed, a higher scheduling priority than the compute thread (a copy
+engine does not wait for a CPU); both Linux only, best effort. On CUDA the
+copy runs on the lane's own stream into (or out of) pinned host memory; the
+lane waits for the copy's event before it ends the transfer, so the lane is
+busy at least while the copy engine is.
+
+# NOTE [ Test synchronisation ]
+`LaneSync.copy_started(t)` is called on the lane thread once a copy holds
+the lane, `copy_ending(t)` when its span is over, before it ends: a test can
+hold the copy there (on a `threading.Event`) until the compute thread has
+reached a given op, or let the compute thread wait for it, to put the two
+threads in a chosen order without timing. Replays pass None.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
 import enum
+import functools
 import heapq
+import math
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from validate.pool import DevicePool
+
+_PR_SET_TIMERSLACK = 29
+LANE_NICE = -10  # the lane thread's nice value where the process may raise it
 
 
 class Direction(enum.Enum):
@@ -37,27 +80,30 @@ class Direction(enum.Enum):
 
 @dataclass(slots=True)
 class Transfer:
-    """One queued copy. `done` is set when it ends (or failed)."""
+    """One queued copy. `done` is set when it ends, is dropped, or failed."""
 
     direction: Direction
     buffer: int
     iteration: int
     label: str  # how errors name it: "swap_in of buffer 7 after op 12 of iteration 0"
+    nbytes: int  # by the trace: what the lane is busy for
     queued_s: float  # perf_counter seconds: when its trigger op ended
     ready_s: float  # not started before (queued_s + the plan's delay)
     lifetime: int  # the buffer's lifetime when queued: a free in between cancels it
-    version: int  # the data version when queued: a swap-out copies exactly that
-    after: threading.Event | None = None  # a copy this one must follow (other lane)
     compute_ready: Any = None  # torch.cuda.Event after the trigger op, CUDA only
     done: threading.Event = field(default_factory=threading.Event)
     start_s: float = 0.0
     end_s: float = 0.0
-    cancelled: bool = False
+    running: bool = False  # its copy holds the lane
+    owns_bytes: bool = False  # the buffer died while it ran: its end frees them
+    version: int = -1  # the data version when the copy started (swap-out)
+    host: torch.Tensor | None = None  # the host copy being made (swap-out)
+    event: Any = None  # CUDA: the copy's event
 
 
 @dataclass(frozen=True, slots=True)
 class TransferRecord:
-    """A finished transfer; times in seconds since the replay started."""
+    """A copy that moved bytes; times in seconds since the replay started."""
 
     direction: Direction
     buffer: int
@@ -69,8 +115,17 @@ class TransferRecord:
     end_s: float
 
 
+class LaneSync(Protocol):
+    """NOTE [ Test synchronisation ]"""
+
+    def copy_started(self, t: Transfer) -> None: ...
+
+    def copy_ending(self, t: Transfer) -> None: ...
+
+
 class Mover:
-    """Executes copies against the pool: CPU memcpy, or CUDA side streams."""
+    """The three steps of a transfer against the pool: CPU memcpy, or CUDA
+    side streams. `arrive` and `start` return whether the transfer goes on."""
 
     def __init__(self, pool: DevicePool, lanes: int):
         self.pool = pool
@@ -78,29 +133,54 @@ class Mover:
         self.streams = [torch.cuda.Stream(pool.device) for _ in range(lanes)] if self.cuda else []
         self.compute_stream = torch.cuda.current_stream(pool.device) if self.cuda else None
 
-    def run(self, t: Transfer, lane: int) -> int:
-        """Copy `t`; returns the bytes moved (0 if the buffer died meanwhile)."""
-        if t.direction is Direction.D2H:
-            return self._swap_out(t, lane)
-        return self._swap_in(t, lane)
+    def _table(self, t: Transfer) -> dict[int, Transfer]:
+        return self.pool.leaving if t.direction is Direction.D2H else self.pool.arriving
 
-    def _fail(self, t: Transfer, msg: str) -> int:
+    def _fail(self, t: Transfer, msg: str) -> bool:
         with self.pool.lock:
             self.pool.errors.append(f"{t.label}: {msg}")
-        return 0
+            if self._table(t).get(t.buffer) is t:
+                del self._table(t)[t.buffer]
+        return False
 
-    def _swap_out(self, t: Transfer, lane: int) -> int:
+    def _current(self, t: Transfer) -> bool:
+        """Whether `t` still acts on its buffer (not freed by the framework)."""
+        pool = self.pool
+        return pool.lifetime[t.buffer] == t.lifetime and self._table(t).get(t.buffer) is t
+
+    def arrive(self, t: Transfer) -> bool:
+        """Its ready time has come: settle it if it needs no lane."""
         pool, b = self.pool, t.buffer
         with pool.lock:
-            if pool.lifetime[b] != t.lifetime:
-                t.cancelled = True  # the framework freed it first: nothing to keep
-                return 0
+            if not self._current(t):
+                return False
+            if t.direction is Direction.D2H and pool.host_valid(b):
+                del pool.leaving[b]  # a discard: no bytes move (NOTE [ Keep ])
+                if not pool.stays(b):
+                    pool.drop(b)
+                return False
+        return True
+
+    def start(self, t: Transfer, lane: int) -> bool:
+        """It has the lane: start the copy (memory taken for a swap-in)."""
+        if t.direction is Direction.D2H:
+            return self._start_out(t, lane)
+        return self._start_in(t, lane)
+
+    def _start_out(self, t: Transfer, lane: int) -> bool:
+        pool, b = self.pool, t.buffer
+        with pool.lock:
+            if not self._current(t):
+                return False
+            if b in pool.keep:  # needed again before the copy began: it stays
+                pool.keep.discard(b)
+                del pool.leaving[b]
+                return False
             if not pool.on_device(b):
                 return self._fail(t, "not on the device when the copy starts")
-            if pool.version[b] != t.version:
-                return self._fail(t, f"op {pool.writers[b][-1]} wrote it before the copy started")
             src = pool.bytes_of(b)
-            version = t.version
+            t.version = int(pool.version[b])
+            t.running = True
         host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=self.cuda)
         if self.cuda:
             stream = self.streams[lane]
@@ -108,28 +188,18 @@ class Mover:
                 stream.wait_event(t.compute_ready)
                 src.record_stream(stream)
                 host.copy_(src, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-            event.synchronize()
+                t.event = torch.cuda.Event()
+                t.event.record(stream)
         else:
             host.copy_(src)
-        del src
-        with pool.lock:
-            if pool.lifetime[b] != t.lifetime:
-                t.cancelled = True
-                return 0
-            if pool.version[b] != version:
-                return self._fail(t, f"op {pool.writers[b][-1]} wrote it during the copy")
-            pool.set_host(b, host, version)
-            pool.drop(b)  # now, or when the op holding it ends
-        return host.numel()
+        t.host = host
+        return True
 
-    def _swap_in(self, t: Transfer, lane: int) -> int:
+    def _start_in(self, t: Transfer, lane: int) -> bool:
         pool, b = self.pool, t.buffer
         with pool.lock:
-            if pool.lifetime[b] != t.lifetime:
-                t.cancelled = True
-                return 0
+            if not self._current(t):
+                return False
             if pool.on_device(b):
                 return self._fail(t, "already on the device when the copy starts")
             if not pool.host_valid(b):
@@ -138,97 +208,192 @@ class Mover:
                 return self._fail(t, f"no valid host copy ({why})")
             host = pool.host[b]
             assert host is not None
-        if self.cuda:
-            stream = self.streams[lane]
-            with torch.cuda.stream(stream):
+            if self.cuda:
+                stream = self.streams[lane]
+                with torch.cuda.stream(stream):
+                    dev = torch.empty(host.numel(), dtype=torch.uint8, device=pool.device)
+            else:
                 dev = torch.empty(host.numel(), dtype=torch.uint8, device=pool.device)
-                pool.bind(b, dev.untyped_storage())  # memory is taken when the copy starts
+            pool.bind(b, dev.untyped_storage())  # memory is taken when the copy starts
+            t.running = True
+        if self.cuda:
+            with torch.cuda.stream(self.streams[lane]):
                 dev.copy_(host, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-            event.synchronize()
+                t.event = torch.cuda.Event()
+                t.event.record(self.streams[lane])
             dev.record_stream(self.compute_stream)
         else:
-            dev = torch.empty(host.numel(), dtype=torch.uint8, device=pool.device)
-            pool.bind(b, dev.untyped_storage())
             dev.copy_(host)
-        return host.numel()
+        return True
+
+    def end(self, t: Transfer) -> None:
+        """The copy's span is over: a swap-out frees the device copy (unless
+        kept, NOTE [ Keep ]); a swap-in's buffer is usable."""
+        if t.event is not None:
+            t.event.synchronize()
+        pool, b = self.pool, t.buffer
+        with pool.lock:
+            t.running = False
+            if t.owns_bytes:  # the framework freed it meanwhile: give back its bytes
+                pool.unreserve(t.nbytes)
+                return
+            if self._table(t).get(b) is t:
+                del self._table(t)[b]
+            if t.direction is Direction.H2D:
+                return
+            assert t.host is not None
+            # a write that overlapped the copy in any way makes it stale
+            fresh = pool.version[b] == t.version and b not in pool.writing
+            if fresh:
+                pool.set_host(b, t.host, t.version)
+            else:
+                pool.stale_by[b] = pool.writing_op if b in pool.writing else pool.writers[b][-1]
+            if not pool.stays(b):
+                pool.drop(b)
+        t.host = None
+
+
+@functools.cache
+def _prctl() -> Any:
+    """libc's `prctl` (Linux), None elsewhere; looked up once, as the lookup
+    is slow for a lane's first transfer."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).prctl  # the process's own symbols include libc's
+    except (OSError, AttributeError):
+        return None
+
+
+def _prompt_wakeups() -> None:
+    """NOTE [ Throttled copies ]: exact timer wake-ups and, if allowed, a
+    higher priority for the calling thread (Linux: a thread is a task)."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    with contextlib.suppress(OSError):  # raising a priority needs CAP_SYS_NICE
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LANE_NICE)
 
 
 class Lane(threading.Thread):
     """One copy lane: a worker thread taking one transfer at a time."""
 
-    def __init__(self, index: int, mover: Mover, bandwidth_bytes_per_s: float | None, t0: float):
+    def __init__(
+        self,
+        index: int,
+        mover: Mover,
+        bandwidth_bytes_per_s: float | None,
+        t0: float,
+        sync: LaneSync | None = None,
+    ):
         super().__init__(name=f"memplan-copy-lane-{index}", daemon=True)
         self.index = index
         self.mover = mover
         self.bandwidth = bandwidth_bytes_per_s
         self.t0 = t0
+        self.sync = sync
         self.records: list[TransferRecord] = []
-        self._queue: list[tuple[float, int, Transfer]] = []
+        self._queue: list[tuple[float, int, Transfer]] = []  # not ready yet
+        self._fifo: collections.deque[Transfer] = collections.deque()  # ready, for the lane
         self._seq = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards the queue and `_closed`
+        # A binary semaphore: released by whoever has news for the lane thread,
+        # which sleeps on it (cheaper than a Condition: one C-level lock, no
+        # waiter allocation per wait). Never a lost wake-up: news that comes
+        # while the lane is awake leaves it released, and the next sleep ends
+        # at once.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._closed = False
 
+    def _poke(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already released: the lane will look
+            self._wake.release()
+
     def submit(self, t: Transfer) -> None:
-        with self._cond:
+        with self._lock:
             heapq.heappush(self._queue, (t.ready_s, self._seq, t))
             self._seq += 1
-            self._cond.notify()
+        self._poke()
 
     def close(self) -> None:
         """Finish the queued transfers, then stop."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify()
+        self._poke()
 
-    def _next(self) -> Transfer | None:
-        with self._cond:
-            while True:
-                if self._queue:
-                    ready = self._queue[0][0]
-                    now = time.perf_counter()
-                    if ready <= now:
-                        return heapq.heappop(self._queue)[2]
-                    self._cond.wait(ready - now)  # a delayed transfer, or an earlier one arrives
-                elif self._closed:
-                    return None
-                else:
-                    self._cond.wait()
+    def _ready(self, now: float) -> list[Transfer]:
+        with self._lock:
+            out = []
+            while self._queue and self._queue[0][0] <= now:
+                out.append(heapq.heappop(self._queue)[2])
+            return out
+
+    def _guard(self, t: Transfer, step: Any, *args: Any) -> Any:
+        try:
+            return step(t, *args)
+        except Exception as e:  # reported by the compute loop, never lost
+            with self.mover.pool.lock:
+                self.mover.pool.errors.append(f"{t.label}: {e!r}")
+            return False
 
     def run(self) -> None:
+        _prompt_wakeups()
         if self.mover.cuda:
             torch.cuda.set_device(self.mover.pool.device)
-        while (t := self._next()) is not None:
-            if t.after is not None:
-                t.after.wait()
-            t.start_s = time.perf_counter()
-            try:
-                nbytes = self.mover.run(t, self.index)
-            except Exception as e:  # reported by the compute loop, never lost
-                nbytes = 0
-                with self.mover.pool.lock:
-                    self.mover.pool.errors.append(f"{t.label}: {e!r}")
-            if self.bandwidth and nbytes:
-                rest = nbytes / self.bandwidth - (time.perf_counter() - t.start_s)
-                if rest > 0:
-                    time.sleep(rest)  # NOTE [ Throttled copies ]
-            t.end_s = time.perf_counter()
-            self._finish(t, nbytes)
+        clock, mover = time.perf_counter, self.mover
+        current: Transfer | None = None
+        end_at = math.inf
+        free_at = -math.inf  # when the emulated link finished its last transfer
+        while True:
+            for t in self._ready(clock()):
+                if self._guard(t, mover.arrive):
+                    self._fifo.append(t)
+                else:
+                    self._finish(t, moved=False)
+            if current is not None and clock() >= end_at:
+                if self.sync is not None:
+                    self._guard(current, self.sync.copy_ending)
+                self._guard(current, mover.end)
+                current.end_s = clock()
+                self._finish(current, moved=True)
+                current, end_at = None, math.inf
+            if current is None and self._fifo:
+                t = self._fifo.popleft()
+                t.start_s = clock()
+                if not self._guard(t, mover.start, self.index):
+                    self._finish(t, moved=False)
+                    continue
+                current = t
+                if self.bandwidth:  # NOTE [ Throttled copies ]
+                    end_at = free_at = max(t.ready_s, free_at) + t.nbytes / self.bandwidth
+                else:
+                    end_at = t.start_s
+                if self.sync is not None:
+                    self._guard(t, self.sync.copy_started)
+            with self._lock:
+                if self._closed and current is None and not self._fifo and not self._queue:
+                    return
+                wake = min(end_at, self._queue[0][0] if self._queue else math.inf)
+            if wake == math.inf:
+                self._wake.acquire()  # a new transfer, or the close
+            elif (timeout := wake - clock()) > 0:
+                self._wake.acquire(timeout=timeout)  # a copy's end, a ready time, or news
 
-    def _finish(self, t: Transfer, nbytes: int) -> None:
+    def _finish(self, t: Transfer, moved: bool) -> None:
         pool = self.mover.pool
         with pool.lock:
             table = pool.leaving if t.direction is Direction.D2H else pool.arriving
-            if table.get(t.buffer) is t:
+            if table.get(t.buffer) is t and not t.running:
                 del table[t.buffer]
-            if not t.cancelled:
+            if moved:
                 self.records.append(
                     TransferRecord(
                         t.direction,
                         t.buffer,
                         t.iteration,
-                        nbytes,
+                        t.nbytes,
                         t.queued_s - self.t0,
                         t.ready_s - self.t0,
                         t.start_s - self.t0,

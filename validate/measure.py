@@ -25,7 +25,9 @@ replay itself, never taken from a datasheet:
 
 # NOTE [ The lane probe ]
 A probe replay applies a plan of its own to the trace: up to `PROBE_SWAPS`
-activation buffers, swapped out after one access and back in just before
+activation buffers, the largest gaps between two accesses first, then
+parameters if there are too few (a small model like `mlp` has four, too few
+transfers to measure), swapped out after one access and back in just before
 the next. Per transfer, the lane is busy from the later of its ready time
 and the end of the lane's previous transfer until it ends; the fixed cost
 is the median of that span minus `nbytes / bandwidth`, at least 0. The
@@ -37,18 +39,25 @@ replay; the least contended pair gives the fixed cost (NOTE [ Contention ]).
 
 # NOTE [ Transfers cost the compute thread too ]
 Queueing a copy (the executor's bookkeeping, waking the lane thread) runs on
-the compute thread, and the lane thread's own Python work takes the GIL
-from it: measured here, tens of microseconds per transfer, a tenth of a
-20 ms iteration for a plan with 40 transfers. The simulator's copy engine
-costs compute nothing, so the cost is put into the latencies instead: per
-transfer, on the op whose end triggers it. Its size is the probe replay's
-harness time (the part of its best steady iteration that neither op calls
-nor stalls account for, `harness_s`) beyond that of the vanilla replay run
-just before it, per transfer of an iteration; the median over the samples.
-Wall time, as the GIL waits count; measured on a quiet machine here 40-100
-us per transfer, noisy by as much on a busy one. (The compute thread's CPU
-time would be immune to other processes, but misses the GIL waits and
-carries the replay's setup, which varies by more than the effect.)
+the compute thread, and the lane thread's own work -- its Python, which
+holds the GIL, and on CPU the memcpy itself -- takes from the compute
+thread: an op that returns while the lane thread holds the GIL waits for
+it, and the two share the machine's cores and memory bandwidth. Measured
+here, 50-300 us per transfer (more for larger ones), a fifth of a 15 ms
+iteration for a plan with 40 transfers, about half of it as slower op calls
+and half as harness. The simulator's copy engine costs compute nothing, so
+the cost is put into the latencies instead: per transfer, on the op whose end triggers it. Its size
+is what the compute thread of the probe replay takes in its best steady
+iteration, stalls aside, beyond what that of the vanilla replay run just
+before it takes (`busy_s`), per transfer of an iteration; the median over
+the samples (a pair sees about the same machine; the median drops the pairs
+that did not). Whole iterations, not each op's least time (as the latencies
+are counted): the lane thread slows a different op in each iteration, and
+each op's least time over the iterations leaves that out -- here by half.
+Wall time, as the GIL waits count; noisy on a busy machine (here 100-500 us
+for `mlp`'s large transfers from one sample to the next). The harness time
+alone misses the slower op calls; the compute thread's CPU time misses the
+GIL waits and varies about as much.
 
 # NOTE [ Contention ]
 The machine is shared: while another process holds the cores, the replay's
@@ -102,7 +111,8 @@ from validate.errors import ValidationError
 from validate.result import ReplayResult
 
 PROBE_SWAPS = 16
-PROBE_ITERATIONS = 4
+PROBE_KINDS = (BufferKind.ACTIVATION, BufferKind.PARAM)  # what plans swap most
+PROBE_ITERATIONS = 6
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 KEEP_BYTES = 1 << 30
 T = TypeVar("T")
@@ -221,10 +231,11 @@ def best_iteration(result: ReplayResult) -> float:
 
 def probe_plan(trace: Trace, max_swaps: int = PROBE_SWAPS) -> Plan | None:
     """NOTE [ The lane probe ]: swap-outs after one access of an activation
-    and swap-ins before its next, largest gaps first; None if there is none."""
+    (then, if too few, of a parameter) and swap-ins before its next, largest
+    gaps first; None if there is none."""
     found = []
     for buf in trace.buffers:
-        if buf.persistent or buf.kind is not BufferKind.ACTIVATION or buf.nbytes == 0:
+        if buf.kind not in PROBE_KINDS or buf.nbytes == 0:
             continue
         acc = trace.accesses_of(buf.id)
         if len(acc) < 2:
@@ -232,12 +243,13 @@ def probe_plan(trace: Trace, max_swaps: int = PROBE_SWAPS) -> Plan | None:
         gaps = np.diff(acc)
         k = int(np.argmax(gaps))
         if gaps[k] >= 3:
-            found.append((int(gaps[k]), buf.id, int(acc[k]), int(acc[k + 1])))
+            param = buf.kind is BufferKind.PARAM
+            found.append((param, -int(gaps[k]), buf.id, int(acc[k]), int(acc[k + 1])))
     if not found:
         return None
-    found.sort(reverse=True)
+    found.sort()
     events: list[SwapOut | SwapIn] = []
-    for _gap, b, first, second in found[:max_swaps]:
+    for _param, _gap, b, first, second in found[:max_swaps]:
         events += [SwapOut(b, first), SwapIn(b, second - 2, second)]
     return Plan(fingerprint_of(trace), tuple(events), trace.meta.model)
 
@@ -271,8 +283,8 @@ def measure_lane(
 ) -> LaneModel:
     """The lane of a replay of `trace` on `device` (NOTE [ What the simulator
     is told ], NOTE [ The lane probe ], NOTE [ Transfers cost the compute
-    thread too ]): from the quietest of `samples` pairs of a vanilla replay
-    and a probe replay."""
+    thread too ]): from `samples` pairs of a vanilla replay and a probe
+    replay."""
     from validate.executor import replay
 
     throttled = bandwidth_bytes_per_s is not None
@@ -301,20 +313,16 @@ def measure_lane(
     quiet = quietest([Sample(p, max(p[0].contention, p[1].contention)) for p in pairs]).value
     fixed, n = lane_fixed_cost(quiet[1].value, bw, lanes)
     per_iteration = max(n / PROBE_ITERATIONS, 1.0)
-    extra = statistics.median(harness_s(p.value) - harness_s(v.value) for v, p in pairs)
+    extra = statistics.median(busy_s(p.value) - busy_s(v.value) for v, p in pairs)
     return LaneModel(bw, fixed, throttled, n, max(extra, 0.0) / per_iteration)
 
 
-def harness_s(result: ReplayResult) -> float:
-    """The least harness time of a replay's steady iterations: the part of
-    an iteration no op call, stall or recompute accounts for."""
-    rest = (
-        result.iteration_seconds
-        - result.op_seconds.sum(axis=1)
-        - result.wait_seconds
-        - result.recompute_seconds
-    )
-    return float(steady(rest).min())
+def busy_s(result: ReplayResult) -> float:
+    """What the compute thread takes in the best steady iteration of a
+    replay, stalls and recomputes aside (NOTE [ Transfers cost the compute
+    thread too ])."""
+    busy = result.iteration_seconds - result.wait_seconds - result.recompute_seconds
+    return float(steady(busy).min())
 
 
 def device_hardware(device: str, lane: LaneModel, lanes: int, overhead_s: float) -> Hardware:

@@ -5,6 +5,17 @@ versions that tell a valid host copy from a stale one.
 One lock guards it all: the compute loop and the copy lanes both move
 buffers in and out.
 
+# NOTE [ Keep ]
+As in the simulator (NOTE [ Event semantics ] in `sim/model.py`), a buffer
+whose swap-out is queued or running stays usable, and needing it again
+cancels the free: an op that needs it, or a `SwapIn` of it, puts it in
+`keep`. A swap-out that finds it in `keep` when it would take the lane does
+not start (no bytes move); one whose copy ends while it is in `keep`, or
+while the op being run accesses it (`pinned`), makes the host copy and
+leaves the device copy where it is. A `Release` of a leaving buffer takes it
+out of `keep` again. A swap-out of a buffer whose host copy is still valid
+moves no bytes either: the device copy is dropped (a discard), unless kept.
+
 # NOTE [ Device bytes ]
 The device pool is accounted, not measured: a buffer is on the device while
 the pool holds its storage, and `current_bytes` is the sum of the trace's
@@ -14,8 +25,11 @@ there is; on CUDA the allocator's own peak is reported beside it. For a
 vanilla replay the pool follows the trace's `memory_curve("framework")` to
 the byte (counting the trace's sizes even where a real storage is larger,
 see `ReplayResult.size_mismatches`). A swapped-out buffer leaves the pool
-when its copy ends; if an op still running holds it, when that op ends
-(what a caching allocator does with a block still in use on another stream).
+when its copy ends (NOTE [ Keep ] for when it stays). An op's outputs are
+counted when it starts, as the simulator allocates them (`reserve`); a
+swap-in's bytes when its copy starts. A buffer the framework frees while a
+copy of it runs keeps its bytes until that copy ends (the copy engine still
+reads or writes them; the simulator's `_framework_free`).
 """
 
 from __future__ import annotations
@@ -51,11 +65,13 @@ class DevicePool:
         self.dropped_writers: dict[int, tuple[int, ...]] = {}  # writers when last dropped
         self.dropped_version = np.full(n, -1, np.int64)  # version when last dropped
         self.lifetime = np.zeros(n, np.int64)  # bumped when the buffer is made or freed
-        self.in_use: set[int] = set()  # buffers the running op holds
+        self.pinned: frozenset[int] = frozenset()  # what the op being run accesses
+        self.keep: set[int] = set()  # NOTE [ Keep ]
+        self.writing: frozenset[int] = frozenset()  # what the op being called writes
+        self.writing_op = -1
         self.arriving: dict[int, Transfer] = {}  # swap-in queued or in flight
         self.leaving: dict[int, Transfer] = {}  # swap-out queued or in flight
         self.errors: list[str] = []  # found on a copy lane, raised by the compute loop
-        self.free_when_unused: set[int] = set()
         self.current_bytes = 0
         self.peak_bytes = 0
         self.host_bytes = 0
@@ -69,54 +85,50 @@ class DevicePool:
     def on_device(self, b: int) -> bool:
         return self.storage[b] is not None
 
-    def bind(self, b: int, storage: torch.UntypedStorage) -> None:
+    def reserve(self, nbytes: int) -> None:
+        """Count `nbytes` taken (an op's outputs as it starts); `bind(...,
+        reserved=True)` or `unreserve` settles them."""
+        with self.lock:
+            self.current_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+    def unreserve(self, nbytes: int) -> None:
+        with self.lock:
+            self.current_bytes -= nbytes
+
+    def bind(self, b: int, storage: torch.UntypedStorage, reserved: bool = False) -> None:
         """Make `storage` the device copy of `b` (a new output, a swap-in,
-        a materialised input); its bytes enter the pool."""
+        a materialised input); its bytes enter the pool (already did if
+        `reserved`)."""
         with self.lock:
             if self.storage[b] is not None:
                 raise AssertionError(f"buffer {b} is already on the device")
             self.storage[b] = storage
-            self.current_bytes += int(self.nbytes[b])
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+            if not reserved:
+                self.reserve(int(self.nbytes[b]))
             self._forget_views(b)
 
-    def drop(self, b: int) -> None:
-        """Free the device copy of `b` (now, or when the running op lets go)."""
+    def drop(self, b: int, counted: bool = True) -> None:
+        """Free the device copy of `b` (its bytes too unless not `counted`:
+        a running copy gives them back when it ends)."""
         with self.lock:
             if self.storage[b] is None:
                 return
-            if b in self.in_use:
-                self.free_when_unused.add(b)
-                return
             self.storage[b] = None
-            self.current_bytes -= int(self.nbytes[b])
+            if counted:
+                self.current_bytes -= int(self.nbytes[b])
             self.dropped_writers[b] = tuple(self.writers[b])
             self.dropped_version[b] = self.version[b]
-            self.free_when_unused.discard(b)
             self._forget_views(b)
 
-    def transient(self, nbytes: int) -> None:
-        """An output that exists for a moment and is dropped (see NOTE [ Device bytes ])."""
+    def stays(self, b: int) -> bool:
+        """Whether a swap-out of `b` ending now leaves it on the device
+        (NOTE [ Keep ]); the keep is used up."""
         with self.lock:
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes + nbytes)
-
-    def hold(self, buffers: tuple[int, ...]) -> None:
-        with self.lock:
-            self.in_use.update(buffers)
-
-    def let_go(self) -> None:
-        """The running op ended: swapped-out buffers it held leave now."""
-        with self.lock:
-            self.in_use.clear()
-            for b in sorted(self.free_when_unused):
-                if self.host_valid(b):
-                    self.drop(b)
-                else:
-                    self.free_when_unused.discard(b)
-                    self.errors.append(
-                        f"swap_out of buffer {b}: op {self.writers[b][-1]} wrote it while "
-                        f"the copy was in flight (the host copy is stale)"
-                    )
+            if b in self.keep:
+                self.keep.discard(b)
+                return True
+            return b in self.pinned
 
     # ---- host copies -----------------------------------------------------------
     def set_host(self, b: int, data: torch.Tensor, version: int) -> None:
@@ -164,9 +176,17 @@ class DevicePool:
             self.writers[b] = list(self.dropped_writers[b])
 
     def kill(self, b: int) -> None:
-        """The framework freed `b`: no copy of it survives anywhere."""
+        """The framework freed `b`: no copy of it survives anywhere. A copy
+        of it that is running keeps the bytes until it ends (NOTE [ Device
+        bytes ]); one that has not started will not."""
         with self.lock:
-            self.drop(b)
+            running = False
+            for table in (self.leaving, self.arriving):
+                t = table.pop(b, None)
+                if t is not None and t.running:
+                    t.owns_bytes = running = True
+            self.drop(b, counted=not running)
+            self.keep.discard(b)
             self.drop_host(b)
             self.writers[b] = []
             self.lifetime[b] += 1

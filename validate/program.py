@@ -66,7 +66,9 @@ class Step:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     needs: tuple[int, ...]  # must be on the device when the op starts
+    accesses: frozenset[int]  # every buffer it touches (what it pins, NOTE [ Keep ])
     creates: tuple[int, ...]  # allocated by the op, in output order
+    create_bytes: int  # their bytes, by the trace
     writes: tuple[int, ...]  # modified in place (with hidden mutations)
     mutated: tuple[ArgSlot, ...]  # argument slots written in place
     frees: tuple[int, ...]  # freed by the framework after the op
@@ -195,7 +197,9 @@ def compile_trace(trace: Trace, device: torch.device) -> Program:
                 args=args,
                 kwargs=kwargs,
                 needs=tuple(sorted(needs - set(creates))),
+                accesses=frozenset(needs),
                 creates=creates,
+                create_bytes=int(sum(int(trace.buffers[b].nbytes) for b in creates)),
                 writes=tuple(sorted(in_place - set(creates))),
                 mutated=tuple(slots),
                 frees=tuple(sorted(frees[op.id])),

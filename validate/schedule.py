@@ -19,12 +19,14 @@ Triggered = SwapOut | SwapIn | Release
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """`after[i + 1]` are the events triggered when op i ends (`after[0]`:
-    at the start of the iteration), in plan order. `recompute[i]` run just
-    before op i. `rng_ops` are the RNG ops some recompute re-runs: the
-    executor saves the generator state before their first run."""
+    at the start of the iteration), in plan order. `recompute[(b, i)]`
+    rebuilds buffer b if op i needs it and it is absent (the last such event
+    of the plan, as in the simulator). `rng_ops` are the RNG ops some
+    recompute re-runs: the executor saves the generator state before their
+    first run."""
 
     after: tuple[tuple[Triggered, ...], ...]
-    recompute: tuple[tuple[Recompute, ...], ...]
+    recompute: dict[tuple[int, int], Recompute]
     rng_ops: frozenset[int]
     recompute_ops: frozenset[int]
 
@@ -35,7 +37,7 @@ def build_schedule(plan: Plan | None, trace: Trace) -> Schedule:
     re-draw random numbers without restoring the generator."""
     n = trace.n_ops
     after: defaultdict[int, list[Triggered]] = defaultdict(list)
-    recompute: defaultdict[int, list[Recompute]] = defaultdict(list)
+    recompute: dict[tuple[int, int], Recompute] = {}
     rng_ops: set[int] = set()
     recompute_ops: set[int] = set()
     if plan is not None:
@@ -49,14 +51,14 @@ def build_schedule(plan: Plan | None, trace: Trace) -> Schedule:
                         f"({trace.ops[rng[0]].target}) draws random numbers, but restore_rng "
                         f"is false: the recompute would not reproduce the buffer"
                     )
-                recompute[ev.before_op].append(ev)
+                recompute[(ev.buffer, ev.before_op)] = ev  # the last wins, as in sim.job
                 rng_ops.update(rng)
                 recompute_ops.update(ev.ops)
             else:
                 after[ev.after_op + 1].append(ev)
     return Schedule(
         after=tuple(tuple(after[i]) for i in range(n + 1)),
-        recompute=tuple(tuple(recompute[i]) for i in range(n)),
+        recompute=recompute,
         rng_ops=frozenset(rng_ops),
         recompute_ops=frozenset(recompute_ops),
     )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 from planners.plan import Event, Plan, fingerprint_of
 from traces.capture import CaptureOptions, capture
 from traces.model import Phase, Trace
 from traces.zoo import ZOO
-from validate import ReplayResult, replay
+from validate import Direction, ReplayResult, replay
+from validate.lanes import Transfer
 
 
 @functools.cache
@@ -69,3 +71,59 @@ def recompute_chain(
                 if dead and r != x:
                     todo.append(r)
     return tuple(sorted(ops))
+
+
+class Order:
+    """Puts the compute thread and the copy lanes of a replay in a chosen
+    order, without timing (NOTE [ Test synchronisation ] in
+    `validate/lanes.py`). Copies are named (direction, buffer, iteration
+    queued), ops (iteration, op).
+
+    - `after(op, "started" | "ended", copy)`: when `op` has ended and fired
+      its events, the compute thread waits until `copy` has started / ended.
+    - `hold(copy, op)`: `copy` does not end before `op` has ended.
+    """
+
+    TIMEOUT_S = 60.0  # a safety net against a wrong test hanging, never a pacing
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ops: set[tuple[int, int]] = set()
+        self._started: dict[tuple[Direction, int, int], Transfer] = {}
+        self._waits: dict[tuple[int, int], list[tuple[str, tuple[Direction, int, int]]]] = {}
+        self._holds: dict[tuple[Direction, int, int], tuple[int, int]] = {}
+
+    def after(self, op: tuple[int, int], what: str, copy: tuple[Direction, int, int]) -> Order:
+        assert what in ("started", "ended")
+        self._waits.setdefault(op, []).append((what, copy))
+        return self
+
+    def hold(self, copy: tuple[Direction, int, int], op: tuple[int, int]) -> Order:
+        self._holds[copy] = op
+        return self
+
+    def _wait_for(self, ready) -> None:
+        if not self._cond.wait_for(ready, self.TIMEOUT_S):
+            raise AssertionError("Order: the replay never got there")
+
+    def op_done(self, iteration: int, op: int) -> None:
+        with self._cond:
+            self._ops.add((iteration, op))
+            self._cond.notify_all()
+        for what, copy in self._waits.get((iteration, op), ()):
+            with self._cond:
+                self._wait_for(lambda copy=copy: copy in self._started)
+                t = self._started[copy]
+            if what == "ended" and not t.done.wait(self.TIMEOUT_S):
+                raise AssertionError(f"Order: copy {copy} never ended")
+
+    def copy_started(self, t: Transfer) -> None:
+        with self._cond:
+            self._started[(t.direction, t.buffer, t.iteration)] = t
+            self._cond.notify_all()
+
+    def copy_ending(self, t: Transfer) -> None:
+        until = self._holds.get((t.direction, t.buffer, t.iteration))
+        if until is not None:
+            with self._cond:
+                self._wait_for(lambda: until in self._ops)

@@ -47,8 +47,11 @@ def test_swapping_every_saved_activation_changes_nothing(model, lanes):
         events += [SwapOut(b, last_fwd), SwapIn(b, first_bwd - 2, first_bwd)]
     r = replay(trace, plan=plan_of(trace, *events), iterations=2, lanes=lanes)
     compare_results(vanilla(model), r)
+    # a swap-in that finds its swap-out still queued cancels it (NOTE [ Keep ]
+    # in validate/pool.py): how many copies run depends on timing, but every
+    # swap-in reads a host copy some swap-out made
     moved = 2 * sum(trace.buffers[b].nbytes for b, _, _ in swaps)
-    assert r.bytes_moved(Direction.D2H) == r.bytes_moved(Direction.H2D) == moved
+    assert r.bytes_moved(Direction.H2D) <= r.bytes_moved(Direction.D2H) <= moved
 
 
 def test_recomputing_every_relu_output_changes_nothing():
