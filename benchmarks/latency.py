@@ -55,6 +55,9 @@ def accuracy() -> bool:
     print(
         f"         measured in {m.elapsed_s:.0f} s, {m.created}; held out: {int(held.sum())} rows"
     )
+    busy = "not recorded" if m.other_busy_cores < 0 else f"{m.other_busy_cores:.2f} cores"
+    print(f"         {m.repeats} blocks of >= {m.min_block_s * 1e3:g} ms per measurement; "
+          f"other processes busy on the other cores: {busy}")  # fmt: skip
     print(f"model:   {len(model.nets)} classes x {model.meta.ensemble} nets {model.meta.hidden}, "
           f"trained on {model.meta.n_train} rows")  # fmt: skip
     print()
