@@ -19,6 +19,11 @@ durations (5-100 us per op, so that 4 MiB copies of about 170 us do not all
 hide behind compute), shipped traces with the roofline model.
 
     python benchmarks/cpsat.py [--time-limit S] [--workers N] [--only synthetic|shipped] [--quick]
+
+`--solve-times` instead times CP-SAT alone on the synthetic steps of at most
+60 ops (the issue's "proves optimality within 10 s") at a tight (50%) and a
+loose (75%) budget, hint from TENSILE as by default, and prints each status
+and wall time with their median and worst.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from hwmodels.profile import load_hardware  # noqa: E402
 from memplan.compare import compare_planners  # noqa: E402
 from planners import registry  # noqa: E402
 from planners.bounds import bounds, gap_to_bound, peak_lower_bound  # noqa: E402
+from planners.cpsat import cpsat  # noqa: E402
 from traces import io  # noqa: E402
 from traces.model import Trace  # noqa: E402
 from traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, unet  # noqa: E402
@@ -128,14 +134,59 @@ def _fmt_row(row: dict, planners: list[str]) -> str:
     return f"{row['instance']:<34}{row['ops']:>6}{row['bound_ms']:>12.3f}{cells}"
 
 
+def small_synthetic() -> list[tuple[str, Trace]]:
+    """Synthetic steps of at most 60 ops."""
+    d = Durations(TimeUnit.US, 5, 100)
+    out = [(f"random_dag({n})", random_dag(n, seed=n, durations=d)) for n in (30, 40, 50, 60)]
+    out.append(("random_dag(45, dropout)", random_dag(45, seed=46, dropout=True, durations=d)))
+    out += [
+        (f"chain({n})", chain(n, act_mib=4, param_mib=2, seed=n, durations=d))
+        for n in (8, 13, 16, 19)
+    ]
+    out += [
+        (f"residual({n})", residual(n, act_mib=4, param_mib=2, seed=n, durations=d))
+        for n in (3, 4, 5)
+    ]
+    out += [(f"unet({n})", unet(n, act_mib=4, param_mib=2, seed=n, durations=d)) for n in (2, 3)]
+    return out
+
+
+def solve_times(args: argparse.Namespace, hw) -> None:
+    print(f"cpsat solve times on {GPU}, time limit {args.time_limit:g} s, {args.workers} workers")
+    print(f"{'instance':<28}{'ops':>5}{'budget':>8}{'status':>12}{'time s':>9}{'plan ms':>10}")
+    times, proven = [], 0
+    for name, trace in small_synthetic():
+        for label, frac in (("tight", 0.5), ("loose", 0.75)):
+            budget = budget_at(trace, frac, True)
+            t0 = time.perf_counter()
+            r = cpsat([trace], hw, Measured(), budget_bytes=budget,
+                      time_limit_s=args.time_limit, num_workers=args.workers)  # fmt: skip
+            wall = time.perf_counter() - t0
+            s = r.stats
+            times.append(wall)
+            done = s["status"] in ("OPTIMAL", "INFEASIBLE")
+            proven += done and wall <= 10.0
+            obj = "-" if s.get("objective") is None else f"{s['objective'] * 1e3:.3f}"
+            print(f"{name:<28}{trace.n_ops:>5}{label:>8}{s['status']:>12}{wall:>9.2f}{obj:>10}",
+                  flush=True)  # fmt: skip
+    print(
+        f"median {statistics.median(times):.2f} s, worst {max(times):.2f} s; "
+        f"{proven} of {len(times)} proven (optimal or infeasible) within 10 s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per instance")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", choices=("synthetic", "shipped"))
     ap.add_argument("--quick", action="store_true", help="a few instances only")
+    ap.add_argument("--solve-times", action="store_true", help="CP-SAT alone on <= 60 ops")
     args = ap.parse_args()
     hw = load_hardware(GPU)
+    if args.solve_times:
+        solve_times(args, hw)
+        return
     planners = [n for n in registry.names() if n != "vanilla"]
     print(
         f"gap to the analytic bound on {GPU}, one lane; cpsat time limit {args.time_limit:g} s, "

@@ -29,8 +29,9 @@ from typing import Any
 from hwmodels.latency import LatencyModel
 from hwmodels.profile import Hardware
 from planners import registry
-from planners.bounds import bounds, gap_to_bound
+from planners.bounds import gap_to_bound, joint_bounds
 from planners.check import check
+from planners.errors import PlanError
 from planners.plan import PlanResult
 from planners.vanilla import vanilla_plan
 from sim import Job, SimResult, compare, simulate
@@ -278,18 +279,23 @@ def compare_planners(
             options=options.get(name),
         )
     ordered = [rows[n] for n in planners]
-    if len(traces) == 1:
-        ordered = [_with_gap(r, traces[0], hw, latency, lanes) for r in ordered]
+    ordered = [_with_gap(r, traces, hw, latency, lanes) for r in ordered]
     return Comparison(vanilla, tuple(ordered))
 
 
-def _with_gap(row: Row, trace: Trace, hw: Hardware, latency: LatencyModel, lanes: int) -> Row:
+def _with_gap(
+    row: Row, traces: Sequence[Trace], hw: Hardware, latency: LatencyModel, lanes: int
+) -> Row:
     """NOTE [ Gap to the bound ]: (simulated iteration time - bound) / bound,
-    with the analytic lower bound at the same budget (`planners.bounds`), which
-    holds for every plan. It is computed for one job only: the bounds model one
-    trace on the device."""
+    with the analytic lower bound at the same budget (`planners.bounds`). For
+    one job it holds for every plan. For several jobs it is the bound on the
+    period of jobs in step (NOTE [ Jobs in step ]), the mean iteration time of
+    a run that keeps them in step; none when their op counts differ."""
     if not row.feasible:
         return row
     budget = row.budget_bytes if row.budget_bytes is not None else hw.memory_bytes
-    b = bounds(trace, hw, latency, budget_bytes=budget, lanes=lanes)
+    try:
+        b = joint_bounds(traces, hw, latency, budget_bytes=budget, lanes=lanes)
+    except PlanError:  # jobs that cannot be in step: no bound to compare with
+        return row
     return dataclasses.replace(row, gap=gap_to_bound(row.iteration_time_s, b.best_time_s))

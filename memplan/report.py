@@ -105,7 +105,8 @@ def markdown(c: Comparison) -> str:
         "",
         "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
         "against the vanilla run of the same jobs on the same hardware; gap = (iteration - "
-        "lower bound) / lower bound at the same budget (planners/bounds.py; one job only).",
+        "lower bound) / lower bound at the same budget (planners/bounds.py; for several jobs "
+        "the bound holds for runs that keep the jobs in step, NOTE [ Jobs in step ]).",
         "",
     ]
     for r in c.rows:

@@ -33,6 +33,7 @@ below, and the iteration time no plan can beat under a budget.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,27 +159,29 @@ def _by_ratio(cost: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndar
     return cost[order], nbytes[order]
 
 
-def time_lower_bound(
-    trace: Trace,
-    hw: Hardware,
-    latency: LatencyModel,
-    budget: int,
-    *,
-    lanes: int = 1,
-    workspace: bool = True,
-) -> TimeBound:
-    """No plan runs one iteration of `trace` under `budget` bytes faster."""
-    if lanes not in (1, 2):
-        raise PlanError(f"bounds: lanes={lanes!r} must be 1 or 2")
-    # op durations as the simulator runs them: rounded to 1 ns
-    d = np.round(np.asarray(latency.predict_all(trace, hw, 0.0), np.float64) * 1e6, 3) * 1e-6
-    compute = float(np.round(d * 1e9).sum()) * 1e-9
-    if budget < peak_lower_bound(trace, workspace=workspace).nbytes:
-        return TimeBound(math.inf, compute, math.inf, -1, False)
-    mem0 = trace.memory_curve("liveness")
-    hot = np.flatnonzero(mem0 > budget)
-    if len(hot) == 0:
-        return TimeBound(compute, compute, 0.0, -1, True)
+def _durations_s(trace: Trace, hw: Hardware, latency: LatencyModel) -> np.ndarray:
+    """Op durations as the simulator runs them: rounded to 1 ns."""
+    return np.round(np.asarray(latency.predict_all(trace, hw, 0.0), np.float64) * 1e6, 3) * 1e-6
+
+
+def _compute_s(d: np.ndarray) -> float:
+    return float(np.round(d * 1e9).sum()) * 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class _Costs:
+    """Per buffer of one job: (start, end) op of its release-only life, bytes,
+    the lane time a round trip costs, and the compute a recomputation costs
+    (inf where it cannot be recomputed)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+    lane: np.ndarray
+    rec: np.ndarray
+
+
+def _costs(trace: Trace, hw: Hardware, d: np.ndarray, lanes: int) -> _Costs:
     start, end = trace.lifetimes("liveness")
     nb = trace.nbytes
     writes_any = np.zeros(trace.n_buffers, bool)
@@ -195,18 +198,48 @@ def time_lower_bound(
     rec_cost = np.full(trace.n_buffers, np.inf)
     ok = recomputable & ~rng[np.maximum(producer, 0)]
     rec_cost[ok] = d[producer[ok]]
+    return _Costs(start, end, nb, lane_cost, rec_cost)
+
+
+def time_lower_bound(
+    trace: Trace,
+    hw: Hardware,
+    latency: LatencyModel,
+    budget: int,
+    *,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> TimeBound:
+    """No plan runs one iteration of `trace` under `budget` bytes faster."""
+    if lanes not in (1, 2):
+        raise PlanError(f"bounds: lanes={lanes!r} must be 1 or 2")
+    d = _durations_s(trace, hw, latency)
+    compute = _compute_s(d)
+    if budget < peak_lower_bound(trace, workspace=workspace).nbytes:
+        return TimeBound(math.inf, compute, math.inf, -1, False)
+    mem0 = trace.memory_curve("liveness")
+    hot = np.flatnonzero(mem0 > budget)
+    if len(hot) == 0:
+        return TimeBound(compute, compute, 0.0, -1, True)
+    c = _costs(trace, hw, d, lanes)
     best, best_op = compute, -1
     for k in hot.tolist():
-        alive = (start <= k) & (end >= k)
+        alive = (c.start <= k) & (c.end >= k)
         alive[trace.op_accesses(k)] = False
-        need = float(mem0[k] - budget)
         idx = np.flatnonzero(alive)
-        lc, lb = _by_ratio(lane_cost[idx], nb[idx])
-        rc, rb = _by_ratio(rec_cost[idx], nb[idx])
-        t = _smallest_time(compute, need, lc, lb, rc, rb)
+        t = _row_time(compute, float(mem0[k] - budget), c.lane[idx], c.rec[idx], c.nbytes[idx])
         if t > best:
             best, best_op = t, k
     return TimeBound(best, compute, best if best_op >= 0 else 0.0, best_op, math.isfinite(best))
+
+
+def _row_time(
+    compute: float, need: float, lane: np.ndarray, rec: np.ndarray, nbytes: np.ndarray
+) -> float:
+    """The smallest time at which `need` bytes of these candidates can be off the device."""
+    lc, lb = _by_ratio(lane, nbytes)
+    rc, rb = _by_ratio(rec, nbytes)
+    return _smallest_time(compute, need, lc, lb, rc, rb)
 
 
 def _smallest_time(
@@ -249,4 +282,163 @@ def bounds(
         raise PlanError(f"bounds: budget={budget!r} must be a positive number of bytes")
     peak = peak_lower_bound(trace, workspace=workspace)
     time = time_lower_bound(trace, hw, latency, budget, lanes=lanes, workspace=workspace)
+    return Bounds(budget, peak, time)
+
+
+# ---- several jobs ----------------------------------------------------------------------
+# NOTE [ Jobs in step ]
+# The simulator's compute is one FIFO queue shared by all jobs, and a job asks
+# for it as soon as its previous op ended (and the swap-ins its next op waits
+# for are done). While every job has an op waiting, the jobs therefore take
+# turns -- job 0's op k, job 1's op k, ..., whatever the durations -- and jobs
+# with the same number of ops per iteration stay in step: each period of the
+# run holds one iteration of every job, its ops in the round-robin order of
+# `in_step_order`, and each job's steady iteration time is that period. The
+# frame of a period starts when the compute frees for job 0's op 0. A job's
+# iteration starts when its own last op ends, so job j's next iteration has
+# started while the jobs after it still run their last ops: there it holds
+# what its op 0 needs. In general, at every position job j is in the window of
+# its next op (its op 0 past its last op); `joint_memory_curve` adds up the
+# release-only memory of those windows.
+#
+# The joint bounds hold for every plan that keeps the jobs in step (the CP-SAT
+# planner's plans do, NOTE [ Several jobs ] in planners/cpsat_data.py). The
+# period is at least every job's compute in series, and at a position whose
+# joint memory exceeds the budget the excess must be off the device while
+# that op runs: any buffer alive there but not accessed by that op, and the
+# buffers other jobs create for their next op (a job that waits for a
+# swap-in allocates them late), at the lane and recompute costs of NOTE
+# [ Lower bounds ]. A plan that lets a job fall out of step (a stall long
+# enough for the others to run ahead) can give single jobs shorter
+# iterations, so with several jobs the time bound is one on the period of
+# in-step runs, not on every run's mean iteration time. The peak bound holds
+# for every plan: all jobs load their persistent buffers and inputs at time 0.
+
+
+@dataclass(frozen=True, eq=False)
+class StepOrder:
+    """The ops of one period of jobs in step: position p runs op `op[p]` of job
+    `job[p]`; `pos[j][k]` is the position of job j's op k."""
+
+    job: np.ndarray
+    op: np.ndarray
+    pos: tuple[np.ndarray, ...]
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.pos)
+
+    def window_ops(self, j: int) -> np.ndarray:
+        """int64[positions]: job j's next op at or after each position (its op 0
+        past its last op: its next iteration has started)."""
+        p = self.pos[j]
+        k = np.searchsorted(p, np.arange(len(self.job)), side="left")
+        k[k == len(p)] = 0
+        return k.astype(np.int64)
+
+
+def in_step_order(traces: Sequence[Trace]) -> StepOrder:
+    """The round-robin order of NOTE [ Jobs in step ]; PlanError unless every
+    job has the same number of ops."""
+    counts = [t.n_ops for t in traces]
+    if not counts or len(set(counts)) != 1 or counts[0] < 1:
+        raise PlanError(
+            f"jobs: several jobs stay in step only with the same number of ops per iteration "
+            f"(got {counts})"
+        )
+    k, n = len(traces), counts[0]
+    pos = tuple(np.arange(n, dtype=np.int64) * k + j for j in range(k))
+    job = np.tile(np.arange(k, dtype=np.int64), n)
+    op = np.repeat(np.arange(n, dtype=np.int64), k)
+    return StepOrder(job, op, pos)
+
+
+def joint_memory_curve(traces: Sequence[Trace], order: StepOrder) -> np.ndarray:
+    """int64[positions]: release-only bytes of all jobs at each position."""
+    mem = np.zeros(len(order.job), np.int64)
+    for j, t in enumerate(traces):
+        mem += t.memory_curve("liveness")[order.window_ops(j)]
+    return mem
+
+
+def joint_peak_lower_bound(traces: Sequence[Trace], *, workspace: bool = True) -> PeakBound:
+    """No plan runs `traces` together with a lower peak: the largest single
+    working set, or every job's persistent buffers and inputs at time 0."""
+    own = [peak_lower_bound(t, workspace=workspace) for t in traces]
+    j = int(np.argmax([p.working_set_bytes for p in own]))
+    w = own[j].working_set_bytes
+    s = sum(p.start_bytes for p in own)
+    return PeakBound(max(w, s), int(own[j].op) if w >= s else -1, w, s)
+
+
+def joint_time_lower_bound(
+    traces: Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    budget: int,
+    *,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> TimeBound:
+    """No in-step run of `traces` under `budget` bytes has a shorter period
+    (NOTE [ Jobs in step ]). `op` is a position of `in_step_order`."""
+    if lanes not in (1, 2):
+        raise PlanError(f"bounds: lanes={lanes!r} must be 1 or 2")
+    order = in_step_order(traces)
+    ds = [_durations_s(t, hw, latency) for t in traces]
+    compute = sum(_compute_s(d) for d in ds)
+    if budget < joint_peak_lower_bound(traces, workspace=workspace).nbytes:
+        return TimeBound(math.inf, compute, math.inf, -1, False)
+    mem0 = joint_memory_curve(traces, order)
+    hot = np.flatnonzero(mem0 > budget)
+    if len(hot) == 0:
+        return TimeBound(compute, compute, 0.0, -1, True)
+    costs = [_costs(t, hw, d, lanes) for t, d in zip(traces, ds, strict=True)]
+    windows = [order.window_ops(j) for j in range(len(traces))]
+    best, best_p = compute, -1
+    for p in hot.tolist():
+        jp = int(order.job[p])
+        need = float(mem0[p] - budget)
+        lane, rec, nb = [], [], []
+        for j, (t, c) in enumerate(zip(traces, costs, strict=True)):
+            k = int(windows[j][p])
+            alive = (c.start <= k) & (c.end >= k)
+            if j == jp:
+                alive[t.op_accesses(k)] = False
+            else:  # made for its next op: maybe not yet allocated (free to leave)
+                made = alive & (c.start == k) & ~t.exists_at_start
+                need -= float(c.nbytes[made].sum())
+                alive &= ~made
+            idx = np.flatnonzero(alive)
+            lane.append(c.lane[idx])
+            rec.append(c.rec[idx])
+            nb.append(c.nbytes[idx])
+        if need <= 0:
+            continue
+        t_p = _row_time(
+            compute, need, np.concatenate(lane), np.concatenate(rec), np.concatenate(nb)
+        )
+        if t_p > best:
+            best, best_p = t_p, p
+    return TimeBound(best, compute, best if best_p >= 0 else 0.0, best_p, math.isfinite(best))
+
+
+def joint_bounds(
+    traces: Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    budget_bytes: int | None = None,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> Bounds:
+    """`bounds` for several jobs run together (one job: `bounds` itself)."""
+    if len(traces) == 1:
+        return bounds(traces[0], hw, latency, budget_bytes=budget_bytes, lanes=lanes,
+                      workspace=workspace)  # fmt: skip
+    budget = hw.memory_bytes if budget_bytes is None else budget_bytes
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise PlanError(f"bounds: budget={budget!r} must be a positive number of bytes")
+    peak = joint_peak_lower_bound(traces, workspace=workspace)
+    time = joint_time_lower_bound(traces, hw, latency, budget, lanes=lanes, workspace=workspace)
     return Bounds(budget, peak, time)

@@ -1,4 +1,4 @@
-"""The exact baseline: a CP-SAT planner for one job.
+"""The exact baseline: a CP-SAT planner for one job, or several in step.
 
 For every gap of every buffer (a stretch of ops that do not touch it) the
 model chooses keep / swap (out then in, both timed on the lane) / release and
@@ -9,9 +9,14 @@ what the model assumes, and `planners/cpsat_lns.py` for how a run goes: the
 hint planner's choices completed by the model, the soft budget when there is
 no hint, and windows around the memory peaks for large traces.
 
-The result is an ordinary `PlanResult` whose `stats` carry the solver status
-(OPTIMAL / FEASIBLE / INFEASIBLE / UNKNOWN), the objective, the best bound and
-the relative gap.
+Several jobs share the compute, the lane(s) and the budget; the model keeps
+them in step, one iteration of each per period (NOTE [ Several jobs ] in
+`planners/cpsat_data.py`), and its objective is that period: every job's
+steady iteration time.
+
+The result is an ordinary `PlanResult` (one plan per job) whose `stats` carry
+the solver status (OPTIMAL / FEASIBLE / INFEASIBLE / UNKNOWN), the objective,
+the best bound and the relative gap.
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ from ortools.sat.python import cp_model
 from hwmodels.latency import LatencyModel
 from hwmodels.profile import Hardware
 from planners.analysis import as_traces
-from planners.bounds import peak_lower_bound, time_lower_bound
+from planners.bounds import (
+    joint_peak_lower_bound,
+    joint_time_lower_bound,
+    peak_lower_bound,
+    time_lower_bound,
+)
 from planners.cpsat_data import TICKS_PER_S, CpsatData, build_data, check_budget_type
 from planners.cpsat_model import ModelSpec, Objective, build
-from planners.cpsat_plan import modes_from_plan
+from planners.cpsat_plan import modes_from_plans
 from planners.cpsat_solution import Solution, add_hint, keep_all, read_solution
 from planners.errors import PlanError
 from planners.plan import Plan, PlanResult, empty_plan
@@ -247,32 +257,34 @@ def cpsat(
     budget_bytes: int | None = None,
     **options: Any,
 ) -> PlanResult:
-    """Plan one job with CP-SAT under `budget_bytes` (default: the device's
-    memory). Options: `CpsatOptions` fields. More than one job is a
-    PlanError: the model has one job's op order (NOTE [ CP-SAT semantics ])."""
+    """Plan the jobs with CP-SAT under `budget_bytes` shared by all of them
+    (default: the device's memory). Options: `CpsatOptions` fields. Several
+    jobs are planned in step (NOTE [ Several jobs ] in cpsat_data.py): they
+    must have the same number of ops, else a PlanError says so."""
     t0 = time.perf_counter()
     opts = options_from(options)
     jobs = as_traces(traces)
-    if len(jobs) != 1:
-        raise PlanError(f"cpsat: plans one job at a time, got {len(jobs)} jobs")
-    trace = jobs[0]
     budget = check_budget_type(hw.memory_bytes if budget_bytes is None else budget_bytes)
+    if len({t.n_ops for t in jobs}) > 1:
+        raise PlanError(
+            f"cpsat: plans several jobs in step only when they have the same number of ops "
+            f"(got {[t.n_ops for t in jobs]})"
+        )
     from planners.cpsat_lns import run
 
-    return run(trace, hw, latency, budget, opts, t0)
+    return run(jobs, hw, latency, budget, opts, t0)
 
 
 def result(
-    trace: Trace,
     opts: CpsatOptions,
     budget: int,
     t0: float,
     status: str,
-    plan: Plan | None,
+    plans: tuple[Plan, ...] | None,
     stats: dict[str, Any],
 ) -> PlanResult:
     """The `PlanResult` of a finished run; `stats` gets the common fields."""
-    feasible = status in ("OPTIMAL", "FEASIBLE") and plan is not None
+    feasible = status in ("OPTIMAL", "FEASIBLE") and bool(plans)
     stats = {"status": status, **stats}
     obj, bound = stats.get("objective"), stats.get("best_bound")
     if obj is not None and bound is not None and bound > 0 and math.isfinite(obj):
@@ -282,7 +294,7 @@ def result(
     return PlanResult(
         planner="cpsat",
         feasible=feasible,
-        plans=(plan,) if feasible and plan is not None else (),
+        plans=plans if feasible and plans else (),
         solve_time_s=time.perf_counter() - t0,
         options={"budget_bytes": budget, **opts.to_json()},
         stats=stats,
@@ -291,7 +303,7 @@ def result(
 
 def hint_solution(
     data: CpsatData,
-    trace: Trace,
+    traces: tuple[Trace, ...],
     hw: Hardware,
     latency: LatencyModel,
     budget: int,
@@ -310,12 +322,12 @@ def hint_solution(
         raise PlanError("cpsat: hint='cpsat' would call itself; name another planner")
     planner = registry.get(opts.hint)  # an unknown name is the caller's error
     try:
-        res = planner([trace], hw, latency, budget_bytes=budget)
+        res = planner(list(traces), hw, latency, budget_bytes=budget)
     except MemplanError as e:  # the hint is a convenience: plan without it
         return None, None, f"none ({opts.hint} failed: {e})"
-    if not res.plans:
+    if len(res.plans) != len(traces):
         return None, None, f"none ({opts.hint} found no plan)"
-    modes = modes_from_plan(data, res.plans[0])
+    modes = modes_from_plans(data, res.plans)
     # only the hint's swapped and recomputed gaps are free (their modes then
     # fixed), with one segment per hot op: a hint's holes need not fill blocks
     moved = frozenset(g.id for g in data.gaps if modes[g.id] != 0)
@@ -329,22 +341,35 @@ def hint_solution(
     return None, out.over_budget, f"none ({opts.hint}'s choices: {why})"
 
 
-def trivial_plan(trace: Trace) -> Plan:
+def trivial_plans(traces: tuple[Trace, ...]) -> tuple[Plan, ...]:
     """Release after the last access: optimal when no op exceeds the budget."""
-    return release_only_plan(trace) if trace.n_ops else empty_plan(trace)
+    return tuple(release_only_plan(t) if t.n_ops else empty_plan(t) for t in traces)
 
 
 def analytic_bounds(
-    trace: Trace, hw: Hardware, latency: LatencyModel, budget: int, opts: CpsatOptions
+    traces: tuple[Trace, ...],
+    hw: Hardware,
+    latency: LatencyModel,
+    budget: int,
+    opts: CpsatOptions,
 ) -> tuple[int, float]:
     """(peak bound bytes, time bound seconds) in the simulator's accounting
-    (no workspace: the simulator does not allocate it)."""
-    peak = peak_lower_bound(trace, workspace=False).nbytes
-    tb = time_lower_bound(trace, hw, latency, budget, lanes=opts.lanes, workspace=False)
+    (no workspace: the simulator does not allocate it); for several jobs the
+    bounds of NOTE [ Jobs in step ] in planners/bounds.py."""
+    if len(traces) == 1:
+        peak = peak_lower_bound(traces[0], workspace=False).nbytes
+        tb = time_lower_bound(traces[0], hw, latency, budget, lanes=opts.lanes, workspace=False)
+        return peak, tb.seconds
+    peak = joint_peak_lower_bound(traces, workspace=False).nbytes
+    tb = joint_time_lower_bound(traces, hw, latency, budget, lanes=opts.lanes, workspace=False)
     return peak, tb.seconds
 
 
 def data_for(
-    trace: Trace, hw: Hardware, latency: LatencyModel, threshold: int, opts: CpsatOptions
+    traces: tuple[Trace, ...],
+    hw: Hardware,
+    latency: LatencyModel,
+    threshold: int,
+    opts: CpsatOptions,
 ) -> CpsatData:
-    return build_data(trace, hw, latency, threshold, lanes=opts.lanes, margin=opts.margin_ns)
+    return build_data(traces, hw, latency, threshold, lanes=opts.lanes, margin=opts.margin_ns)

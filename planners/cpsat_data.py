@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from hwmodels.latency import LatencyModel
 from hwmodels.profile import Hardware
+from planners.bounds import StepOrder, in_step_order, joint_memory_curve
 from planners.errors import PlanError
 from traces.model import Trace
 
@@ -43,6 +45,34 @@ INEXACT_MARGIN = 64  # ticks
 # stays at `margin_ns`, and the simulator reproduces the model exactly.
 
 
+# NOTE [ Several jobs ]
+# Jobs planned together share the compute, the lane(s) and one budget. The
+# model keeps them in step (NOTE [ Jobs in step ] in planners/bounds.py): one
+# period holds one iteration of every job, its ops at the positions of
+# `in_step_order`, and everything per op below is per position -- `dur`,
+# `mem0` (the joint release-only memory), the hot positions, the op chain
+# E_p = max(E_{p-1}, swap-ins due at p) + d_p. Buffers are numbered job by job
+# (`buf0`). A gap of job j is still between two accesses of j's own ops, but
+# its buffer may be absent at any position in between, other jobs' ops
+# included. On top of the one-job rules (NOTE [ CP-SAT semantics ]):
+# - The simulator must serve the ops in this order: a stall long enough for
+#   the next job to ask for the compute first would let it run ahead. So each
+#   op's request time Q_p = max(end of its job's previous op, its swap-ins)
+#   is earlier, by the margin, than the next position's (NOTE [ FIFO order ]
+#   in cpsat_model.py).
+# - Plan events are triggered by the job's own ops: a swap must leave a hole
+#   that contains the end of one of its own ops (where its SwapIn fires), and
+#   a HEAD gap's copy-out starts after the job's op 0 (in iteration 0 every
+#   job starts at time 0, later job j's iteration starts when its previous
+#   one ends, before the frame starts: an event at the iteration start would
+#   move between the two).
+# - No recomputation: a recompute runs on the shared compute as a request of
+#   its own, and another job's op would slip in between it and the op it
+#   serves, changing the order.
+# Jobs must have the same number of ops (else they do not stay in step, and a
+# PlanError says so).
+
+
 class GapKind(enum.Enum):
     HEAD = "head"  # an input, from the start of the iteration to its first access
     WITHIN = "within"  # between two consecutive accesses in the iteration
@@ -53,6 +83,8 @@ class GapKind(enum.Enum):
 class Gap:
     """One decision: keep the buffer, swap it (out after `a`, in before `c`) or
     release it after `a` and recompute it by re-running `recompute_op` before `c`.
+    `a`, `c`, `hot` and `recompute_op` are positions (op indices for one job),
+    `buffer` a global buffer id of job `job` (NOTE [ Several jobs ]).
 
     `a` is -1 for a HEAD gap (the iteration start). For a CROSS gap `c` is the
     first access in the next iteration, counted in this iteration's ops
@@ -75,6 +107,7 @@ class Gap:
     epoch_prev: tuple[int, ...]
     recompute_op: int = -1
     keep_for_recompute: tuple[int, ...] = ()
+    job: int = 0
 
     @property
     def recomputable(self) -> bool:
@@ -86,9 +119,13 @@ class CpsatData:
     """Ticks are nanoseconds. `mem0[k]` is the bytes resident while op k runs
     when every buffer is kept until its last access (the release-only plan),
     persistent buffers throughout. `hot` are the ops whose `mem0` exceeds
-    `threshold` (the budget, or the peak lower bound in peak mode)."""
+    `threshold` (the budget, or the peak lower bound in peak mode). With
+    several jobs "op k" is position k of `order` and buffer b of job j is
+    `buf0[j] + b` (NOTE [ Several jobs ])."""
 
-    trace: Trace
+    traces: tuple[Trace, ...]
+    order: StepOrder
+    buf0: np.ndarray  # int64[n_jobs + 1] first global buffer id of each job
     n_ops: int
     dur: np.ndarray  # int64[n_ops] op durations
     out_ticks: np.ndarray  # int64[n_buffers] D2H copy time
@@ -105,6 +142,22 @@ class CpsatData:
     @property
     def compute_ticks(self) -> int:
         return int(self.dur.sum())
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.traces)
+
+    @property
+    def trace(self) -> Trace:
+        """The trace of a one-job model."""
+        if len(self.traces) != 1:
+            raise ValueError("a model of several jobs has no single trace")
+        return self.traces[0]
+
+    def own_prev(self, p: int) -> int:
+        """The position of the previous op of p's job, -1 for its op 0."""
+        j, k = int(self.order.job[p]), int(self.order.op[p])
+        return int(self.order.pos[j][k - 1]) if k else -1
 
     def gaps_at(self) -> list[list[int]]:
         """Per hot position, the gaps counting absence there."""
@@ -144,7 +197,7 @@ def copy_ticks(hw: Hardware, nbytes: np.ndarray, lanes: int) -> tuple[np.ndarray
 
 
 def build_data(
-    trace: Trace,
+    traces: Trace | Sequence[Trace],
     hw: Hardware,
     latency: LatencyModel,
     threshold: int,
@@ -152,24 +205,33 @@ def build_data(
     lanes: int = 1,
     margin: int = 1,
 ) -> CpsatData:
-    """The model's data for one job; ops with keep-all memory above
-    `threshold` bytes are hot."""
+    """The model's data for one job, or for several in step (NOTE [ Several
+    jobs ]); positions whose keep-all memory exceeds `threshold` bytes are hot."""
     if lanes not in (1, 2):
         raise PlanError(f"cpsat: lanes={lanes!r} must be 1 (shared) or 2 (one per direction)")
-    n = trace.n_ops
-    if n == 0:
+    jobs = (traces,) if isinstance(traces, Trace) else tuple(traces)
+    if any(t.n_ops == 0 for t in jobs):
         raise PlanError("cpsat: the trace has no ops")
-    dur = op_ticks(trace, hw, latency)
-    nbytes = trace.nbytes
+    try:
+        order = in_step_order(jobs)
+    except PlanError as e:
+        raise PlanError(f"cpsat: {e}") from None
+    dur = np.zeros(len(order.job), np.int64)
+    for j, t in enumerate(jobs):
+        dur[order.pos[j]] = op_ticks(t, hw, latency)
+    nbytes = np.concatenate([t.nbytes for t in jobs]).astype(np.int64)
+    buf0 = np.concatenate([[0], np.cumsum([t.n_buffers for t in jobs])]).astype(np.int64)
     out_t, in_t, exact = copy_ticks(hw, nbytes, lanes)
     if not exact:  # NOTE [ Inexact copy times ]
         margin = max(margin, INEXACT_MARGIN)
-    mem0 = trace.memory_curve("liveness")
+    mem0 = joint_memory_curve(jobs, order)
     hot = np.flatnonzero(mem0 > threshold).astype(np.int64)
-    gaps = _gaps(trace, hot)
+    gaps = _gaps(jobs, order, buf0, hot)
     return CpsatData(
-        trace=trace,
-        n_ops=n,
+        traces=jobs,
+        order=order,
+        buf0=buf0,
+        n_ops=len(order.job),
         dur=dur,
         out_ticks=out_t,
         in_ticks=in_t,
@@ -215,38 +277,51 @@ def _raw_gaps(trace: Trace) -> list[_Raw]:
     return out
 
 
-def _gaps(trace: Trace, hot: np.ndarray) -> tuple[Gap, ...]:
-    raws = []
-    spans = []
-    for r in _raw_gaps(trace):
-        i0, i1 = np.searchsorted(hot, [r.lo, r.hi + 1])
-        if i1 > i0:
-            raws.append(r)
-            spans.append((int(i0), int(i1)))
-    index = {(r.buffer, r.kind, r.a): i for i, r in enumerate(raws)}
-    writes = [set(trace.op_writes(k).tolist()) for k in range(trace.n_ops)]
+def _gaps(
+    traces: tuple[Trace, ...], order: StepOrder, buf0: np.ndarray, hot: np.ndarray
+) -> tuple[Gap, ...]:
     gaps: list[Gap] = []
-    by_buffer: dict[int, list[int]] = {}
-    for i, (r, (i0, i1)) in enumerate(zip(raws, spans, strict=True)):
-        prev = by_buffer.setdefault(r.buffer, [])
-        epoch = tuple(j for j in prev if _same_epoch(trace, writes, raws[j], r))
-        rec_op, keep = _recompute(trace, writes, r, index)
-        gaps.append(
-            Gap(
-                id=i,
-                buffer=r.buffer,
-                kind=r.kind,
-                a=r.a,
-                c=r.c,
-                c_next=r.kind is GapKind.CROSS,
-                hot=tuple(int(k) for k in hot[i0:i1]),
-                hot_idx=tuple(range(i0, i1)),
-                epoch_prev=epoch,
-                recompute_op=rec_op,
-                keep_for_recompute=keep,
+    several = len(traces) > 1
+    for j, trace in enumerate(traces):
+        pos = order.pos[j].tolist()
+        raws, spans, ends = [], [], []
+        for r in _raw_gaps(trace):
+            # positions where the buffer may be absent (NOTE [ Several jobs ])
+            if r.kind is GapKind.HEAD:
+                lo, a = pos[0] + 1, (pos[0] if several else -1)
+            else:
+                lo, a = pos[r.a] + 1, pos[r.a]
+            hi = pos[-1] if r.kind is GapKind.CROSS else pos[r.c] - 1
+            i0, i1 = np.searchsorted(hot, [lo, hi + 1])
+            if i1 > i0:
+                raws.append(r)
+                spans.append((int(i0), int(i1)))
+                ends.append((a, pos[r.c]))
+        base = len(gaps)
+        index = {(r.buffer, r.kind, r.a): base + i for i, r in enumerate(raws)}
+        writes = [set(trace.op_writes(k).tolist()) for k in range(trace.n_ops)]
+        by_buffer: dict[int, list[int]] = {}
+        for i, (r, (i0, i1), (a, c)) in enumerate(zip(raws, spans, ends, strict=True)):
+            prev = by_buffer.setdefault(r.buffer, [])
+            epoch = tuple(base + x for x in prev if _same_epoch(trace, writes, raws[x], r))
+            rec_op, keep = (-1, ()) if several else _recompute(trace, writes, r, index)
+            gaps.append(
+                Gap(
+                    id=base + i,
+                    buffer=int(buf0[j]) + r.buffer,
+                    kind=r.kind,
+                    a=a,
+                    c=c,
+                    c_next=r.kind is GapKind.CROSS,
+                    hot=tuple(int(k) for k in hot[i0:i1]),
+                    hot_idx=tuple(range(i0, i1)),
+                    epoch_prev=epoch,
+                    recompute_op=rec_op,
+                    keep_for_recompute=keep,
+                    job=j,
+                )
             )
-        )
-        prev.append(i)
+            prev.append(i)
     return tuple(gaps)
 
 

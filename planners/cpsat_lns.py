@@ -38,11 +38,11 @@ from planners.cpsat import (
     hint_solution,
     result,
     solve,
-    trivial_plan,
+    trivial_plans,
 )
 from planners.cpsat_data import TICKS_PER_S, CpsatData, gcd_bytes
 from planners.cpsat_model import ModelSpec, Objective, build
-from planners.cpsat_plan import plan_from_solution
+from planners.cpsat_plan import plans_from_solution
 from planners.cpsat_solution import MODE_NAMES, RECOMPUTE, SWAP, Solution, keep_all
 from planners.plan import PlanResult
 from traces.model import Trace
@@ -59,20 +59,19 @@ def exact_terms(data: CpsatData) -> int:
 
 
 def run(
-    trace: Trace,
+    traces: tuple[Trace, ...],
     hw: Hardware,
     latency: LatencyModel,
     budget: int,
     opts: CpsatOptions,
     t0: float,
 ) -> PlanResult:
-    """Plan `trace` under `budget` bytes within `opts.time_limit_s`."""
+    """Plan `traces` under `budget` bytes within `opts.time_limit_s`."""
     deadline = t0 + opts.time_limit_s
-    peak_lb, time_lb_s = analytic_bounds(trace, hw, latency, budget, opts)
+    peak_lb, time_lb_s = analytic_bounds(traces, hw, latency, budget, opts)
     base = {"peak_bound_bytes": peak_lb, "analytic_bound_s": _num(time_lb_s)}
     if budget < peak_lb:
         return result(
-            trace,
             opts,
             budget,
             t0,
@@ -87,7 +86,7 @@ def run(
         )
     peak_mode = opts.objective is Objective.PEAK
     threshold = peak_lb if peak_mode else budget
-    data = data_for(trace, hw, latency, threshold, opts)
+    data = data_for(traces, hw, latency, threshold, opts)
     compute = data.compute_ticks
     time_cap = int(math.floor(opts.max_eor * compute)) if peak_mode else None
     # T is whole ticks: T >= bound  <=>  T >= ceil(bound) (less float noise)
@@ -98,6 +97,7 @@ def run(
     info: dict[str, Any] = {
         **base,
         "ops": data.n_ops,
+        "jobs": data.n_jobs,
         "hot_ops": len(data.hot),
         "gaps": len(data.gaps),
         "exact_terms": exact_terms(data),
@@ -107,12 +107,11 @@ def run(
     if len(data.hot) == 0:  # nothing exceeds the threshold: release-only is optimal
         obj = float(data.mem0.max()) if peak_mode else compute / TICKS_PER_S
         return result(
-            trace,
             opts,
             budget,
             t0,
             "OPTIMAL",
-            trivial_plan(trace),
+            trivial_plans(traces),
             {
                 **info,
                 "search": "none",
@@ -130,7 +129,7 @@ def run(
     spec = replace(spec, block=block)
     hint, start, hint_name = hint_solution(
         data,
-        trace,
+        traces,
         hw,
         latency,
         budget,
@@ -154,6 +153,9 @@ def run(
             soft = info["soft_budget"] = True
             bm = build(data, replace(spec, soft=True))
             out = solve(bm, opts, _left(deadline), start, "cpsat soft")
+        elif out.status == "FEASIBLE" and not soft and hint is None and _left(deadline) > 1.0:
+            # a plan but no proof yet: the rest of the time, from that plan
+            out = _resolve(bm, opts, _left(deadline), out)
         status, sol, model_bound = out.status, out.solution, out.bound
         if out.excess:
             info["excess_bytes"] = out.excess * bm.excess_step * bm.objective_unit
@@ -164,11 +166,18 @@ def run(
         sol, model_bound, lns_info = lns(data, spec, opts, hint, deadline, start if soft else None)
         status = "FEASIBLE" if sol is not None else lns_info.pop("status", "UNKNOWN")
         info.update(lns_info, search="lns")
-    return _finish(trace, opts, budget, t0, data, spec, status, sol, model_bound, time_lb_s, info)
+    return _finish(opts, budget, t0, data, spec, status, sol, model_bound, time_lb_s, info)
+
+
+def _resolve(bm: Any, opts: CpsatOptions, time_limit_s: float, first: Any) -> Any:
+    """Solve `bm` again from `first`'s solution; the better plan and bound of both."""
+    again = solve(bm, opts, time_limit_s, first.solution, "cpsat")
+    if again.solution is None or again.objective > first.objective:
+        return replace(first, bound=max(first.bound, again.bound))
+    return replace(again, bound=max(first.bound, again.bound))
 
 
 def _finish(
-    trace: Trace,
     opts: CpsatOptions,
     budget: int,
     t0: float,
@@ -194,7 +203,6 @@ def _finish(
         info["model_bound_s"] = model_b
     if sol is None:
         return result(
-            trace,
             opts,
             budget,
             t0,
@@ -220,14 +228,13 @@ def _finish(
     counts = dict.fromkeys(MODE_NAMES, 0)
     for mode in sol.mode:
         counts[MODE_NAMES[mode]] += 1
-    plan = plan_from_solution(data, sol)
+    plans = plans_from_solution(data, sol)
     return result(
-        trace,
         opts,
         budget,
         t0,
         status,
-        plan,
+        plans,
         {
             **info,
             "objective": obj,

@@ -1,5 +1,6 @@
-"""The CP-SAT model: variables, constraints and objective for one job, and the
-read-out of a solution.
+"""The CP-SAT model: variables, constraints and objective for one job (or
+several in step, NOTE [ Several jobs ] in cpsat_data.py), and the read-out of
+a solution.
 
 Sections follow the OR-Tools examples: data (`CpsatData`), variables named by
 their indices, constraints one commented block per family, objective. The
@@ -7,7 +8,8 @@ solve itself (parameters, status, callbacks) lives in `planners/cpsat.py`.
 
 # NOTE [ CP-SAT semantics ]
 # The model costs a plan the way `sim` runs it (NOTE [ Event semantics ] in
-# sim/model.py), for one job alone on the device, in steady state:
+# sim/model.py), for one job alone on the device, in steady state (for
+# several, read "op k" as "position k" and see NOTE [ Several jobs ]):
 # - Op k becomes ready at R_k = max(E_{k-1}, end of every swap-in due before
 #   k) (E_{-1} = 0, the iteration start), runs the recomputations placed
 #   before it, then itself: E_k = R_k + sum(recompute durations) + d_k. Ops
@@ -76,6 +78,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planners.cpsat_cuts import add_lane_windows
 from planners.cpsat_data import CpsatData, Gap, GapKind, gcd_bytes, horizon
 from planners.cpsat_solution import KEEP, RECOMPUTE, SWAP, Solution
 
@@ -161,6 +164,51 @@ def segments_of(
     return out
 
 
+def _holds_own_end(data: CpsatData, g: Gap, lo: int, hi: int) -> bool:
+    """An op of `g`'s job ends between the window before position `lo` and
+    that of `hi`: a hole over lo..hi leaves room for the job's SwapIn trigger."""
+    return data.n_jobs == 1 or bool((data.order.job[lo - 1 : hi + 1] == g.job).any())
+
+
+# NOTE [ FIFO order ]
+# With several jobs the simulator grants the compute in the order the ops ask
+# for it. Op p asks at Q_p = max(end of its job's previous op, the swap-ins
+# due at p) (the iteration start for an op 0, which no swap-in delays). The
+# model runs the ops in the order of its positions, so it requires
+# Q_p + margin <= Q_{p+1} wherever a swap-in makes Q_p later than an op end:
+# ties between the end of a copy and the end of an op may come either way
+# in the simulator (NOTE [ CP-SAT semantics ]); between op ends alone the
+# order is that of the compute, already the model's. Across the end of the
+# frame, position 0 of the next period asks when its job's last op ended.
+def _fifo_order(
+    model: cp_model.CpModel,
+    data: CpsatData,
+    end: list[cp_model.IntVar],
+    due: dict[int, list[cp_model.IntVar]],
+    H: int,
+) -> None:
+    n, m = data.n_ops, data.margin
+
+    def request(p: int) -> cp_model.LinearExprT:
+        q = data.own_prev(p)
+        base: cp_model.LinearExprT = end[q] if q >= 0 else 0
+        if not due[p]:
+            return base
+        r = model.new_int_var(0, H, f"request_k{p}")
+        model.add_max_equality(r, [base, *due[p]])
+        return r
+
+    for p in range(n):
+        if not due[p]:
+            continue
+        if p + 1 < n:
+            nxt = request(p + 1)
+        else:  # the next period's position 0: when its job's last op here ends
+            nxt = end[int(data.order.pos[int(data.order.job[0])][-1])]
+        for w in due[p]:
+            model.add(w + m <= nxt)
+
+
 def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
     """The model for `data` under `spec` (see the module NOTEs)."""
     # ---- data ------------------------------------------------------------------------
@@ -182,6 +230,12 @@ def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
     T = end[-1]
     if spec.time_floor > prefix[-1]:  # the analytic bound: lets the search stop at it
         model.add(end[-1] >= spec.time_floor)
+
+    # where each job's iteration starts, in the frame (NOTE [ Several jobs ]): when
+    # its last op of the previous period ended; 0 for the job that ends the frame
+    job_start: list[cp_model.LinearExprT] = [
+        0 if int(p[-1]) == n - 1 else end[int(p[-1])] - T for p in data.order.pos
+    ]
 
     # ---- variables: one decision per gap --------------------------------------------------
     bm = BuiltModel(model, spec, data, end, [])
@@ -250,8 +304,10 @@ def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
         model.add(is_ >= os_ + out_t[b]).only_enforce_if(cp)  # in after out
         model.add(is_ >= e_a).only_enforce_if(s)  # (a released gap: in after the release)
         if g.kind is GapKind.CROSS:
-            # serves the next iteration without ever stalling it (NOTE [ Iteration zero ])
-            e_prev = end[g.c - 1] if g.c >= 1 else 0
+            # serves the next iteration without ever stalling it (NOTE [ Iteration zero ]):
+            # done when the job's previous op there ends, or its iteration starts
+            q = data.own_prev(g.c)
+            e_prev = end[q] if q >= 0 else job_start[g.job]
             model.add(is_ + in_t[b] <= T + e_prev).only_enforce_if(s)
             sh = model.new_int_var(-H, 2 * H, f"in_start_wrapped_g{g.id}")
             model.add(sh == is_ - T)
@@ -285,6 +341,8 @@ def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
             r = prev
         bm.ready.append(r)
         model.add(end[k] == r + dur[k] + sum(d * x for d, x in rec_at[k]))
+    if data.n_jobs > 1:
+        _fifo_order(model, data, end, due, H)
 
     # ---- constraints: the lane(s) ------------------------------------------------------------
     for iv, direction in shifted:
@@ -312,7 +370,10 @@ def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
                 model.add(os_ + ot + m <= end[lo - 1]).only_enforce_if([z, cp])
                 model.add(is_ >= end[hi] + m).only_enforce_if(z)
                 segs.append((h0, h1, z))
-            model.add_bool_or([z for _, _, z in segs]).only_enforce_if(s)
+            # a hole that holds the end of one of the job's own ops (NOTE [ Several jobs ])
+            model.add_bool_or(
+                [z for h0, h1, z in segs if _holds_own_end(data, g, hot[h0], hot[h1])]
+            ).only_enforce_if(s)
         else:
             assert inc is not None
             u, v = inc.absent[g.id]
@@ -320,6 +381,9 @@ def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
                 model.add(os_ + ot + m <= end[hot[u] - 1]).only_enforce_if(cp)
                 model.add(is_ >= end[hot[v]] + m)
         bm.segments[g.id] = segs
+
+    # ---- constraints: the lane around each hot op (redundant) -------------------------------
+    add_lane_windows(model, data, bm, free)  # NOTE [ Lane windows ] in cpsat_cuts.py
 
     # ---- constraints: memory at every hot op ----------------------------------------------------
     unit = gcd_bytes(data, spec.objective is Objective.PEAK)

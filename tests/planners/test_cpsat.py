@@ -341,11 +341,10 @@ def test_bad_options_are_one_line_plan_errors(options, message):
         cpsat([t], tiny_hw(), Fixed(durations_s(t)), **options)
 
 
-def test_more_than_one_job_or_a_bad_budget_is_a_plan_error():
+def test_a_bad_budget_is_a_plan_error():
+    # (several jobs: tests/planners/test_cpsat_jobs.py)
     t = tiny_trace(RECOMPUTE_BUFS, [Step((), (0,), 1), Step((0,), (1,), 1)])
     hw, lat = tiny_hw(), Fixed(durations_s(t))
-    with pytest.raises(PlanError, match="one job at a time, got 2 jobs"):
-        cpsat([t, t], hw, lat)
     with pytest.raises(PlanError, match="budget=-5 must be a positive number of bytes"):
         cpsat([t], hw, lat, budget_bytes=-5)
 
