@@ -210,27 +210,10 @@ def time_lower_bound(
     lanes: int = 1,
     workspace: bool = True,
 ) -> TimeBound:
-    """No plan runs one iteration of `trace` under `budget` bytes faster."""
-    if lanes not in (1, 2):
-        raise PlanError(f"bounds: lanes={lanes!r} must be 1 or 2")
-    d = _durations_s(trace, hw, latency)
-    compute = _compute_s(d)
-    if budget < peak_lower_bound(trace, workspace=workspace).nbytes:
-        return TimeBound(math.inf, compute, math.inf, -1, False)
-    mem0 = trace.memory_curve("liveness")
-    hot = np.flatnonzero(mem0 > budget)
-    if len(hot) == 0:
-        return TimeBound(compute, compute, 0.0, -1, True)
-    c = _costs(trace, hw, d, lanes)
-    best, best_op = compute, -1
-    for k in hot.tolist():
-        alive = (c.start <= k) & (c.end >= k)
-        alive[trace.op_accesses(k)] = False
-        idx = np.flatnonzero(alive)
-        t = _row_time(compute, float(mem0[k] - budget), c.lane[idx], c.rec[idx], c.nbytes[idx])
-        if t > best:
-            best, best_op = t, k
-    return TimeBound(best, compute, best if best_op >= 0 else 0.0, best_op, math.isfinite(best))
+    """No plan runs one iteration of `trace` under `budget` bytes faster: the
+    one-job case of `joint_time_lower_bound` (its order is the op order and
+    its peak bound `peak_lower_bound`)."""
+    return joint_time_lower_bound([trace], hw, latency, budget, lanes=lanes, workspace=workspace)
 
 
 def _row_time(

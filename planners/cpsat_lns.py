@@ -43,7 +43,7 @@ from planners.cpsat import (
 from planners.cpsat_data import TICKS_PER_S, CpsatData, gcd_bytes
 from planners.cpsat_model import ModelSpec, Objective, build
 from planners.cpsat_plan import plans_from_solution
-from planners.cpsat_solution import MODE_NAMES, RECOMPUTE, SWAP, Solution, keep_all
+from planners.cpsat_solution import MODE_NAMES, Solution, absent_bytes, keep_all
 from planners.plan import PlanResult
 from traces.model import Trace
 
@@ -296,15 +296,7 @@ def _better(a: Solution | None, b: Solution | None, peak_mode: bool) -> bool:
 
 def slack(data: CpsatData, sol: Solution, cap: int) -> np.ndarray:
     """int64[n_hot]: bytes under `cap` at each hot op under `sol`."""
-    absent = np.zeros(len(data.hot), np.int64)
-    for g in data.gaps:
-        w = int(data.nbytes[g.buffer])
-        if sol.mode[g.id] == SWAP:
-            u, v = sol.absent[g.id]
-            absent[u : v + 1] += w
-        elif sol.mode[g.id] == RECOMPUTE:
-            absent[g.hot_idx[0] : g.hot_idx[-1] + 1] += w
-    return cap - (data.mem0[data.hot] - absent)
+    return cap - (data.mem0[data.hot] - absent_bytes(data, sol))
 
 
 def lns(

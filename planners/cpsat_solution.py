@@ -177,8 +177,8 @@ def _with_peak(data: CpsatData, sol: Solution) -> Solution:
     return replace(sol, peak_bytes=model_peak(data, sol))
 
 
-def model_peak(data: CpsatData, sol: Solution) -> int:
-    """The peak bytes the model accounts for `sol` (closed op windows)."""
+def absent_bytes(data: CpsatData, sol: Solution) -> np.ndarray:
+    """int64[n_hot]: bytes `sol` keeps off the device at each hot op."""
     absent = np.zeros(len(data.hot), np.int64)
     for g in data.gaps:
         w = int(data.nbytes[g.buffer])
@@ -187,8 +187,13 @@ def model_peak(data: CpsatData, sol: Solution) -> int:
             absent[u : v + 1] += w
         elif sol.mode[g.id] == RECOMPUTE:
             absent[g.hot_idx[0] : g.hot_idx[-1] + 1] += w
+    return absent
+
+
+def model_peak(data: CpsatData, sol: Solution) -> int:
+    """The peak bytes the model accounts for `sol` (closed op windows)."""
     mem = data.mem0.copy()
-    mem[data.hot] -= absent
+    mem[data.hot] -= absent_bytes(data, sol)
     return int(mem.max())
 
 
