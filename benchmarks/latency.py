@@ -13,7 +13,10 @@ Method
 - Noise floor: 150 held-out shapes (seeded pick) are timed again now, alone,
   and compared with their labels (latency x (1 - observed usage), median over
   the shape's rows): two measurements of one shape disagree by this much, so
-  no model can score much better against single labels on this machine.
+  no model can score much better against single labels on this machine. It
+  only means that on the kind of machine the data was measured on: a VM of
+  another CPU generation shows its speed difference here (one such, a newer
+  core, timed the old data's shapes at 0.54x their labels).
 - Speed: time to predict every op of the shipped ResNet-50 trace (batch 16,
   Adam) with a freshly loaded trace, so per-trace features are built inside
   the timing ("cold"), then again with them cached ("warm"); median of 5.
@@ -98,7 +101,12 @@ def noise_floor(n: int = 150) -> None:
     pred = model.predict_ops(ds.trace, load_hardware("cpu-local"), ops[ok], 0.0)
     vs_label, vs_again = summarize(pred, label[ok]), summarize(pred, again[ok])
     print()
+    from hwmodels.microbench import cpu_description
+
+    here = cpu_description(ds.meta.threads)
     print(f"noise floor: {s.n} held-out shapes timed again now ({time.perf_counter() - t0:.0f} s)")
+    if here != ds.meta.description:
+        print(f"  (measured on {ds.meta.description}; this machine is {here})")
     print(f"  re-measured vs label:  MdAPE {s.mdape * 100:.1f}%, within ±10% {s.within_10 * 100:.0f}%, "
           f"±20% {s.within_20 * 100:.0f}%")  # fmt: skip
     print(f"  MLP (usage 0) vs label: MdAPE {vs_label.mdape * 100:.1f}%, ±20% {vs_label.within_20 * 100:.0f}%;"

@@ -41,12 +41,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from hwmodels.hostmem import cache_host_allocations  # noqa: E402
 from memplan.units import parse_rate  # noqa: E402
 from traces.capture import CaptureOptions, capture  # noqa: E402
 from traces.errors import MemplanError  # noqa: E402
 from traces.zoo import ZOO  # noqa: E402
 from validate.compare import ValidationReport, validate_plan  # noqa: E402
-from validate.measure import cache_host_allocations  # noqa: E402
 
 BATCH = {"mlp": 256, "small_cnn": 16, "linear_chain": 64, "tiny_resnet": 8, "tiny_transformer": 32}
 MODELS = ("mlp", "small_cnn", "linear_chain", "tiny_resnet", "tiny_transformer")

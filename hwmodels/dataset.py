@@ -54,6 +54,9 @@ class DatasetMeta:
     # CPU: cores kept busy by other processes on the cores not measured on,
     # averaged over the run (-1: not known); see NOTE [ Block length ]
     other_busy_cores: float = -1.0
+    # CPU: whether glibc kept freed memory while measuring, as a device's
+    # caching allocator does (NOTE [ Host allocations ] in hwmodels/hostmem.py)
+    host_allocations_cached: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -220,10 +220,12 @@ CLASS_NAMES: dict[OpClass, tuple[str, ...]] = {
     OpClass.NORM: ("log_numel", "log_channels", "log_inner", "training", "backward",
                    "layer_norm", "grad_input", "grad_weight", "grad_bias"),
     OpClass.ELEMENTWISE: ("log_numel_out", "log_numel_in_max", "n_tensors",
-                          "broadcast_log_ratio", "inplace", "contiguous", "n_scalars"),
+                          "broadcast_log_ratio", "inplace", "contiguous", "n_int_scalars",
+                          "n_float_scalars", "floating"),
     OpClass.REDUCTION: ("log_numel_in", "log_numel_out", "log_reduce_ratio", "last_dim_reduced",
                         "log_last_dim", "log_kernel", "log_stride", "backward"),
-    OpClass.OTHER: ("log_numel_in_max", "log_numel_out", "n_tensors"),
+    OpClass.OTHER: ("log_numel_in_max", "log_numel_out", "n_tensors", "log_numel_index",
+                    "log_outer", "log_inner"),
 }  # fmt: skip
 CLASS_NAMES[OpClass.OPTIMIZER] = CLASS_NAMES[OpClass.ELEMENTWISE]
 
@@ -352,11 +354,18 @@ def _elementwise(op: Op, trace: Trace) -> list[float]:
     in_numel = [math.prod(trace.views[v].shape) for v in tensors] or [1]
     outs = op.writes or tuple(tensors[:1])
     out_numel = max((math.prod(trace.views[v].shape) for v in outs), default=1)
-    scalars = sum(1 for x in a.values() if isinstance(x, int | float) and not isinstance(x, bool))
+    # NOTE [ Scalar arguments ]: a Python int (alpha=1, a counter's += 1) and a
+    # float (alpha=0.3, x * 1.7) take different paths through dispatch and the
+    # kernel (a float is wrapped and multiplied in); on a tiny op that is most
+    # of its time, so they are counted apart
+    numbers = [x for x in a.values() if isinstance(x, int | float) and not isinstance(x, bool)]
+    n_float = sum(1 for x in numbers if isinstance(x, float))
     contiguous = all(_contiguous(trace.views[v].shape, trace.views[v].stride) for v in tensors)
     ratio = math.log2(max(min(in_numel), 1) / max(out_numel, 1))
+    floating = any(trace.views[v].dtype in _FLOATING for v in (*outs, *tensors))
     return [_lg(out_numel), _lg(max(in_numel)), float(len(tensors)), ratio,
-            float(is_inplace(op.target)), float(contiguous), float(scalars)]  # fmt: skip
+            float(is_inplace(op.target)), float(contiguous), float(len(numbers) - n_float),
+            float(n_float), float(floating)]  # fmt: skip
 
 
 def _reduction(op: Op, trace: Trace) -> list[float]:
@@ -383,9 +392,24 @@ def _reduction(op: Op, trace: Trace) -> list[float]:
 
 
 def _other(op: Op, trace: Trace) -> list[float]:
+    """Gathers, scatters, pads and concatenations: how much moves, how many
+    indices pick it, and the extents around the indexed dimension (`dim`, or
+    the last one): whole contiguous rows move fast, strided elements do not."""
+    a = bind(op.target, op.args)
     numel_in = [math.prod(trace.views[v].shape) for v in op.reads] or [0]
     numel_out = [math.prod(trace.views[v].shape) for v in op.writes] or [0]
-    return [_lg(max(numel_in)), _lg(max(numel_out)), float(len(op.reads))]
+    index = [math.prod(trace.views[v].shape) for v in op.reads
+             if trace.views[v].dtype in ("int64", "int32")]  # fmt: skip
+    data = [v for v in op.reads if trace.views[v].dtype not in ("int64", "int32")]
+    first = data[0] if data else (op.reads[0] if op.reads else None)
+    shape = trace.views[first].shape if first is not None else ()
+    dim = 0 if base_name(op.target) == "embedding" else a.get("dim", -1)  # rows of the table
+    if not isinstance(dim, int) or not shape:
+        dim = -1
+    d = dim % len(shape) if shape else 0
+    outer, inner = math.prod(shape[:d]), math.prod(shape[d + 1 :])
+    return [_lg(max(numel_in)), _lg(max(numel_out)), float(len(op.reads)), _lg(sum(index)),
+            _lg(outer), _lg(inner)]  # fmt: skip
 
 
 def _by16(n: int) -> float:

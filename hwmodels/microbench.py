@@ -14,7 +14,10 @@ same cores, so `usage` is the share of *those* cores a competitor wants
 (with one spinner per core, usage=1 roughly halves the op's share). Pinning
 also keeps the measurement away from whatever else runs on the other cores.
 Denormals are flushed while measuring (repeated in-place updates would
-otherwise decay into slow denormal arithmetic). Everything is restored after.
+otherwise decay into slow denormal arithmetic). Everything is restored after
+but the allocator setting: glibc is made to keep freed memory, as a device's
+caching allocator does, so an op's time does not depend on which allocations
+came before it (NOTE [ Host allocations ] in `hwmodels/hostmem.py`).
 
 # NOTE [ Observed usage ]
 TENSILE's input is the device's *current* utilisation, not a load setting.
@@ -41,7 +44,8 @@ before a competitor got the core (observed usage 0 in the median block), and
 two back-to-back timings of 150 shapes disagreed by a median 11.4%. With
 10 ms blocks and the median of 5-7 of them the same check gives 3.0% (and
 88% of shapes within ±20%, against 65%), so those are the defaults; a
-600-shape-per-class CPU run takes about 17 minutes.
+600-shape-per-class CPU run took about 17 minutes, and the shipped
+1000-per-class data 23 minutes on a newer core.
 What no block length removes is a neighbour: with other work (a test suite)
 running on the *other* core of this 2-core VM, the same back-to-back check
 gave 19.5%, through the shared cache and memory bus. A CPU run therefore
@@ -70,6 +74,7 @@ from torch.utils.flop_counter import flop_registry
 
 from hwmodels.dataset import Dataset, DatasetMeta
 from hwmodels.errors import LatencyError
+from hwmodels.hostmem import cache_host_allocations
 from hwmodels.load import CpuLoad, CudaLoad
 from hwmodels.opclass import OpClass, classify
 from hwmodels.shapes import MEASURED_CLASSES, SampleSpec, TensorSpec, sample_specs
@@ -393,7 +398,9 @@ class OtherActivity:
 def run_microbench(
     opts: MicrobenchOptions, progress: Callable[[int, int], None] | None = None
 ) -> Dataset:
-    """Measure every sample at every usage level; `progress(done, total)` after each sample."""
+    """Measure every sample at every usage level; `progress(done, total)` after
+    each sample. On CPU this first makes glibc keep freed memory for the rest
+    of the process (NOTE [ Host allocations ] in `hwmodels/hostmem.py`)."""
     specs = ordered_specs(opts.classes, opts.samples, opts.seed)
     skipped_specs: list[int] = []
     device = torch.device(opts.device)
@@ -401,6 +408,7 @@ def run_microbench(
     builder = _TraceBuilder()
     rows: list[tuple[int, float, float]] = []
     t_start = time.perf_counter()
+    cached = opts.device == "cpu" and cache_host_allocations()
     with contextlib.ExitStack() as stack:
         if opts.device == "cpu":
             cores = stack.enter_context(cpu_setup(opts.threads))
@@ -453,6 +461,7 @@ def run_microbench(
         classes=tuple(c.value for c in opts.classes),
         skipped_specs=tuple(skipped_specs),
         other_busy_cores=other_busy,
+        host_allocations_cached=cached,
     )
     trace = builder.trace(TraceMeta(model="microbench", batch_size=1, device=opts.device,
                                     torch_version=torch.__version__))  # fmt: skip

@@ -59,7 +59,7 @@ SCHEMA = "memplan.mlp/1"
 RANGE_MARGIN = 0.1
 DATA_DIR = Path(__file__).parent / "data"
 # The shipped CPU data and model, measured and trained on the development machine:
-#   memplan microbench --device cpu --samples 600 --usage 0,0.5,1 --seed 0 \
+#   memplan microbench --device cpu --samples 1000 --usage 0,0.5,1 --seed 0 \
 #       --out hwmodels/data/cpu-local.microbench.json.gz \
 #       --profile-out hwmodels/profiles/cpu-local.toml
 #   memplan latency train hwmodels/data/cpu-local.microbench.json.gz \

@@ -26,7 +26,7 @@ class TrainOptions:
 
     hidden: tuple[int, ...] = (32, 32, 16)
     ensemble: int = 5
-    epochs: int = 400
+    epochs: int = 1000  # on the shipped CPU data: held-out MdAPE 5.0% at 400, 4.7% at 1000
     lr: float = 3e-3
     weight_decay: float = 1e-4
     seed: int = 0

@@ -323,7 +323,7 @@ def validate_plan(
     (None: `samples`; the compute-thread cost per transfer is a difference
     of two timings and wants more, `validate.measure` NOTE [ Transfers cost
     the compute thread too ]). On CPU call
-    `validate.measure.cache_host_allocations()` first
+    `hwmodels.hostmem.cache_host_allocations()` first
     for figures like the CLI's (NOTE [ Host allocations ]). Raises
     `ValidationError` for bad arguments or a plan that cannot be replayed,
     `PlanError` for a plan that does not fit the trace or a planner that

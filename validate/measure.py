@@ -72,24 +72,14 @@ replays are picked by `drift` instead (NOTE [ Paired runs ] in
 sibling vCPU's load). Both are reported with the figures, as the caveat to
 read them by. Where schedstat is missing, contention is NaN.
 
-# NOTE [ Host allocations ]
-On CPU the "device" and the host are both malloc'd memory. glibc returns
-large freed blocks to the kernel (mmap threshold, heap trimming), so every
-swapped-out copy, and every buffer brought back, pays page faults to touch
-fresh pages again: about one per 4 KiB, 2-3 ms of CPU per iteration for a
-plan moving 8 MiB each way, on the copy lane and on the compute thread
-that reuses the memory. A device allocator and a pinned host pool cache
-their blocks instead. `cache_host_allocations` makes glibc keep freed
-memory (mmap threshold and trim threshold at 1 GiB); it is process-wide
-and one-way (glibc has no call to read the old values back), so the CLI
-and the benchmark call it once at start, and `validate_plan` leaves it to
-its caller.
+Host memory: a CPU replay should allocate as a device's caching allocator
+does, without page faults on reused sizes; the CLI and the benchmark call
+`cache_host_allocations` once at start, and `validate_plan` leaves it to its
+caller (NOTE [ Host allocations ] in `hwmodels/hostmem.py`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import math
 import os
@@ -113,24 +103,7 @@ from validate.result import ReplayResult
 PROBE_SWAPS = 16
 PROBE_KINDS = (BufferKind.ACTIVATION, BufferKind.PARAM)  # what plans swap most
 PROBE_ITERATIONS = 6
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
-KEEP_BYTES = 1 << 30
 T = TypeVar("T")
-
-
-def cache_host_allocations() -> bool:
-    """NOTE [ Host allocations ]: keep freed host memory in the process (glibc
-    only). Returns whether the setting took."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES)
-    )
 
 
 def _run_queue_s() -> float:

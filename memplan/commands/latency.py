@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict
 
 from hwmodels.errors import LatencyError
+from hwmodels.mlptrain import TrainOptions
 from memplan.commands import machine
 
 
@@ -27,9 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = lat.add_parser("train", help="train an MLP latency model on a microbenchmark dataset")
     t.add_argument("data", metavar="DATA", help="dataset from `memplan microbench`")
     t.add_argument("--out", required=True, metavar="MODEL", help="model file to write (.pt)")
-    t.add_argument("--hidden", default="32,32,16", help="hidden layer sizes (default 32,32,16)")
-    t.add_argument("--ensemble", type=int, default=5, help="networks per op class (default 5)")
-    t.add_argument("--epochs", type=int, default=400)
+    d = TrainOptions()
+    hidden = ",".join(str(h) for h in d.hidden)
+    t.add_argument("--hidden", default=hidden, help=f"hidden layer sizes (default {hidden})")
+    t.add_argument("--ensemble", type=int, default=d.ensemble,
+                   help=f"networks per op class (default {d.ensemble})")  # fmt: skip
+    t.add_argument("--epochs", type=int, default=d.epochs,
+                   help=f"full-batch training epochs (default {d.epochs})")  # fmt: skip
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=run_train)
 

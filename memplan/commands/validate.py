@@ -83,10 +83,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hwmodels.hostmem import cache_host_allocations
     from planners import io as plan_io
     from traces import io
     from validate.compare import validate_plan
-    from validate.measure import cache_host_allocations
 
     trace = io.load(args.trace)
     if args.plan:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise MemplanError(f"--threads={args.threads} must be >= 1")
     if not args.device.startswith("cuda"):
-        cache_host_allocations()  # validate/measure.py NOTE [ Host allocations ]
+        cache_host_allocations()  # hwmodels/hostmem.py NOTE [ Host allocations ]
     report = validate_plan(
         trace,
         plan,  # type: ignore[arg-type]

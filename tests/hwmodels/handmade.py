@@ -50,6 +50,7 @@ class Call:
     dtype: str = "float32"
     phase: Phase = Phase.FORWARD
     inplace: bool = False  # writes its first input instead of a new output
+    input_dtypes: tuple[str, ...] = ()  # per input, where not `dtype` (indices: int64)
 
 
 def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -86,9 +87,10 @@ def make(calls: list[Call]) -> Trace:
 
     for i, c in enumerate(calls):
         ins = []
-        for x in c.inputs:
+        for j, x in enumerate(c.inputs):
             shape, stride = x if x and isinstance(x[0], tuple) else (tuple(x), _contig(tuple(x)))
-            ins.append(view(shape, stride, c.dtype, BufferKind.INPUT, i))
+            dtype = c.input_dtypes[j] if j < len(c.input_dtypes) else c.dtype
+            ins.append(view(shape, stride, dtype, BufferKind.INPUT, i))
         writes = [ins[0]] if c.inplace else []
         out = None
         if c.out is not None and not c.inplace:

@@ -135,3 +135,35 @@ def test_single_op_features_match_the_matrix():
     assert c is OpClass.VIEW and row is None
     assert OpClass.VIEW not in feats
     assert class_features(t) is feats  # cached
+
+
+def test_elementwise_features_count_int_and_float_scalars_apart():
+    t = make([
+        Call("aten.add_.Tensor", ((1, 1),), (1, 1), ["$0", 1], dtype="int64", inplace=True),
+        Call("aten.mul.Tensor", ((3, 4),), (3, 4), ["$0", 1.5]),
+        Call("aten.add.Tensor", ((8,), (8,)), (8,), ["$0", "$1"], {"alpha": 0.5}),
+    ])  # fmt: skip
+    X = class_features(t)[OpClass.ELEMENTWISE].X
+    names = ("n_int_scalars", "n_float_scalars", "floating", "inplace", "n_tensors")
+    got = [[_feat(row, OpClass.ELEMENTWISE, n) for n in names] for row in X]
+    # add_(counter, 1): other=1 and alpha's default 1 are ints; an int64 tensor
+    assert got[0] == [2, 0, 0, 1, 1]
+    assert got[1] == [0, 1, 1, 0, 1]  # x * 1.5
+    assert got[2] == [0, 1, 1, 0, 2]  # a + 0.5 * b: alpha given as a float
+
+
+def test_other_features_see_indices_and_the_extents_around_dim():
+    lg = lambda x: math.log2(1 + x)  # noqa: E731
+    t = make([
+        Call("aten.index_select.default", ((6, 18, 28), (8,)), (6, 8, 28), ["$0", 1, "$1"],
+             input_dtypes=("float32", "int64")),
+        Call("aten.embedding.default", ((100, 16), (5,)), (5, 16), ["$0", "$1"],
+             input_dtypes=("float32", "int64")),
+        Call("aten.cat.default", ((4,), (4,), (4,)), (12,), [["$0", "$1", "$2"], 0]),
+    ])  # fmt: skip
+    X = class_features(t)[OpClass.OTHER].X
+    names = ("log_numel_index", "log_outer", "log_inner", "n_tensors", "log_numel_out")
+    got = [[_feat(row, OpClass.OTHER, n) for n in names] for row in X]
+    assert got[0] == pytest.approx([lg(8), lg(6), lg(28), 2, lg(6 * 8 * 28)])
+    assert got[1] == pytest.approx([lg(5), lg(1), lg(16), 2, lg(80)])  # rows of the table
+    assert got[2] == pytest.approx([0, lg(1), lg(1), 3, lg(12)])  # no indices

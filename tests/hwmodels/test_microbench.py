@@ -14,6 +14,7 @@ import torch
 from hwmodels import shapes
 from hwmodels.dataset import load_dataset, save_dataset
 from hwmodels.errors import LatencyError
+from hwmodels.hostmem import cache_host_allocations
 from hwmodels.load import CpuLoad
 from hwmodels.microbench import MicrobenchOptions, OtherActivity, cpu_setup, run_microbench
 from hwmodels.opclass import OpClass, classify
@@ -79,6 +80,8 @@ def test_tiny_run_makes_a_valid_dataset(small_shapes, tmp_path):
     assert len(ds.op) == 2 * ds.trace.n_ops
     assert (ds.latency_s > 0).all() and ((ds.usage >= 0) & (ds.usage <= 1)).all()
     assert ds.meta.copy["h2d_bytes_per_s"] > 0
+    # measured as a caching allocator would allocate, and recorded (hwmodels/hostmem.py)
+    assert ds.meta.host_allocations_cached is cache_host_allocations()
     io.from_dict(io.to_dict(ds.trace))  # a valid trace: the featurizer reads it like any other
     path = tmp_path / "d.json.gz"
     save_dataset(ds, path)

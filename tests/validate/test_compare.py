@@ -247,6 +247,6 @@ def test_host_allocations_can_be_cached_on_glibc():
     """Process-wide and one-way (NOTE [ Host allocations ]): in a child process."""
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
-    code = "from validate.measure import cache_host_allocations as c; print(c())"
+    code = "from hwmodels.hostmem import cache_host_allocations as c; print(c())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
