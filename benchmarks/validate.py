@@ -22,7 +22,10 @@ wall time spent waiting for a CPU. Time errors mean little when either is
 high (the machine is shared). `lane us`: the lane's measured fixed cost per
 transfer; `xfer`: each transfer's measured cost on the compute thread, in
 microseconds (validate/measure.py NOTE [ Transfers cost the compute thread
-too ]).
+too ]). `peak ±5%`: where the simulated peak changes with compute 5% faster
+or slower, its range; a plan whose peak hinges on such a race can land on
+either side of it in a replay (validate/compare.py NOTE [ Timing-sensitive
+peaks ]).
 
     .venv/bin/python benchmarks/validate.py [--bandwidth 1.5GB/s] [--models a,b] [--planners a,b]
 """
@@ -65,6 +68,8 @@ def row(model: str, planner: str, r: ValidationReport) -> str:
     ev = r.events
     events = f"{ev['swap_out']}s/{ev['recompute']}r"
     ok = abs(r.peak_err) <= PEAK_TARGET and abs(r.time_err) <= TIME_TARGET and r.correct
+    lo, hi = r.peak_pred_lo_bytes, r.peak_pred_hi_bytes
+    span = f"{lo / 2**20:.2f}-{hi / 2**20:.2f}" if hi > lo else "-"
     return (
         f"{model}{planner:<13}{events:>8} {'yes' if r.correct else 'NO':>4} "
         f"{r.peak_pred_bytes / 2**20:8.2f} {r.peak_meas_bytes / 2**20:8.2f} {pct(r.peak_err):>7} "
@@ -73,7 +78,8 @@ def row(model: str, planner: str, r: ValidationReport) -> str:
         f"{r.recompute_pred_s * 1e3:5.2f} {r.recompute_meas_s * 1e3:5.2f} "
         f"{r.bytes_d2h_pred / 2**20:6.2f} {r.bytes_d2h_meas / 2**20:6.2f} "
         f"{r.drift * 100:5.1f}% {r.contention * 100:4.0f}% "
-        f"{r.lane.fixed_s * 1e6:4.0f} {r.lane.compute_s * 1e6:4.0f} {'ok' if ok else 'MISS'}"
+        f"{r.lane.fixed_s * 1e6:4.0f} {r.lane.compute_s * 1e6:4.0f} {span:>11} "
+        f"{'ok' if ok else 'MISS'}"
     )
 
 
@@ -99,7 +105,8 @@ def main() -> None:
         f"{'model/batch':<16}{'planner':<13}{'events':>8} {'same':>4} {'peak MiB':>8} {'meas':>8} "
         f"{'err':>7} {'time ms':>7} {'meas':>7} {'err':>7} {'stall':>6} {'meas':>6} "
         f"{'rc ms':>5} {'meas':>5} "
-        f"{'D2H MiB':>6} {'meas':>6} {'drift':>6} {'cont':>5} {'lane us':>4} {'xfer':>4}"
+        f"{'D2H MiB':>6} {'meas':>6} {'drift':>6} {'cont':>5} {'lane us':>4} {'xfer':>4} "
+        f"{'peak ±5%':>11}"
     )
     print("predicted vs measured; events = swap-outs / recomputes per iteration\n" + head)
     misses, total, t0 = 0, 0, time.perf_counter()

@@ -134,7 +134,7 @@ def _pct(x: float) -> str:
 
 
 def print_report(r: object, trace: str) -> None:
-    from validate.compare import ValidationReport
+    from validate.compare import PEAK_SPREAD, ValidationReport
 
     assert isinstance(r, ValidationReport)
     lane = r.lane
@@ -171,6 +171,12 @@ def print_report(r: object, trace: str) -> None:
                 c.ljust(w) if k == 0 else c.rjust(w)
                 for k, (c, w) in enumerate(zip(row, widths, strict=True))
             )
+        )
+    lo, hi = r.peak_pred_lo_bytes, r.peak_pred_hi_bytes
+    if hi > lo:  # validate/compare.py NOTE [ Timing-sensitive peaks ]
+        print(
+            f"the simulated peak depends on timing: {format_bytes(lo)} to {format_bytes(hi)} "
+            f"with compute {PEAK_SPREAD:.0%} faster or slower"
         )
     print(
         f"vanilla: {_ms(r.vanilla_time_s)} per iteration, peak {format_bytes(r.vanilla_peak_bytes)}"

@@ -19,7 +19,7 @@ from hwmodels.profile import load_hardware
 from planners import registry
 from planners.check import check
 from planners.errors import PlanError
-from planners.plan import Plan, SwapIn, SwapOut
+from planners.plan import Plan, SwapIn, SwapOut, fingerprint_of
 from sim import Job, simulate
 from tests.validate.helpers import (
     Order,
@@ -250,3 +250,29 @@ def test_host_allocations_can_be_cached_on_glibc():
     code = "from hwmodels.hostmem import cache_host_allocations as c; print(c())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_peak_span_finds_a_copy_that_races_an_allocation():
+    """NOTE [ Timing-sensitive peaks ], worked by hand (1 MiB per ms, no fixed
+    cost). b0 (4 MiB) is swapped out after op 0: its copy ends at 5 ms. Op 1
+    holds b2 (1 MiB) for `ms` ms; op 2 allocates b1 (2 MiB). If op 2 starts
+    before 5 ms, b0 is still there: 4 + 2 = 6 MiB; if after, the peak is op
+    1's 4 + 1 = 5 MiB. Op 4 needs b0 back (4 MiB alone)."""
+    from tests.sim.handtraces import B, MiB, gpu, make
+    from tests.sim.handtraces import Call as SimCall
+    from validate.compare import peak_span
+
+    def span(op1_ms: float) -> tuple[int, int]:
+        trace, lat = make(
+            [B(4), B(2), B(1)],
+            [SimCall([], [0]), SimCall([], [2], ms=op1_ms), SimCall([], [1]), SimCall([1], []),
+             SimCall([0], [])],
+        )  # fmt: skip
+        plan = Plan(fingerprint_of(trace), (SwapOut(0, 0), SwapIn(0, 3, 4)), "hand")
+        check(plan, trace)
+        lo, hi = peak_span(trace, plan, gpu(), lat, iterations=1, lanes=1, spread=0.05)
+        return lo // MiB, hi // MiB
+
+    assert span(3.9) == (5, 6)  # op 2 at 4.9 ms; 5% slower: at 5.095 ms, after the copy
+    assert span(3.0) == (6, 6)  # op 2 at 4 ms: before the copy ends at any speed
+    assert span(5.0) == (5, 5)  # op 2 at 6 ms: after it at any speed
