@@ -41,7 +41,15 @@ def parse_rate(text: str, what: str = "bandwidth") -> float:
     body = text.strip()
     if body.lower().endswith("/s"):
         body = body[:-2]
-    return float(parse_size(body, what))
+    try:
+        return float(parse_size(body, what))
+    except MemplanError:
+        m = _SIZE.match(body)
+        if m and float(m.group(1)) <= 0 and m.group(2).lower() in _UNITS:
+            raise MemplanError(f"{what}={text!r} must be > 0") from None
+        raise MemplanError(
+            f"{what}={text!r}: expected a rate such as 1.5GB/s, 500MiB/s or 2e9 (bytes/s)"
+        ) from None
 
 
 def format_bytes(n: float) -> str:
