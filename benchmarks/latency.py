@@ -87,6 +87,7 @@ def accuracy() -> bool:
 def noise_floor(n: int = 150) -> None:
     from hwmodels.calibrate import remeasure
     from hwmodels.evaluate import summarize
+    from hwmodels.microbench import cpu_description
 
     ds = load_dataset(DEFAULT_DATASET)
     held_ops = np.unique(ds.op[ds.heldout()])
@@ -100,10 +101,8 @@ def noise_floor(n: int = 150) -> None:
     model = MLPLatency.load(DEFAULT_MODEL)
     pred = model.predict_ops(ds.trace, load_hardware("cpu-local"), ops[ok], 0.0)
     vs_label, vs_again = summarize(pred, label[ok]), summarize(pred, again[ok])
-    print()
-    from hwmodels.microbench import cpu_description
-
     here = cpu_description(ds.meta.threads)
+    print()
     print(f"noise floor: {s.n} held-out shapes timed again now ({time.perf_counter() - t0:.0f} s)")
     if here != ds.meta.description:
         print(f"  (measured on {ds.meta.description}; this machine is {here})")

@@ -33,6 +33,7 @@ from traces.io import DTYPE_BYTES
 from traces.model import Op, Trace
 
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPE_BYTES)
+_INDEX_DTYPES = {"int64", "int32"}
 _FLOATING = {"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
 
 
@@ -398,9 +399,8 @@ def _other(op: Op, trace: Trace) -> list[float]:
     a = bind(op.target, op.args)
     numel_in = [math.prod(trace.views[v].shape) for v in op.reads] or [0]
     numel_out = [math.prod(trace.views[v].shape) for v in op.writes] or [0]
-    index = [math.prod(trace.views[v].shape) for v in op.reads
-             if trace.views[v].dtype in ("int64", "int32")]  # fmt: skip
-    data = [v for v in op.reads if trace.views[v].dtype not in ("int64", "int32")]
+    index = [v for v in op.reads if trace.views[v].dtype in _INDEX_DTYPES]
+    data = [v for v in op.reads if v not in index]
     first = data[0] if data else (op.reads[0] if op.reads else None)
     shape = trace.views[first].shape if first is not None else ()
     dim = 0 if base_name(op.target) == "embedding" else a.get("dim", -1)  # rows of the table
@@ -408,7 +408,8 @@ def _other(op: Op, trace: Trace) -> list[float]:
         dim = -1
     d = dim % len(shape) if shape else 0
     outer, inner = math.prod(shape[:d]), math.prod(shape[d + 1 :])
-    return [_lg(max(numel_in)), _lg(max(numel_out)), float(len(op.reads)), _lg(sum(index)),
+    n_index = sum(math.prod(trace.views[v].shape) for v in index)
+    return [_lg(max(numel_in)), _lg(max(numel_out)), float(len(op.reads)), _lg(n_index),
             _lg(outer), _lg(inner)]  # fmt: skip
 
 

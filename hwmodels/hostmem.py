@@ -5,11 +5,15 @@ GPU's caching allocator does.
 On CPU the "device" and the host are both malloc'd memory. glibc returns a
 large freed block to the kernel (blocks above the mmap threshold, and the
 heap's top above the trim threshold), so the next allocation of that size
-touches fresh pages again: about one page fault per 4 KiB. Worse, both
-thresholds move with the process's history (the mmap threshold rises to the
-largest mmapped block freed so far, up to 32 MiB), so one op's time depends
-on what ran before it: in a microbenchmark run, float32 ops writing 16-64
-MiB measured either ~70 GB/s or ~5 GB/s depending on that history. A GPU's
+touches fresh pages again: about one page fault per 4 KiB. In a
+microbenchmark run, elementwise ops writing 32 MiB or more (always above
+the threshold) ran at a median ~5 GB/s against ~70 GB/s for smaller ones;
+between 16 and 32 MiB they were mixed, because the mmap threshold moves with
+the process's history (it rises to the largest mmapped block freed so far),
+so one op's time depended on what ran before it. In a replay, every
+swapped-out copy and every buffer brought back paid the same faults: 2-3 ms
+of CPU per iteration for a plan moving 8 MiB each way, on the copy lane and
+on the compute thread that reuses the memory. A GPU's
 caching allocator and a pinned host pool keep their blocks and fault
 nothing in steady state. `cache_host_allocations` sets both thresholds to
 1 GiB, which makes glibc keep freed memory and stops the thresholds moving.

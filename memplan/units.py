@@ -26,14 +26,7 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.
 
 def parse_size(text: str, what: str = "size") -> int:
     """Bytes from `8GiB`, `512MB`, `1.5G`, `4096`; MemplanError naming `what` otherwise."""
-    m = _SIZE.match(text)
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise MemplanError(f"{what}={text!r}: expected a size such as 8GiB, 512MB or 4096")
-    value = float(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise MemplanError(f"{what}={text!r} must be > 0")
-    return int(round(value))
+    return int(round(_parse(text, text, what, "a size such as 8GiB, 512MB or 4096")))
 
 
 def parse_rate(text: str, what: str = "bandwidth") -> float:
@@ -41,15 +34,19 @@ def parse_rate(text: str, what: str = "bandwidth") -> float:
     body = text.strip()
     if body.lower().endswith("/s"):
         body = body[:-2]
-    try:
-        return float(parse_size(body, what))
-    except MemplanError:
-        m = _SIZE.match(body)
-        if m and float(m.group(1)) <= 0 and m.group(2).lower() in _UNITS:
-            raise MemplanError(f"{what}={text!r} must be > 0") from None
-        raise MemplanError(
-            f"{what}={text!r}: expected a rate such as 1.5GB/s, 500MiB/s or 2e9 (bytes/s)"
-        ) from None
+    return _parse(body, text, what, "a rate such as 1.5GB/s, 500MiB/s or 2e9 (bytes/s)")
+
+
+def _parse(body: str, text: str, what: str, example: str) -> float:
+    """The positive number of bytes `body` says; errors quote `text`."""
+    m = _SIZE.match(body)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise MemplanError(f"{what}={text!r}: expected {example}")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise MemplanError(f"{what}={text!r} must be > 0")
+    return value
 
 
 def format_bytes(n: float) -> str:

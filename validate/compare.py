@@ -261,7 +261,6 @@ class _Pair:
     model: DeviceModel
     drift: float  # NOTE [ Paired runs ]
     contention: float  # the largest of the three replays' (NOTE [ Contention ])
-    peak_span: tuple[int, int]  # NOTE [ Timing-sensitive peaks ]
 
 
 PEAK_SPREAD = 0.05
@@ -272,25 +271,20 @@ def peak_span(
     plan: Plan,
     hardware: Any,
     latency: Fixed,
+    peak_bytes: int,
     *,
     iterations: int,
     lanes: int,
     spread: float = PEAK_SPREAD,
 ) -> tuple[int, int]:
-    """The least and largest simulated peak of `plan` with every op `spread`
-    faster, as given, and `spread` slower (NOTE [ Timing-sensitive peaks ])."""
-    peaks = [
-        simulate(
-            [Job(trace, plan)],
-            hardware,
-            Fixed(latency.durations_s * f),
-            iterations=iterations,
-            lanes=lanes,
-        )
-        .jobs[0]
-        .peak_bytes
-        for f in (1.0 - spread, 1.0, 1.0 + spread)
-    ]
+    """The least and largest of `peak_bytes` (the simulated peak of `plan`
+    with `latency` as given) and the simulated peaks with every op `spread`
+    faster and `spread` slower (NOTE [ Timing-sensitive peaks ])."""
+    peaks = [peak_bytes]
+    for f in (1.0 - spread, 1.0 + spread):
+        scaled = Fixed(latency.durations_s * f)
+        sim = simulate([Job(trace, plan)], hardware, scaled, iterations=iterations, lanes=lanes)
+        peaks.append(sim.jobs[0].peak_bytes)
     return min(peaks), max(peaks)
 
 
@@ -329,9 +323,13 @@ def _pair(
         raise ValidationError(f"the plan cannot be replayed: {e}") from None
     after = vanilla()
     model = device_model(hardware, lane, before.value, after.value)
-    latency = model.latency_for(plan)
-    sim = simulate([Job(trace, plan)], model.hardware, latency, iterations=iterations, lanes=lanes)
-    span = peak_span(trace, plan, model.hardware, latency, iterations=iterations, lanes=lanes)
+    sim = simulate(
+        [Job(trace, plan)],
+        model.hardware,
+        model.latency_for(plan),
+        iterations=iterations,
+        lanes=lanes,
+    )
     b, a = best_iteration(before.value), best_iteration(after.value)
     contention = max(before.contention, planned.contention, after.contention)
     return _Pair(
@@ -342,7 +340,6 @@ def _pair(
         model,
         abs(b - a) / min(b, a),
         contention,
-        span,
     )
 
 
@@ -447,7 +444,7 @@ def _report(
     pairs: list[_Pair],
     mismatch: str,
 ) -> ValidationReport:
-    per_run = tuple(_figures(p, iterations) for p in pairs)
+    per_run = tuple(_figures(trace, plan, p, iterations, lanes) for p in pairs)
 
     def med(values: Any) -> float:
         return float(statistics.median(values))
@@ -490,9 +487,12 @@ def _report(
     )
 
 
-def _figures(pair: _Pair, iterations: int) -> RunFigures:
+def _figures(trace: Trace, plan: Plan, pair: _Pair, iterations: int, lanes: int) -> RunFigures:
     """One pair's figures, NOTE [ Steady figures ]."""
     sim, planned = pair.sim, pair.planned
+    # only for the kept pairs: two more simulations each
+    lo, hi = peak_span(trace, plan, pair.model.hardware, pair.model.latency_for(plan),
+                       sim.peak_bytes, iterations=iterations, lanes=lanes)  # fmt: skip
     return RunFigures(
         time_pred_s=sim.iteration_time_s,
         time_meas_s=best_iteration(planned),
@@ -505,6 +505,6 @@ def _figures(pair: _Pair, iterations: int) -> RunFigures:
         recompute_meas_s=float(planned.recompute_seconds.mean()),
         contention=pair.contention,
         drift=pair.drift,
-        peak_pred_lo_bytes=pair.peak_span[0],
-        peak_pred_hi_bytes=pair.peak_span[1],
+        peak_pred_lo_bytes=lo,
+        peak_pred_hi_bytes=hi,
     )
