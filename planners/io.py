@@ -7,12 +7,16 @@ job, each naming its trace by fingerprint::
     {"schema": "memplan.plan/1", "planner": "release_only", "feasible": true,
      "solve_time_s": 0.01, "options": {}, "stats": {},
      "plans": [{"trace": "3f9c...", "model": "resnet50",
-                "events": [{"type": "swap_out", "buffer": 7, "after_op": 12, "delay_us": 0.0},
+                "events": [{"type": "swap_out", "buffer": 7, "after_op": 12, "delay_us": 0.0,
+                            "before_op": 15},
                            {"type": "swap_in", "buffer": 7, "after_op": 40, "before_op": 52,
                             "delay_us": 0.0, "next_iteration": false},
                            {"type": "release", "buffer": 9, "after_op": 13},
                            {"type": "recompute", "buffer": 4, "before_op": 60, "ops": [3, 4],
                             "restore_rng": false}]}]}
+
+A swap-out's `before_op` (planners.plan NOTE [ Swap-out deadlines ]) is
+written only when set; a file without it has none.
 
 Every problem is a `PlanError` naming the location (``plans[0].events[3]``).
 """
@@ -47,6 +51,8 @@ def event_to_dict(ev: Event) -> dict[str, Any]:
     d: dict[str, Any] = {"type": EVENT_NAMES[type(ev)], "buffer": ev.buffer}
     if isinstance(ev, SwapOut):
         d.update(after_op=ev.after_op, delay_us=ev.delay_us)
+        if ev.before_op != -1:
+            d.update(before_op=ev.before_op)
     elif isinstance(ev, SwapIn):
         d.update(
             after_op=ev.after_op,
@@ -88,7 +94,7 @@ def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
 
 # ---- reading ---------------------------------------------------------------
 _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "swap_out": {"after_op": int, "delay_us": (int, float)},
+    "swap_out": {"after_op": int, "delay_us": (int, float), "before_op": int},
     "swap_in": {
         "after_op": int,
         "before_op": int,
@@ -99,12 +105,19 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "recompute": {"before_op": int, "ops": list, "restore_rng": bool},
 }
 _OPTIONAL = {"delay_us": 0.0, "next_iteration": False, "restore_rng": False}
+_OPTIONAL_OF = {"swap_out": {"before_op": -1}}  # optional for this event type only
 
 
-def _field(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+def _field(
+    d: dict[str, Any],
+    key: str,
+    typ: type | tuple[type, ...],
+    where: str,
+    optional: dict[str, Any] = _OPTIONAL,
+) -> Any:
     if key not in d:
-        if key in _OPTIONAL:
-            return _OPTIONAL[key]
+        if key in optional:
+            return optional[key]
         raise PlanError(f"{where}.{key}: missing")
     v = d[key]
     types = typ if isinstance(typ, tuple) else (typ,)
@@ -121,7 +134,8 @@ def event_from_dict(d: Any, where: str) -> Event:
     if kind not in EVENT_TYPES:
         raise PlanError(f"{where}.type: unknown event {kind!r} (one of {', '.join(EVENT_TYPES)})")
     buffer = _field(d, "buffer", int, where)
-    kw = {k: _field(d, k, t, where) for k, t in _FIELDS[kind].items()}
+    optional = _OPTIONAL | _OPTIONAL_OF.get(kind, {})
+    kw = {k: _field(d, k, t, where, optional) for k, t in _FIELDS[kind].items()}
     if kind == "recompute":
         ops = kw["ops"]
         for j, k in enumerate(ops):

@@ -6,7 +6,7 @@ kinds of events (DESIGN.md, TENSILE §III-C):
 | event       | meaning                                                              |
 | ----------- | -------------------------------------------------------------------- |
 | `SwapOut`   | after `after_op` ends (+`delay_us`) copy D2H on a lane; the device    |
-|             | memory is freed when the copy ends                                   |
+|             | memory is freed when the copy ends; `before_op`, if set, waits for it |
 | `SwapIn`    | after `after_op` ends (+`delay_us`) copy H2D; the memory is taken    |
 |             | when the copy starts; `before_op` waits for it (compute stalls)      |
 | `Release`   | after `after_op` ends free the device copy (a host copy exists, or   |
@@ -54,17 +54,32 @@ def _coerce(ev: object, ints: tuple[str, ...], delay: bool = False) -> None:
 # simulated iteration there is no next one, and the event is not started.
 
 
+# NOTE [ Swap-out deadlines ]
+# A swap-out frees its device memory when its copy ends, and that moment is
+# decided by the lane: a copy queued behind others ends whenever they let
+# it. Whether it ends before or after some op allocates is then a race that
+# a few percent of timing decides, in a simulation as on a device, and the
+# peak goes with it (validate/compare.py NOTE [ Timing-sensitive peaks ]). A
+# planner that counts on the memory by some op says so with `before_op`:
+# that op of the same iteration does not start before the swap-out is over
+# (its copy ended, or it found nothing to copy); the wait is compute stall,
+# as for a late swap-in. -1, the default, sets no deadline. vDNN's layer-wise
+# synchronisation is such a deadline (planners/vdnn.py).
+
+
 @dataclass(frozen=True, slots=True)
 class SwapOut:
     """Copy `buffer` to the host after `after_op` (+`delay_us`); the device
-    memory is freed when the copy ends."""
+    memory is freed when the copy ends. `before_op` (-1: none) does not start
+    before the swap-out is over (NOTE [ Swap-out deadlines ])."""
 
     buffer: int
     after_op: int
     delay_us: float = 0.0
+    before_op: int = -1
 
     def __post_init__(self) -> None:
-        _coerce(self, ("buffer", "after_op"), delay=True)
+        _coerce(self, ("buffer", "after_op", "before_op"), delay=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +231,13 @@ def _validate_event(ev: Event, trace: Trace, where: str) -> None:
             raise PlanError(f"{w}: delay_us={d!r} must be a finite number >= 0")
     if isinstance(ev, SwapIn | Recompute):
         _op_index(ev.before_op, 0, n_ops, w, "before_op")
+    if isinstance(ev, SwapOut) and ev.before_op != -1:
+        _op_index(ev.before_op, 0, n_ops, w, "before_op")
+        if ev.before_op <= ev.after_op:
+            raise PlanError(
+                f"{w}: before_op {ev.before_op} is not after after_op {ev.after_op} "
+                f"(a swap-out's deadline is in its own iteration; -1 sets none)"
+            )
     if isinstance(ev, SwapIn):
         if ev.next_iteration and not trace.buffers[ev.buffer].persistent:
             raise PlanError(

@@ -36,11 +36,28 @@ result is infeasible when the predicted peak still exceeds a budget given).
 #   before `before_op`.
 # - A buffer whose swap-in would be triggered by the op that swaps it out is
 #   left alone (there is no time in which it could be off the device).
+# - Synchronisation: vDNN synchronises its memory stream with the compute
+#   stream at layer boundaries, so an offload overlaps one layer's compute
+#   and the next layer waits for it (the "delayed computation start" TENSILE
+#   counts among vDNN's problems). Here a copy may not start before the op
+#   reading the buffer has ended, so the layer it overlaps is the next one:
+#   the swap-out's deadline (`SwapOut.before_op`, planners.plan NOTE
+#   [ Swap-out deadlines ]) is the first op of the layer after that one --
+#   the first op after the forward pass if there is none, and at the latest
+#   the op whose end triggers the buffer's prefetch. A buffer whose copy
+#   would have no op to overlap before that deadline (the last layers'
+#   inputs, prefetched as soon as backward starts) is left alone: offloading
+#   it would only stall compute for the copy. Without deadlines the copies
+#   queue up behind each other through the forward pass, and whether one
+#   ends before or after a later op allocates, or is still queued when its
+#   prefetch comes, is a race the machine's noise decides (measured: one
+#   plan's simulated peak moved by 5% with every op 10% slower).
 #
 # NOTE [ vDNN predicted peak ]
 # vDNN does not schedule its copies: they queue on the PCIe lane in trigger
 # order, a prefetch that finds its buffer still queued or copying out just
-# keeps it (no copy), and the op needing a late prefetch waits for it. Under
+# keeps it (no copy), and the op needing a late prefetch, or due after an
+# offload (its deadline), waits for it. Under
 # congestion that decides the memory, so the predicted peak (for `feasible`
 # under a budget) comes from a small replay of the plan with those rules --
 # the simulator's NOTE [ Event semantics ] for one job on one FIFO lane,
@@ -183,13 +200,19 @@ def vdnn_plan(trace: Trace, options: VdnnOptions | None = None) -> Plan:
             if eligible[b] and b not in chosen:
                 chosen[b] = li
 
+    starts = [layer.start for layer in layers]
+    after_forward = layers[-1].stop if layers else trace.n_ops
     events: list[SwapOut | SwapIn] = []
     for b in sorted(chosen):
         out_after, before = int(last_fwd[b]), int(next_acc[b])
         trigger = _prefetch_trigger(trace, layers, layers_by_module, bwd, out_after, before)
         if trigger - 1 <= out_after:
             continue
-        events.append(SwapOut(b, out_after))
+        li = bisect.bisect_right(starts, out_after) - 1  # the layer the copy starts after
+        sync = min(starts[li + 2] if li + 2 < len(layers) else after_forward, trigger - 1)
+        if sync <= out_after + 1:
+            continue  # no op for the copy to overlap: it would only stall compute
+        events.append(SwapOut(b, out_after, before_op=sync))
         events.append(SwapIn(b, trigger - 1, before))
     events.sort(key=lambda ev: (ev.after_op, isinstance(ev, SwapIn), ev.buffer))
     return Plan(fingerprint_of(trace), tuple(events), trace.meta.model)
@@ -260,6 +283,7 @@ def _replay_peak(trace: Trace, tl: Timeline, plan: Plan, hw: Hardware, iteration
     copy_end = math.inf  # when the copy on the lane ends
     copying: tuple[int, int, bool] | None = None
     arriving: dict[int, int] = {}  # buffer -> op waiting for it
+    out_due: dict[int, list[tuple[int, int]]] = defaultdict(list)  # op -> (buffer, epoch)
 
     def take(nbytes_: int) -> None:
         nonlocal used, peak
@@ -312,6 +336,9 @@ def _replay_peak(trace: Trace, tl: Timeline, plan: Plan, hw: Hardware, iteration
         for i in range(n):
             while any(op == i for op in arriving.values()):
                 now = max(now, finish_copy())
+            for b, ep in out_due.pop(i, ()):
+                while epoch[b] == ep and where[b] in (_QUEUED, _COPYING):
+                    now = max(now, finish_copy())
             while copy_end <= now:
                 finish_copy()
             for b in created[i]:
@@ -334,6 +361,8 @@ def _replay_peak(trace: Trace, tl: Timeline, plan: Plan, hw: Hardware, iteration
                     if where[b] == _DEV:
                         where[b] = _QUEUED
                         lane.append((b, epoch[b], False))
+                        if ev.before_op >= 0:
+                            out_due[ev.before_op].append((b, epoch[b]))
                 elif where[b] in (_QUEUED, _COPYING):
                     keep[b] = True
                 elif where[b] == _OFF:

@@ -120,7 +120,7 @@ class CompiledJob:
                 triggers[ev.after_op + 1].append((REL, ev.buffer, 0.0, -1, False, e, ev.after_op))
             elif isinstance(ev, SwapOut):
                 triggers[ev.after_op + 1].append(
-                    (OUT, ev.buffer, float(ev.delay_us), -1, False, e, ev.after_op)
+                    (OUT, ev.buffer, float(ev.delay_us), ev.before_op, False, e, ev.after_op)
                 )
             elif isinstance(ev, SwapIn):
                 triggers[ev.after_op + 1].append(

@@ -58,6 +58,10 @@ K = LogKind
 #   buffer that is on the device does nothing; of a buffer whose swap-out has
 #   not finished, it cancels that swap-out's free (no H2D copy).
 #   `before_op` does not start before the swap-in is done (stall time).
+# - A swap-out's `before_op`, if set, does not start before its process is
+#   over: the copy ended, or it found nothing to copy (stall time; planners
+#   NOTE [ Swap-out deadlines ]). A swap-out that was skipped or discarded at
+#   its trigger sets no wait.
 # - A swap-out whose copy ends while the job's current op uses the buffer, or
 #   of a buffer an op needed while it was leaving, keeps it on the device
 #   (host copy made, memory not freed).
@@ -214,7 +218,7 @@ class GpuModel(Transfers):
             if deadlines:
                 waits = deadlines.pop((it, i), None)
                 if waits:
-                    yield from self._await_swap_ins(s, waits, i)
+                    yield from self._await_copies(s, waits, i)
             for b in need[i]:
                 if where[b] != DEV:
                     yield from self._ensure(s, b, i)
@@ -254,7 +258,8 @@ class GpuModel(Transfers):
         s.iter_end_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_END))
 
-    def _await_swap_ins(self, s: JobState, waits: list[tuple[int, simpy.Event]], i: int) -> Gen:
+    def _await_copies(self, s: JobState, waits: list[tuple[int, simpy.Event]], i: int) -> Gen:
+        """The swap-ins due before op `i`, and the swap-outs with it as deadline."""
         for b, done in waits:
             if not done.triggered:
                 yield from self._stall_on(s, done, i, b)
@@ -458,7 +463,11 @@ class GpuModel(Transfers):
                     if self.passive:
                         self.lru.pop((j, b), None)
                     self.mem.add_pending_out(s.c.nbytes[b])
-                    env.process(self._swap_out(s, b, delay, after))
+                    over = None
+                    if before >= 0:  # NOTE [ Swap-out deadlines ] in planners/plan.py
+                        over = env.event()
+                        s.deadlines.setdefault((it, before), []).append((b, over))
+                    env.process(self._swap_out(s, b, delay, after, over))
                 else:
                     log(LogEntry(env.now, j, it, K.SKIP, after, b))
             elif code == IN:

@@ -26,7 +26,17 @@ class Transfers:
     passive: bool
     lru: dict[tuple[int, int], None]
 
-    def _swap_out(self, s: JobState, b: int, delay: float, after: int) -> Gen:
+    def _swap_out(
+        self, s: JobState, b: int, delay: float, after: int, over: simpy.Event | None
+    ) -> Gen:
+        """A planned swap-out; `over` (its deadline's wait) succeeds when it is."""
+        try:
+            yield from self._planned_out(s, b, delay, after)
+        finally:
+            if over is not None:
+                over.succeed()
+
+    def _planned_out(self, s: JobState, b: int, delay: float, after: int) -> Gen:
         ep = s.epoch[b]
         try:
             if delay:

@@ -27,6 +27,8 @@ so that a replay measures what a simulation predicts:
   needing it again keeps it (NOTE [ Keep ] in `validate/pool.py`). A
   swap-out of a buffer whose host copy is still valid moves no bytes. One of
   a buffer already leaving or arriving does nothing, as in the simulator.
+  Its `before_op`, if set, waits until the transfer is over (planners.plan
+  NOTE [ Swap-out deadlines ]), counted in `wait_seconds`.
 - `SwapIn` queues a copy back; its device bytes are taken when the copy
   starts. `before_op` (of the next iteration if `next_iteration`) waits for
   it, and so does any op that needs the buffer: both count in
@@ -38,11 +40,12 @@ so that a replay measures what a simulation predicts:
 - `Release` frees the device copy at once; of a leaving buffer it undoes a
   keep; of an arriving one it does nothing; of one not on the device it is
   an error.
-- Each op first waits for the swap-ins due before it, then makes every
-  buffer it needs present, in buffer order: leaving is present (and kept),
-  arriving is waited for, absent is recomputed by a `Recompute` for that
-  buffer and op (NOTE [ Recompute ]) -- else the replay stops with a
-  `ValidationError` naming the op and the buffer.
+- Each op first waits for the swap-ins due before it and the swap-outs
+  with it as deadline, then makes every buffer it needs present, in buffer
+  order: leaving is present (and kept), arriving is waited for, absent is
+  recomputed by a `Recompute` for that buffer and op (NOTE [ Recompute ])
+  -- else the replay stops with a `ValidationError` naming the op and the
+  buffer.
 - Lanes (NOTE [ Throttled copies ] in `validate/lanes.py`): with one lane
   every copy shares it, in order of ready time; with two, swap-outs use
   lane 0 and swap-ins lane 1.
@@ -188,6 +191,7 @@ class Executor:
             recomputes=self.recomputes,
             memory_curve=self.memory_curve,
             peak_bytes=self.pool.peak_bytes,
+            iteration_peak_bytes=np.asarray(self.pool.iteration_peaks, np.int64),
             host_peak_bytes=self.pool.host_peak_bytes,
             allocator_peak_bytes=(torch.cuda.max_memory_allocated(self.dev) - base)
             if self.cuda
@@ -202,6 +206,7 @@ class Executor:
         self.rng_state.clear()
         self.read_versions.clear()
         seed_rng(self.dev, iteration_seed(self.seed, it))
+        pool.start_iteration()
         for b, raw in self.start_bytes.items():
             if it == 0 or not self.trace.buffers[b].persistent:
                 pool.created(b, -1)
@@ -326,6 +331,8 @@ class Executor:
                 return
             t = self._transfer(Direction.D2H, ev, b)
             pool.leaving[b] = t
+        if ev.before_op >= 0:  # planners.plan NOTE [ Swap-out deadlines ]
+            self.deadlines.setdefault((self.it, ev.before_op), []).append(t)
         self.lanes[0].submit(t)
 
     def _swap_in(self, ev: SwapIn) -> None:

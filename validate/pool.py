@@ -74,6 +74,7 @@ class DevicePool:
         self.errors: list[str] = []  # found on a copy lane, raised by the compute loop
         self.current_bytes = 0
         self.peak_bytes = 0
+        self.iteration_peaks: list[int] = []  # per iteration so far: its peak
         self.host_bytes = 0
         self.host_peak_bytes = 0
         self._views_of: list[list[int]] = [[] for _ in range(n)]
@@ -91,6 +92,13 @@ class DevicePool:
         with self.lock:
             self.current_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+            if self.iteration_peaks and self.current_bytes > self.iteration_peaks[-1]:
+                self.iteration_peaks[-1] = self.current_bytes
+
+    def start_iteration(self) -> None:
+        """Start the next iteration's peak from what the pool holds now."""
+        with self.lock:
+            self.iteration_peaks.append(self.current_bytes)
 
     def unreserve(self, nbytes: int) -> None:
         with self.lock:

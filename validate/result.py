@@ -21,7 +21,9 @@ class ReplayResult:
     by buffer id. `memory_curve[k, i]` is the device pool while op i of
     iteration k runs (its outputs allocated, the frees after it not yet
     done; accounted exactly, see NOTE [ Device bytes ]); `peak_bytes` the
-    pool's peak over the whole run. `allocator_peak_bytes` is CUDA's
+    pool's peak over the whole run, `iteration_peak_bytes[k]` over iteration
+    k (from the start of its inputs to the start of the next one's, copies
+    included). `allocator_peak_bytes` is CUDA's
     `max_memory_allocated` above what was allocated before the replay (None
     on CPU). `size_mismatches` lists buffers whose real storage is larger
     than the trace records (a meta capture can under-count, e.g. a CPU
@@ -42,6 +44,7 @@ class ReplayResult:
     recomputes: np.ndarray  # int64[iterations], recompute events that ran
     memory_curve: np.ndarray  # int64[iterations, n_ops]
     peak_bytes: int
+    iteration_peak_bytes: np.ndarray  # int64[iterations]
     host_peak_bytes: int
     allocator_peak_bytes: int | None
     transfers: tuple[TransferRecord, ...]

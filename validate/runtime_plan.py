@@ -22,7 +22,9 @@ them back (unpack hooks, in backward). So, per buffer held by a saved tensor
   can observe after that op -- else the last one read at or before it (a
   little early rather than too late). None: fetched when unpacked. Unpack
   order is estimated by each buffer's first backward access;
-  `prefetch_after` names the trigger's pack index.
+  `prefetch_after` names the trigger's pack index. A swap-out's deadline
+  (`before_op`, planners.plan NOTE [ Swap-out deadlines ]) has no
+  counterpart: no user-code moment waits for an offload to end.
 - recompute: a `Release` in forward with a `Recompute` in backward whose
   ops are forward ops. The ops are recomputed by selective activation
   checkpointing of a *region*: the innermost module enclosing the event's

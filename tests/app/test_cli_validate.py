@@ -84,12 +84,15 @@ def test_export_writes_a_runtime_plan(files, tmp_path, capsys):
     argv = ["export", str(files / "vdnn.json"), "--trace", str(files / "cnn.json.gz")]
     assert main([*argv, "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "14 offloaded" in text and f"wrote {out}" in text
+    # 13 saved tensors hold a buffer vDNN offloads; the loss's target, the
+    # one input of the last layer that backward reads, stays (its copy would
+    # overlap no op: planners/vdnn.py NOTE [ vDNN layers and feature maps ])
+    assert "13 offloaded" in text and f"wrote {out}" in text
     rp = load(out)
-    assert rp.planner == "vdnn" and rp.counts()["offload"] == 14
+    assert rp.planner == "vdnn" and rp.counts()["offload"] == 13
     assert main([*argv, "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["saved_tensors"]["offload"] == 14
+    assert summary["saved_tensors"]["offload"] == 13
     assert summary["offloaded_bytes"] == rp.held_bytes(frozenset({Action.OFFLOAD})) > 0
 
 

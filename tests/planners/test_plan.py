@@ -32,6 +32,7 @@ def trace():
 
 EVENTS = (
     SwapOut(2, 0, delay_us=250.0),
+    SwapOut(3, 1, before_op=2),
     SwapIn(2, 1, 3, delay_us=0.0),
     Release(3, 2),
     Recompute(3, 3, (1,), restore_rng=True),
@@ -62,7 +63,21 @@ def test_round_trip(tmp_path, name):
 def test_json_form():
     d = plan_io.to_dict(result(trace()))
     assert d["schema"] == "memplan.plan/1"
+    # a swap-out's deadline is written only when it has one
+    assert d["plans"][0]["events"][0] == {
+        "type": "swap_out",
+        "buffer": 2,
+        "after_op": 0,
+        "delay_us": 250.0,
+    }
     assert d["plans"][0]["events"][1] == {
+        "type": "swap_out",
+        "buffer": 3,
+        "after_op": 1,
+        "delay_us": 0.0,
+        "before_op": 2,
+    }
+    assert d["plans"][0]["events"][2] == {
         "type": "swap_in",
         "buffer": 2,
         "after_op": 1,
@@ -70,7 +85,7 @@ def test_json_form():
         "delay_us": 0.0,
         "next_iteration": False,
     }
-    assert d["plans"][0]["events"][3] == {
+    assert d["plans"][0]["events"][4] == {
         "type": "recompute",
         "buffer": 3,
         "before_op": 3,
@@ -83,11 +98,15 @@ def test_optional_fields_default():
     t = trace()
     d = plan_io.to_dict(result(t))
     d["plans"][0]["events"] = [{"type": "swap_out", "buffer": 2, "after_op": 0}]
-    assert plan_io.from_dict(d, [t]).plans[0].events == (SwapOut(2, 0, 0.0),)
+    assert plan_io.from_dict(d, [t]).plans[0].events == (SwapOut(2, 0, 0.0, -1),)
+    # before_op is optional for a swap-out only
+    d["plans"][0]["events"] = [{"type": "swap_in", "buffer": 2, "after_op": 0}]
+    with pytest.raises(PlanError, match=r"events\[0\].before_op: missing"):
+        plan_io.from_dict(d, [t])
 
 
 def test_counts():
-    assert Plan("x", EVENTS).counts() == {"swap_out": 1, "swap_in": 2, "release": 1, "recompute": 1}
+    assert Plan("x", EVENTS).counts() == {"swap_out": 2, "swap_in": 2, "release": 1, "recompute": 1}
 
 
 def test_wrong_trace_is_named(tmp_path):
@@ -104,6 +123,8 @@ def test_wrong_trace_is_named(tmp_path):
         (SwapOut(9, 0), r"events\[0\] \(swap_out of buffer 9\): unknown buffer 9 \(the trace has 0..3\)"),
         (SwapOut(2, 4), r"events\[0\] \(swap_out of buffer 2\): after_op 4 is not an op of the trace \(-1..3\)"),
         (SwapOut(2, 0, -1.0), r"delay_us=-1.0 must be a finite number >= 0"),
+        (SwapOut(2, 1, before_op=1), r"before_op 1 is not after after_op 1 \(a swap-out's deadline is in its own iteration; -1 sets none\)"),
+        (SwapOut(2, 1, before_op=4), r"swap_out of buffer 2\): before_op 4 is not an op of the trace \(0..3\)"),
         (SwapIn(2, 1, 7), r"before_op 7 is not an op of the trace \(0..3\)"),
         (SwapIn(2, 3, 1), r"after_op 3 is not before before_op 1 \(set next_iteration"),
         (SwapIn(2, 3, 1, next_iteration=True), r"next_iteration needs a persistent buffer; buffer 2 \(activation\)"),
@@ -126,8 +147,9 @@ def test_validate_names_the_event(event, message):
         (lambda d: d.update(schema="memplan.plan/0"), r"schema: expected 'memplan.plan/1'"),
         (lambda d: d["plans"][0]["events"][0].update(type="swap"), r"plans\[0\].events\[0\].type: unknown event 'swap'"),
         (lambda d: d["plans"][0]["events"][0].pop("after_op"), r"plans\[0\].events\[0\].after_op: missing"),
-        (lambda d: d["plans"][0]["events"][1].update(next_iteration=1), r"events\[1\].next_iteration: expected bool, got 1"),
-        (lambda d: d["plans"][0]["events"][3].update(ops=[1.5]), r"events\[3\].ops\[0\]: expected an op index"),
+        (lambda d: d["plans"][0]["events"][1].update(before_op="2"), r"events\[1\].before_op: expected int, got \"2\""),
+        (lambda d: d["plans"][0]["events"][2].update(next_iteration=1), r"events\[2\].next_iteration: expected bool, got 1"),
+        (lambda d: d["plans"][0]["events"][4].update(ops=[1.5]), r"events\[4\].ops\[0\]: expected an op index"),
         (lambda d: d["plans"][0].update(events={}), r"plans\[0\].events: expected list"),
         (lambda d: d.update(feasible="yes"), r"plan.feasible: expected bool"),
     ],

@@ -53,6 +53,9 @@ def test_one_hidden_swap_of_a_chain():
     plan = res.plans[0]
     check(plan, t)
     assert swaps(plan) == [SwapOut(1, 1, 0.0), SwapIn(1, 3, 5, 999.999)]
+    # op 3 [5, 7) is the first op the hole (copy end 4 ms .. swap-in 8 ms)
+    # holds: the memory the plan counts on there is the swap-out's deadline
+    assert plan.events[0].before_op == 3
     assert res.stats["peak_bytes"] == 5 * MiB
     assert res.stats["vanilla_peak_bytes"] == 7 * MiB
     assert res.stats["stop"] == "no swap"

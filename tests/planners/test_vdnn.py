@@ -12,10 +12,12 @@ from hwmodels.profile import load_hardware
 from planners import registry
 from planners.check import check
 from planners.errors import PlanError
-from planners.plan import SwapIn, SwapOut
+from planners.plan import Plan, SwapIn, SwapOut
 from planners.vdnn import VdnnLayers, VdnnOptions, _is_conv, layers_of, vdnn, vdnn_plan
 from sim import Job, simulate
+from traces.capture import CaptureOptions, capture
 from traces.synthetic import Durations, TimeUnit, chain, residual, sized, unet
+from traces.zoo import ZOO
 
 MiB = 1 << 20
 V100 = load_hardware("v100-sxm2-16gb")
@@ -23,37 +25,44 @@ MS = Durations(TimeUnit.MS, 1, 9)
 
 # chain(3): buffers 0 input, 1 target, 2/4/6 weights, 3/5/7 the outputs of
 # layer1..3. Ops: 0-2 the convolutions, 3 mse_loss, 4 ones_like, 5
-# mse_loss_backward, 6/7/8 the convolution backwards of layer3/2/1.
-CHAIN3_CONV = [
-    SwapOut(0, 0),  # layer1's input, after layer1's forward
-    SwapOut(3, 1),  # layer2's input
-    SwapOut(5, 2),  # layer3's input
-    SwapIn(5, 3, 6),  # needed by layer3's backward (op 6): when the loss backward starts (op 4)
+# mse_loss_backward, 6/7/8 the convolution backwards of layer3/2/1. Layers:
+# layer1..3 are ops 0..2, the loss op 3. A swap-out's deadline is the first
+# op of the layer after the next one (after the forward pass: op 4), at the
+# latest the op whose end triggers the prefetch.
+CHAIN3 = [
+    SwapOut(0, 0, before_op=2),  # layer1's input, after layer1's forward; by layer3
+    SwapOut(3, 1, before_op=3),  # layer2's input; by the loss
     SwapIn(3, 5, 7),  # layer2's backward (op 7): when layer3's backward starts
     SwapIn(0, 6, 8),  # layer1's backward (op 8): when layer2's backward starts
 ]
-# vDNN_all also offloads the loss layer's inputs (layer3's output and the
-# target) after op 3; mse_loss_backward (op 5) needs them, and no layer
-# follows the loss, so they are prefetched by the op just before (op 4).
-CHAIN3_ALL = [SwapOut(1, 3), SwapOut(7, 3), SwapIn(1, 4, 5), SwapIn(7, 4, 5)]
+# Left alone, as their copies would overlap no op: layer3's input (buffer 5,
+# out after op 2, due by op 3 because its prefetch follows op 3), and under
+# vDNN_all the loss layer's inputs (layer3's output and the target, out
+# after op 3, needed by op 5 and prefetched after op 4: due by op 4).
 
 
 def order(events):
     return sorted(events, key=lambda ev: (ev.after_op, isinstance(ev, SwapIn), ev.buffer))
 
 
-def test_chain_vdnn_conv_exact_events():
+@pytest.mark.parametrize("layers", ["conv", "all"])
+def test_chain_exact_events(layers):
     t = chain(3)
-    plan = vdnn_plan(t, VdnnOptions(VdnnLayers.CONV))
-    assert list(plan.events) == order(CHAIN3_CONV)
+    plan = vdnn_plan(t, VdnnOptions(VdnnLayers(layers)))
+    assert list(plan.events) == order(CHAIN3)
     check(plan, t)
 
 
-def test_chain_vdnn_all_exact_events():
-    t = chain(3)
-    plan = vdnn_plan(t, VdnnOptions("all"))
-    assert list(plan.events) == order(CHAIN3_CONV + CHAIN3_ALL)
-    check(plan, t)
+def test_vdnn_all_offloads_more_than_vdnn_conv():
+    # small_cnn's batch-norm, ReLU and pooling layers have inputs backward reads
+    t = capture(ZOO["small_cnn"], 4, CaptureOptions(device="meta"), model_name="small_cnn")
+    conv, every = (vdnn_plan(t, VdnnOptions(layers)) for layers in ("conv", "all"))
+    swapped = [{ev.buffer for ev in p.events if isinstance(ev, SwapOut)} for p in (conv, every)]
+    assert swapped[0] < swapped[1]
+    for p in (conv, every):
+        check(p, t)
+        outs = [ev for ev in p.events if isinstance(ev, SwapOut)]
+        assert all(ev.after_op + 1 < ev.before_op for ev in outs)  # an op to overlap
 
 
 @pytest.mark.parametrize(
@@ -88,12 +97,14 @@ def test_layers_are_runs_of_one_module():
 def test_a_skip_connection_is_offloaded_after_its_last_forward_use():
     # the stem's output feeds block0.conv1 and block0's add: it leaves after
     # the add (op 4) and comes back for conv1's backward, triggered when the
-    # backward of the next layer (block0.relu) starts
+    # backward of the next layer (block0.relu) starts. The add's layer is the
+    # last but one (the loss, op 5, follows): the copy is due by op 6, the
+    # first after the forward pass.
     t = residual(1)
     plan = vdnn_plan(t)
     stem_out = next(b.id for b in t.buffers if b.name == "stem:out")
     out, back = [ev for ev in plan.events if ev.buffer == stem_out]
-    assert out == SwapOut(stem_out, 4)
+    assert out == SwapOut(stem_out, 4, before_op=6)
     relu_bwd = next(op.id for op in t.ops if op.target.startswith("aten.threshold_backward"))
     conv1_bwd = next(
         op.id for op in t.ops if op.module == "block0.conv1" and op.phase.value == "backward"
@@ -109,14 +120,43 @@ def test_plans_check(make, layers):
     check(vdnn_plan(t, VdnnOptions(layers)), t)
 
 
+def planned_chain(durations):
+    """chain(8) with 4 MiB activations under vDNN: trace, plan result, simulation."""
+    t = chain(8, act_mib=4, durations=durations)
+    res = vdnn([t], V100, Measured())
+    sim = simulate([Job(t, res.plans[0])], V100, Measured())
+    assert res.stats["job_peak_bytes"] == [sim.peak_bytes]  # predicted = simulated
+    return t, res, sim
+
+
 def test_predicted_peak_is_the_simulated_one():
-    # 1 ms ops, 4 MiB activations: every copy (~0.3 ms on a V100) hides
-    t = chain(8, act_mib=4, durations=Durations(TimeUnit.MS, 1, 1))
-    lat = Measured()
-    res = vdnn([t], V100, lat)
-    sim = simulate([Job(t, res.plans[0])], V100, lat)
-    assert res.stats["job_peak_bytes"] == [sim.peak_bytes]
+    # 1 ms ops: every copy (~0.3 ms on a V100) hides
+    t, _res, sim = planned_chain(Durations(TimeUnit.MS, 1, 1))
     assert sim.peak_bytes < t.peak()[0]
+    assert sim.jobs[0].stall_s == 0
+
+
+def test_deadlines_make_the_peak_independent_of_timing():
+    # 100 us ops: every copy (~0.3 ms on a V100) outlasts the layer it
+    # overlaps, so the layer after waits for it (stall), and the peak is the
+    # same with every op 20% faster or slower
+    t, res, sim = planned_chain(Durations(TimeUnit.US, 100, 100))
+    lat = Measured()
+    assert sim.jobs[0].stall_s > 0
+    secs = np.asarray(lat.predict_all(t, V100))
+    for f in (0.8, 1.2):
+        scaled = simulate([Job(t, res.plans[0])], V100, Fixed(secs * f))
+        assert scaled.peak_bytes == sim.peak_bytes
+    # without them the copies queue through the forward pass and the peak moves
+    free = Plan(
+        res.plans[0].trace_fingerprint,
+        tuple(
+            SwapOut(ev.buffer, ev.after_op) if isinstance(ev, SwapOut) else ev
+            for ev in res.plans[0].events
+        ),
+    )
+    peaks = {simulate([Job(t, free)], V100, Fixed(secs * f)).peak_bytes for f in (0.8, 1.0, 1.2)}
+    assert len(peaks) > 1
 
 
 def test_budget_feasibility_and_registry():

@@ -78,6 +78,44 @@ def test_late_swap_in_stalls_compute():
     assert r.jobs[0].iteration_time_s == 0.010
 
 
+def test_swap_out_deadline_waits_for_the_copy():
+    # The copy of a runs 1->3; op1 may not start before it ends: stall 1->3,
+    # and op1 takes its output when a is gone (1 MiB, not 3). Then op1 3->6,
+    # op2 6->9 (the swap-in 6->8 hides), op3 9->10.
+    t, lat = swap_chain()
+    out = SwapOut(0, 0, before_op=1)
+    r = simulate([Job(t, plan(t, out, SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    assert fmt(r.log)[:9] == [
+        (0.0, "iter_start", -1, -1),
+        (0.0, "op_start", 0, -1),
+        (1.0, "op_end", 0, -1),
+        (1.0, "stall_start", 1, 0),
+        (1.0, "swap_out_start", 0, 0, "lane0"),
+        (3.0, "swap_out_end", 0, 0, "lane0"),
+        (3.0, "stall_end", 1, 0),
+        (3.0, "op_start", 1, -1),
+        (6.0, "op_end", 1, -1),
+    ]
+    j = r.jobs[0]
+    assert (j.stall_s, j.iteration_time_s) == (0.002, 0.010)
+    assert (r.memory.t_s[:3] * 1e3).tolist() == [0, 3, 3]
+    assert (r.memory.bytes[:3] // MiB).tolist() == [2, 0, 1]
+    # without the deadline op1 starts at 1 with a still there: 3 MiB
+    free = simulate([Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    assert (free.memory.bytes[:2] // MiB).tolist() == [2, 3]
+    assert free.jobs[0].stall_s == 0.0
+
+
+def test_a_deadline_past_the_copy_does_not_wait():
+    # the copy ends at 3, op2 starts at 4: no stall, the same log as without
+    t, lat = swap_chain()
+    events = (SwapOut(0, 0, before_op=2), SwapIn(0, 1, 3))
+    r = simulate([Job(t, plan(t, *events))], gpu(), lat, iterations=1)
+    plain = simulate([Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    assert fmt(r.log) == fmt(plain.log)
+    assert r.jobs[0].stall_s == 0.0
+
+
 def test_delay_shifts_the_trigger():
     # SwapOut 0.5 ms after op0: 1.5->3.5. SwapIn 2 ms after op1 (4): starts at
     # 6, ends at 8 -> op3 (due at 7) stalls 1 ms.

@@ -131,6 +131,24 @@ def test_a_throttled_swap_in_stalls_the_op_that_needs_it():
     assert (r.wait_seconds >= 0.8 * (MiB // 4) / bw).all()
 
 
+def test_a_swap_out_deadline_holds_its_op_until_the_copy_ends():
+    trace = trace_of("small_cnn")
+    b, last_fwd, first_bwd = _relu_output(trace)
+    bw = 5e6  # 256 KiB take 52 ms each way
+    out = SwapOut(b, last_fwd, before_op=last_fwd + 1)
+    plan = plan_of(trace, out, SwapIn(b, first_bwd - 1, first_bwd))
+    r = replay(trace, plan=plan, iterations=2, bandwidth_bytes_per_s=bw)
+    compare_results(vanilla("small_cnn"), r)
+    # op last_fwd + 1 waits for the whole swap-out, op first_bwd for the swap-in
+    assert (r.wait_seconds >= 2 * 0.8 * (MiB // 4) / bw).all()
+    assert [t.direction for t in r.transfers].count(Direction.D2H) == 2  # no discards
+    # so the buffer is gone from the op after its last forward use on, without
+    # any ordering of the threads, until its swap-in is triggered
+    saved = trace.memory_curve("framework") - r.memory_curve
+    assert (saved[:, last_fwd + 1 : first_bwd] == MiB // 4).all()
+    assert (saved[:, : last_fwd + 1] == 0).all()
+
+
 def test_delay_holds_a_transfer_back():
     trace = trace_of("small_cnn")
     b, last_fwd, first_bwd = _relu_output(trace)

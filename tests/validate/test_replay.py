@@ -21,6 +21,7 @@ def test_vanilla_pool_follows_the_framework_curve_exactly(model):
     trace = trace_of(model)
     r = replay(trace, iterations=2)
     assert r.peak_bytes == trace.peak("framework")[0]
+    assert r.iteration_peak_bytes.tolist() == [r.peak_bytes] * 2  # each step peaks alike
     expected = trace.memory_curve("framework")
     for k in range(2):
         np.testing.assert_array_equal(r.memory_curve[k], expected)
