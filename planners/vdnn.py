@@ -51,7 +51,9 @@ result is infeasible when the predicted peak still exceeds a budget given).
 #   queue up behind each other through the forward pass, and whether one
 #   ends before or after a later op allocates, or is still queued when its
 #   prefetch comes, is a race the machine's noise decides (measured: one
-#   plan's simulated peak moved by 5% with every op 10% slower).
+#   plan's simulated peak moved by 5% with every op 10% slower). The
+#   synchronisation costs time, as it does vDNN: 7-25% per iteration on the
+#   built-in small models, simulated for a CPU replay with a 1.5 GB/s lane.
 #
 # NOTE [ vDNN predicted peak ]
 # vDNN does not schedule its copies: they queue on the PCIe lane in trigger
