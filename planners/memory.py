@@ -188,7 +188,7 @@ def memory_of_plan(
 ) -> MemoryState:
     """The op-grid residency `plan` predicts for one job, every copy starting
     at its trigger (lane queueing is not modelled): a SwapOut frees after its
-    copy ends, a Release at once, a SwapIn takes the bytes when its copy
+    copy ends (at the latest when its `before_op` is ready), a Release at once, a SwapIn takes the bytes when its copy
     starts (at the latest when `before_op` starts), a Recompute just before
     its op (its chain's temporaries counted at that op: every other buffer
     its ops write, also for a single op with several outputs, such as batch
@@ -222,7 +222,10 @@ def memory_of_plan(
                 # copies are widened by EPS_US: the simulator may order a copy's
                 # end and an op's start at the same instant either way
                 if isinstance(ev, SwapOut):
-                    marks.append((t + ev.delay_us + d_out + EPS_US, -1))
+                    off = t + ev.delay_us + d_out + EPS_US
+                    if ev.before_op >= 0:  # its deadline waits for the copy
+                        off = min(off, timeline.unrolled_ready(ev.before_op, r))
+                    marks.append((off, -1))
                 elif isinstance(ev, Release):
                     marks.append((t, -1))
                 else:

@@ -343,6 +343,10 @@ def test_memory_of_a_plan():
     assert (memory_of_plan(t, tl, gone, HW).curve // MiB).tolist() == [3, 3, 4, 5, 2, 2]
     # the empty plan: the framework's frees (after the last use in hand traces)
     assert (memory_of_plan(t, tl, Plan(fp), HW).curve // MiB).tolist() == [3, 3, 4, 7, 4, 4]
+    # b1's copy [2, 4) ms ends during op 2 [2, 5): b1 is counted there; with
+    # op 2 as its deadline, op 2 waits for it and runs without b1 (2 MiB less)
+    due = Plan(fp, (SwapOut(1, 1, before_op=2), SwapIn(1, 3, 5, 999.999)))
+    assert (memory_of_plan(t, tl, due, HW).curve // MiB).tolist() == [3, 3, 2, 5, 4, 4]
 
 
 def test_memory_of_a_cross_iteration_plan():

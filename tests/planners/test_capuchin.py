@@ -92,7 +92,7 @@ def test_swaps_when_the_swap_in_hides():
     res = run(trace, lat, 14 * MiB - 1)
     assert res.feasible
     (out, back) = res.plans[0].events
-    assert out == SwapOut(1, 0, 0.0)
+    assert out == SwapOut(1, 0, 0.0, before_op=2)  # due by the peak op, the first after 5
     assert (back.buffer, back.after_op, back.before_op) == (1, 2, 4)
     assert back.delay_us == pytest.approx(1000.0, abs=0.01)
     assert res.stats["job_peak_bytes"] == [13 * MiB]
@@ -157,8 +157,9 @@ def test_stops_when_the_memory_to_save_is_reached():
     both = run(trace, lat, 12 * MiB)  # 3 MiB: b, then a
     assert [ev.buffer for ev in both.plans[0].events] == [2, 2, 1, 1]
     assert both.feasible and both.stats["job_peak_bytes"] == [9 * MiB]
-    # a's copy out queues behind b's on the one lane: 2..4 ms is b's
-    assert both.plans[0].events[2] == SwapOut(1, 0, 3000.0)
+    # a's copy out queues behind b's on the one lane: 2..4 ms is b's; a's
+    # ends at 8 ms, and op 3 (12 ms) is the first op to start after: its deadline
+    assert both.plans[0].events[2] == SwapOut(1, 0, 3000.0, before_op=3)
     sim = simulate([Job(trace, both.plans[0])], gpu(), lat, budget=12 * MiB)
     assert not sim.oom and sim.peak_bytes == 9 * MiB and sim.jobs[0].stall_s == 0
 
