@@ -54,7 +54,10 @@ comparison defaults the budget to the peak TENSILE reached.)
 #   buffer gone for waits for a late copy instead of running with it
 #   (planners.plan NOTE [ Swap-out deadlines ]). Measured on CPU replays,
 #   without it tiny_resnet's plan peaked 1.8% over the simulation in one
-#   run of 16.
+#   run of 16. It costs stall where the lane is congested (simulated for
+#   the CPU replay: +4.6% iteration time on mlp, +8.2% on linear_chain,
+#   nothing on the three others); without it those plans ran with more
+#   memory than the planner counted at the ops it checked.
 #
 # NOTE [ Capuchin recompute ]
 # - Recompute frees the buffer after the evicted access (`Release`) and

@@ -34,10 +34,10 @@ the replay: tiny_resnet under vdnn simulated at 3.90 MiB with the measured
 latencies and at 3.68 MiB with every op 10% slower, and replays landed on
 either. No peak prediction can be within 1% of such a plan every time. A
 plan removes the race by naming, for each swap-out, the op by which it
-counts on the memory (planners.plan NOTE [ Swap-out deadlines ]): vDNN and
-TENSILE plans do, and tiny_resnet under vdnn then simulates at 3.68 MiB
-with every op 15% faster or slower, and replays at 3.68 MiB every time.
-For plans without deadlines (Capuchin's, CP-SAT's, a hand-made one) the
+counts on the memory (planners.plan NOTE [ Swap-out deadlines ]): vDNN,
+TENSILE and Capuchin plans do, and tiny_resnet under vdnn then simulates at
+3.68 MiB with every op 15% faster or slower, and replays at 3.68 MiB every
+time. For plans without deadlines (CP-SAT's, a hand-made one) the
 report also gives the simulated peak with compute `PEAK_SPREAD` faster and
 slower than measured (the lane unchanged): where that range is wide, the
 peak depends on timing the plan leaves no slack for, and a measured peak
