@@ -41,7 +41,8 @@ per-transfer compute cost over repeated probes of tiny_resnet from 26% to
 8%, but read it lower (37 against 45 us), and over 8 benchmark runs each
 the time error's 90th percentile went from 6.5% to 8.3%. Re-probing inside
 every bracket (next to each plan replay) did no better either: 6.0%
-against 5.7%, with three misses against none.
+against 5.7%, with three misses against none; nor did a 0.1 ms GIL switch
+interval during replays (6.1% against 6.5%, one miss in 8 runs either way).
 
 # NOTE [ Transfers cost the compute thread too ]
 Queueing a copy (the executor's bookkeeping, waking the lane thread) runs on
