@@ -104,8 +104,13 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "release": {"after_op": int},
     "recompute": {"before_op": int, "ops": list, "restore_rng": bool},
 }
-_OPTIONAL = {"delay_us": 0.0, "next_iteration": False, "restore_rng": False}
-_OPTIONAL_OF = {"swap_out": {"before_op": -1}}  # optional for this event type only
+# defaults of the fields an event of each type may leave out
+_OPTIONAL: dict[str, dict[str, Any]] = {
+    "swap_out": {"delay_us": 0.0, "before_op": -1},
+    "swap_in": {"delay_us": 0.0, "next_iteration": False},
+    "release": {},
+    "recompute": {"restore_rng": False},
+}
 
 
 def _field(
@@ -113,10 +118,10 @@ def _field(
     key: str,
     typ: type | tuple[type, ...],
     where: str,
-    optional: dict[str, Any] = _OPTIONAL,
+    optional: dict[str, Any] | None = None,
 ) -> Any:
     if key not in d:
-        if key in optional:
+        if optional is not None and key in optional:
             return optional[key]
         raise PlanError(f"{where}.{key}: missing")
     v = d[key]
@@ -134,8 +139,7 @@ def event_from_dict(d: Any, where: str) -> Event:
     if kind not in EVENT_TYPES:
         raise PlanError(f"{where}.type: unknown event {kind!r} (one of {', '.join(EVENT_TYPES)})")
     buffer = _field(d, "buffer", int, where)
-    optional = _OPTIONAL | _OPTIONAL_OF.get(kind, {})
-    kw = {k: _field(d, k, t, where, optional) for k, t in _FIELDS[kind].items()}
+    kw = {k: _field(d, k, t, where, _OPTIONAL[kind]) for k, t in _FIELDS[kind].items()}
     if kind == "recompute":
         ops = kw["ops"]
         for j, k in enumerate(ops):

@@ -208,12 +208,12 @@ def vdnn_plan(trace: Trace, options: VdnnOptions | None = None) -> Plan:
     for b in sorted(chosen):
         out_after, before = int(last_fwd[b]), int(next_acc[b])
         trigger = _prefetch_trigger(trace, layers, layers_by_module, bwd, out_after, before)
-        if trigger - 1 <= out_after:
-            continue
         li = bisect.bisect_right(starts, out_after) - 1  # the layer the copy starts after
         sync = min(starts[li + 2] if li + 2 < len(layers) else after_forward, trigger - 1)
         if sync <= out_after + 1:
-            continue  # no op for the copy to overlap: it would only stall compute
+            # no op for the copy to overlap before it is due (this includes a
+            # prefetch triggered by the swap-out's own op): it would only stall
+            continue
         events.append(SwapOut(b, out_after, before_op=sync))
         events.append(SwapIn(b, trigger - 1, before))
     events.sort(key=lambda ev: (ev.after_op, isinstance(ev, SwapIn), ev.buffer))

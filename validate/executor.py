@@ -190,7 +190,7 @@ class Executor:
             recompute_seconds=self.recompute_seconds,
             recomputes=self.recomputes,
             memory_curve=self.memory_curve,
-            peak_bytes=self.pool.peak_bytes,
+            peak_bytes=max(self.pool.iteration_peaks),
             iteration_peak_bytes=np.asarray(self.pool.iteration_peaks, np.int64),
             host_peak_bytes=self.pool.host_peak_bytes,
             allocator_peak_bytes=(torch.cuda.max_memory_allocated(self.dev) - base)

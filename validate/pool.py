@@ -73,7 +73,6 @@ class DevicePool:
         self.leaving: dict[int, Transfer] = {}  # swap-out queued or in flight
         self.errors: list[str] = []  # found on a copy lane, raised by the compute loop
         self.current_bytes = 0
-        self.peak_bytes = 0
         self.iteration_peaks: list[int] = []  # per iteration so far: its peak
         self.host_bytes = 0
         self.host_peak_bytes = 0
@@ -91,8 +90,7 @@ class DevicePool:
         reserved=True)` or `unreserve` settles them."""
         with self.lock:
             self.current_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-            if self.iteration_peaks and self.current_bytes > self.iteration_peaks[-1]:
+            if self.current_bytes > self.iteration_peaks[-1]:  # start_iteration came first
                 self.iteration_peaks[-1] = self.current_bytes
 
     def start_iteration(self) -> None:
