@@ -57,7 +57,7 @@ class DevicePool:
         n = trace.n_buffers
         self.lock = threading.RLock()
         self.storage: list[torch.UntypedStorage | None] = [None] * n
-        self.host: list[torch.Tensor | None] = [None] * n  # uint8 copies on the host
+        self.host: list[torch.UntypedStorage | None] = [None] * n  # copies on the host
         self.host_version = np.full(n, -1, np.int64)  # version of the data `host` holds
         self.stale_by: dict[int, int] = {}  # op whose write made the host copy stale
         self.version = np.zeros(n, np.int64)  # bumped by every write, never reset
@@ -137,7 +137,7 @@ class DevicePool:
             return b in self.pinned
 
     # ---- host copies -----------------------------------------------------------
-    def set_host(self, b: int, data: torch.Tensor, version: int) -> None:
+    def set_host(self, b: int, data: torch.UntypedStorage, version: int) -> None:
         with self.lock:
             self.drop_host(b)
             self.stale_by.pop(b, None)
@@ -230,7 +230,7 @@ class DevicePool:
             if self.storage[b] is not None:
                 raw = self.bytes_of(b).cpu().clone()
             elif self.host_valid(b):
-                raw = self.host[b].clone()  # type: ignore[union-attr]
+                raw = torch.empty(0, dtype=torch.uint8).set_(self.host[b]).clone()  # type: ignore[arg-type]
             else:
                 raise AssertionError(f"buffer {b} has no valid copy")
         dtype = self.buffer_dtype[b]

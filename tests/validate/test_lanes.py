@@ -3,11 +3,15 @@ copies ] in validate/lanes.py), with a mover that moves nothing."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from types import SimpleNamespace
 
-from validate.lanes import Direction, Lane, Transfer
+import pytest
+import torch
+
+from validate.lanes import GIL_COPY_BYTES, Direction, Lane, Latch, Transfer, cpu_copy
 
 
 class _Mover:
@@ -66,3 +70,67 @@ def test_a_copy_is_held_for_its_bytes_time_from_its_ready_time():
     lane.join()
     (r,) = lane.records
     assert r.end_s >= r.ready_s + 0.02
+
+
+def _asleep(lane: Lane, until: float, idle: bool) -> Lane:
+    """Put a lane that has not started in the state of a sleeping one."""
+    lane._wake_at, lane._idle = until, idle
+    return lane
+
+
+def test_a_ready_copy_wakes_only_an_idle_lane():
+    # NOTE [ Lean lanes ]: a busy lane takes the copy when its current one
+    # ends, so queueing it must not wake the lane thread; an idle one must
+    now = time.perf_counter()
+    busy = _asleep(Lane(0, _Mover(), 1e9, now), until=now + 100.0, idle=False)
+    busy.submit(_transfer(1, now, 10))
+    assert busy._wake.locked()  # no poke
+    idle = _asleep(Lane(0, _Mover(), 1e9, now), until=math.inf, idle=True)
+    idle.submit(_transfer(1, now, 10))
+    assert not idle._wake.locked()  # poked
+    awake = _asleep(Lane(0, _Mover(), 1e9, now), until=-math.inf, idle=True)
+    awake.submit(_transfer(1, now, 10))
+    assert awake._wake.locked()  # it looks at the queue before it sleeps
+
+
+def test_a_delayed_copy_wakes_the_lane_only_before_it_would_wake():
+    now = time.perf_counter()
+    later = _asleep(Lane(0, _Mover(), 1e9, now), until=now + 100.0, idle=False)
+    later.submit(_transfer(1, now + 200.0, 10))
+    assert later._wake.locked()  # ready after the lane wakes anyway
+    sooner = _asleep(Lane(0, _Mover(), 1e9, now), until=now + 100.0, idle=False)
+    sooner.submit(_transfer(1, now + 50.0, 10))
+    assert not sooner._wake.locked()
+
+
+def test_a_ready_copy_arrives_on_the_queueing_thread():
+    mover = _Mover()
+    lane = Lane(0, mover, 1e9, time.perf_counter())
+    lane.submit(_transfer(4, time.perf_counter() - 1.0, 10))
+    assert mover.steps == [("arrive", 4)]  # the lane thread has not even started
+    delayed = _transfer(5, time.perf_counter() + 100.0, 10)
+    lane.submit(delayed)
+    assert mover.steps == [("arrive", 4)]  # the lane arrives it at its ready time
+
+
+def test_latch():
+    latch = Latch()
+    assert not latch.is_set() and not latch.wait(0.0)
+    waiters = [threading.Thread(target=latch.wait) for _ in range(3)]
+    for w in waiters:
+        w.start()
+    latch.set()
+    latch.set()  # a second set is a no-op, not an error
+    for w in waiters:
+        w.join(60.0)  # a safety net: every waiter passes once it is set
+    assert latch.is_set() and latch.wait(0.0) and not any(w.is_alive() for w in waiters)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4097, GIL_COPY_BYTES, GIL_COPY_BYTES + 1, 1 << 20])
+def test_cpu_copy_copies_every_byte(nbytes):
+    src = torch.randint(
+        0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes)
+    )
+    dst = torch.UntypedStorage(nbytes)
+    cpu_copy(dst, src.untyped_storage())
+    assert torch.equal(torch.empty(0, dtype=torch.uint8).set_(dst), src)
