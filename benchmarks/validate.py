@@ -10,7 +10,8 @@ replayed between two vanilla replays. Figures are medians over 3 runs;
 each run keeps the steadiest of 3 brackets (vanilla, plan, vanilla), and a
 replay's time is its best steady iteration (validate/compare.py NOTE
 [ Paired runs ], NOTE [ Steady figures ]); the lane is measured on 7
-vanilla/probe pairs. Capuchin gets a budget of 80% of the vanilla peak.
+vanilla/probe pairs before planning, and its cost per transfer on the
+compute thread is pooled with a probe in every bracket. Capuchin gets a budget of 80% of the vanilla peak.
 The acceptance item is about the four heuristic planners; release_only
 (no copies, no recomputes: its error is the machine's noise floor) is the
 control.

@@ -11,7 +11,11 @@ losses against the vanilla replay).
 # NOTE [ Paired runs ]
 The plan replay is bracketed by two vanilla replays (vanilla, plan, vanilla),
 and its simulation uses the latencies of both: a prediction and its
-measurement see about the same machine. The machine is shared, though: other
+measurement see about the same machine. A lane probe runs between the first
+vanilla replay and the plan's; its sample of the compute-thread cost per
+transfer is pooled with every other (`validate/measure.py` NOTE [ Transfers
+cost the compute thread too ]), and every kept bracket is simulated with the
+pooled figure. The machine is shared, though: other
 processes take the cores, and -- two vCPUs that may be siblings of one
 physical core -- slow ours down without our thread ever waiting for a CPU
 (here a release-only plan, which changes no time, measured 20-30% off its
@@ -80,10 +84,12 @@ from validate.measure import (
     LaneModel,
     Sample,
     best_iteration,
+    compute_sample,
     device_hardware,
     device_model,
     measure_lane,
     op_latencies,
+    probe_plan,
     sampled,
 )
 from validate.result import ReplayResult, compare_results
@@ -256,16 +262,30 @@ def _verdict(reference: ReplayResult, planned: ReplayResult) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class _Bracket:
+    """One bracket's replays (NOTE [ Paired runs ]): vanilla, the lane
+    probe, the plan, vanilla again."""
+
+    before: ReplayResult
+    planned: ReplayResult
+    after: ReplayResult
+    drift: float  # NOTE [ Paired runs ]
+    contention: float  # the largest of the replays' (NOTE [ Contention ])
+    probe_sample: float | None  # the probe's compute-thread seconds per transfer
+
+
+@dataclass(frozen=True, slots=True)
 class _Pair:
-    """Vanilla replays before and after the plan replay, and the simulation."""
+    """A kept bracket's replays, the device model of its two vanilla replays
+    and the simulation with it."""
 
     before: ReplayResult
     planned: ReplayResult
     after: ReplayResult
     sim: Any  # sim.JobResult
     model: DeviceModel
-    drift: float  # NOTE [ Paired runs ]
-    contention: float  # the largest of the three replays' (NOTE [ Contention ])
+    drift: float
+    contention: float
 
 
 PEAK_SPREAD = 0.05
@@ -293,58 +313,66 @@ def peak_span(
     return min(peaks), max(peaks)
 
 
-def _pair(
+def _bracket(
     trace: Trace,
     plan: Plan,
-    hardware: Any,
-    lane: LaneModel,
+    probe: Plan | None,
     *,
     device: str,
     iterations: int,
     seed: int,
     bandwidth: float | None,
     lanes: int,
-) -> _Pair:
-    """NOTE [ Paired runs ]: vanilla, the plan, vanilla again, and the
-    simulation with the latencies of both vanilla replays."""
+) -> _Bracket:
+    """NOTE [ Paired runs ]: vanilla, the lane probe (NOTE [ The lane probe ]
+    in `validate/measure.py`; skipped if None), the plan, vanilla again."""
 
-    def vanilla() -> Sample[ReplayResult]:
-        return sampled(lambda: replay(trace, device=device, iterations=iterations, seed=seed))
-
-    before = vanilla()
-    try:
-        planned = sampled(
+    def run(p: Plan | None) -> Sample[ReplayResult]:
+        return sampled(
             lambda: replay(
                 trace,
                 device=device,
                 iterations=iterations,
                 seed=seed,
-                plan=plan,
-                bandwidth_bytes_per_s=bandwidth,
+                plan=p,
+                bandwidth_bytes_per_s=bandwidth if p is not None else None,
                 lanes=lanes,
             )
         )
+
+    before = run(None)
+    probed = run(probe) if probe is not None else None
+    try:
+        planned = run(plan)
     except ValidationError as e:
         raise ValidationError(f"the plan cannot be replayed: {e}") from None
-    after = vanilla()
-    model = device_model(hardware, lane, before.value, after.value)
-    sim = simulate(
-        [Job(trace, plan)],
-        model.hardware,
-        model.latency_for(plan),
-        iterations=iterations,
-        lanes=lanes,
-    )
+    after = run(None)
     b, a = best_iteration(before.value), best_iteration(after.value)
-    contention = max(before.contention, planned.contention, after.contention)
-    return _Pair(
+    return _Bracket(
         before.value,
         planned.value,
         after.value,
+        abs(b - a) / min(b, a),
+        max(before.contention, planned.contention, after.contention),
+        None if probed is None else compute_sample(before.value, probed.value),
+    )
+
+
+def _simulated(
+    trace: Trace, plan: Plan, bracket: _Bracket, hardware: Any, lane: LaneModel, **kw: Any
+) -> _Pair:
+    """The simulation of `plan` with the latencies of both vanilla replays of
+    `bracket` and the compute-thread cost per transfer of `lane`."""
+    model = device_model(hardware, lane, bracket.before, bracket.after)
+    sim = simulate([Job(trace, plan)], model.hardware, model.latency_for(plan), **kw)
+    return _Pair(
+        bracket.before,
+        bracket.planned,
+        bracket.after,
         sim.jobs[0],
         model,
-        abs(b - a) / min(b, a),
-        contention,
+        bracket.drift,
+        bracket.contention,
     )
 
 
@@ -412,15 +440,16 @@ def validate_plan(
         hardware = device_hardware(device, lane, lanes, op_latencies(reference)[1])
         first = device_model(hardware, lane, reference)
         chosen, planner, feasible = resolve_plan(trace, plan, first, budget_bytes, options)
-        chosen_pairs: list[_Pair] = []
+        probe = probe_plan(trace) if lane.probes else None
+        brackets: list[_Bracket] = []
+        kept: list[_Bracket] = []
         mismatch = ""
         for _run in range(runs):
             candidates = [
-                _pair(
+                _bracket(
                     trace,
                     chosen,
-                    hardware,
-                    lane,
+                    probe,
                     device=device,
                     iterations=iterations,
                     seed=seed,
@@ -431,7 +460,14 @@ def validate_plan(
             ]
             for c in candidates:
                 mismatch = mismatch or _verdict(reference, c.planned)
-            chosen_pairs.append(min(candidates, key=lambda c: c.drift))
+            brackets += candidates
+            kept.append(min(candidates, key=lambda c: c.drift))
+        # NOTE [ Transfers cost the compute thread too ]: every probe counts
+        lane = lane.pooled([b.probe_sample for b in brackets if b.probe_sample is not None])
+        chosen_pairs = [
+            _simulated(trace, chosen, b, hardware, lane, iterations=iterations, lanes=lanes)
+            for b in kept
+        ]
     return _report(
         trace, chosen, planner, feasible, lane, lanes, iterations, reference, chosen_pairs, mismatch
     )

@@ -36,6 +36,9 @@ the figure covers what a plan's transfers pay, whatever plan is validated
 afterwards. A trace without such buffers gets no probe and a fixed cost of 0.
 The probe runs as often as the plan is sampled, each time after a vanilla
 replay; the least contended pair gives the fixed cost (NOTE [ Contention ]).
+It runs again in every bracket of `validate_plan`, between the first vanilla
+replay and the plan's (NOTE [ Paired runs ] in `validate/compare.py`), for
+the compute-thread cost (NOTE [ Transfers cost the compute thread too ]).
 `PROBE_SWAPS` = 16, measured against 48: 48 swaps cut the spread of the
 per-transfer compute cost over repeated probes of tiny_resnet from 26% to
 8%, but read it lower (37 against 45 us), and over 8 benchmark runs each
@@ -53,12 +56,19 @@ it, and the two share the machine's cores and memory bandwidth. Measured
 here, 50-300 us per transfer (more for larger ones), a fifth of a 15 ms
 iteration for a plan with 40 transfers, about half of it as slower op calls
 and half as harness. The simulator's copy engine costs compute nothing, so
-the cost is put into the latencies instead: per transfer, on the op whose end triggers it. Its size
-is what the compute thread of the probe replay takes in its best steady
-iteration, stalls aside, beyond what that of the vanilla replay run just
-before it takes (`busy_s`), per transfer of an iteration; the median over
-the samples (a pair sees about the same machine; the median drops the pairs
-that did not). Whole iterations, not each op's least time (as the latencies
+the cost is put into the latencies instead: per transfer, on the op whose
+end triggers it. Its size is what the compute thread of the probe replay
+takes in its best steady iteration, stalls aside, beyond what that of the
+vanilla replay run just before it takes (`busy_s`), per transfer of an
+iteration; the median over the samples (a pair sees about the same machine;
+the median drops the pairs that did not). The samples are pooled over the
+whole validation: the pairs that measure the lane before planning, and one
+per bracket after it, spread over the minute the plan replays take. The
+cost swings between regimes that last seconds (here 35-45 us per transfer
+in one, 70-100 in another, on tiny_resnet), and a figure taken only before
+the plan replays missed by as much when one of them covered it: tiny_resnet
+under TENSILE, 135 transfers an iteration, was predicted 37% slow once in 8
+benchmark runs, its lane probe alone having read 85 us per transfer. Whole iterations, not each op's least time (as the latencies
 are counted): the lane thread slows a different op in each iteration, and
 each op's least time over the iterations leaves that out -- here by half.
 Wall time, as the GIL waits count; noisy on a busy machine (here 100-500 us
@@ -159,6 +169,16 @@ class LaneModel:
     throttled: bool
     probes: int
     compute_s: float = 0.0
+    compute_samples: tuple[float, ...] = ()  # per pair: what `compute_s` is the median of
+
+    def pooled(self, more: list[float]) -> LaneModel:
+        """This lane with `compute_s` the median over its own samples and
+        `more` (NOTE [ Transfers cost the compute thread too ])."""
+        samples = (*self.compute_samples, *more)
+        if not samples:
+            return self
+        median = max(statistics.median(samples), 0.0)
+        return dataclasses.replace(self, compute_s=median, compute_samples=samples)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,9 +312,15 @@ def measure_lane(
     pairs = [(run(None), run(plan)) for _ in range(samples)]
     quiet = quietest([Sample(p, max(p[0].contention, p[1].contention)) for p in pairs]).value
     fixed, n = lane_fixed_cost(quiet[1].value, bw, lanes)
-    per_iteration = max(n / PROBE_ITERATIONS, 1.0)
-    extra = statistics.median(busy_s(p.value) - busy_s(v.value) for v, p in pairs)
-    return LaneModel(bw, fixed, throttled, n, max(extra, 0.0) / per_iteration)
+    lane = LaneModel(bw, fixed, throttled, n)
+    return lane.pooled([compute_sample(v.value, p.value) for v, p in pairs])
+
+
+def compute_sample(vanilla: ReplayResult, probe: ReplayResult) -> float:
+    """Seconds per transfer the probe replay's compute thread took beyond the
+    vanilla replay's (NOTE [ Transfers cost the compute thread too ])."""
+    per_iteration = max(len(probe.transfers) / len(probe.iteration_seconds), 1.0)
+    return (busy_s(probe) - busy_s(vanilla)) / per_iteration
 
 
 def busy_s(result: ReplayResult) -> float:

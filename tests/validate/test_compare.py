@@ -33,7 +33,9 @@ from validate import Direction, TransferRecord, ValidationError, compare_results
 from validate.compare import validate_plan
 from validate.measure import (
     PROBE_SWAPS,
+    LaneModel,
     Sample,
+    compute_sample,
     lane_fixed_cost,
     op_latencies,
     probe_plan,
@@ -233,6 +235,37 @@ def test_the_probe_is_a_valid_plan_of_swaps(model):
     plan = probe_plan(trace)
     assert plan is not None and plan.counts()["swap_out"] == plan.counts()["swap_in"] == PROBE_SWAPS
     check(plan, trace)
+
+
+def test_a_probe_sample_is_the_extra_busy_time_per_transfer_of_an_iteration():
+    def result(ms, wait_ms, transfers):
+        return SimpleNamespace(
+            iteration_seconds=np.array(ms) * 1e-3,
+            wait_seconds=np.array(wait_ms) * 1e-3,
+            recompute_seconds=np.zeros(len(ms)),
+            transfers=(None,) * transfers,
+        )
+
+    plain = result([5.0, 2.0, 3.0], [0, 0, 0], 0)  # busy: the best steady iteration, 2 ms
+    probe = result([9.0, 4.0, 5.0], [0, 1.0, 0], 6)  # busy 3 ms (4 - 1 of stall); 2 per iteration
+    assert compute_sample(plain, probe) == pytest.approx(0.5e-3)
+
+
+def test_the_compute_cost_per_transfer_is_the_median_of_every_sample():
+    lane = LaneModel(1e9, 1e-5, True, 10, compute_s=3e-5, compute_samples=(3e-5,))
+    pooled = lane.pooled([1e-5, 5e-5, 7e-5])
+    assert pooled.compute_s == pytest.approx(4e-5)  # median of 1, 3, 5, 7
+    assert pooled.compute_samples == (3e-5, 1e-5, 5e-5, 7e-5)
+    assert (pooled.bandwidth_bytes_per_s, pooled.fixed_s, pooled.probes) == (1e9, 1e-5, 10)
+    assert lane.pooled([-9e-5, -8e-5]).compute_s == 0.0  # a median below 0 counts as 0
+    bare = LaneModel(1e9, 0.0, True, 0)
+    assert bare.pooled([]) is bare
+
+
+def test_the_lane_is_sampled_in_every_bracket():
+    r = _validate("small_cnn", "vdnn", runs=2, samples=2, lane_samples=3)
+    assert len(r.lane.compute_samples) == 3 + 2 * 2
+    assert r.lane.compute_s == max(float(np.median(r.lane.compute_samples)), 0.0)
 
 
 def test_the_quietest_sample_wins_and_unknown_contention_takes_the_first():
