@@ -30,7 +30,7 @@ from tests.validate.helpers import (
 )
 from traces.zoo import BUILTIN
 from validate import Direction, TransferRecord, ValidationError, compare_results, replay
-from validate.compare import validate_plan
+from validate.compare import unsteadiness, validate_plan
 from validate.measure import (
     PROBE_SWAPS,
     LaneModel,
@@ -212,20 +212,21 @@ def test_op_latencies_are_least_call_times_plus_an_even_harness_share():
     assert Fixed(ops).durations_s.sum() == pytest.approx(best)
 
 
-def test_lane_fixed_cost_is_the_median_busy_span_beyond_the_bytes():
-    # 1 MB at 1 GB/s is 1 ms. The first copy was ready at 0 and ended at 3 ms:
-    # 2 ms beyond its bytes. The second was queued behind it (ready at 2.5 ms),
-    # so its span starts when the first ended (3 ms): it ended at 4.5 ms, 0.5 ms
-    # beyond. Median: 1.25 ms.
+def test_lane_fixed_cost_is_the_median_lateness_after_the_links_schedule():
+    # 1 MB at 1 GB/s is 1 ms. The first copy was ready at 0: by the link's
+    # schedule it ends at 1 ms, and it ended at 3 ms, 2 ms late. The second,
+    # ready at 0.5 ms, queues behind it on one lane: the link starts it at
+    # 1 ms (the first's end by the schedule, not its actual end) and ends it
+    # at 2 ms; it ended at 4.5 ms, 2.5 ms late. Median: 2.25 ms.
     mb = 10**6
     t = [
         TransferRecord(Direction.D2H, 1, 0, mb, 0.0, 0.0, 1e-3, 3e-3),
-        TransferRecord(Direction.H2D, 1, 0, mb, 2.5e-3, 2.5e-3, 3e-3, 4.5e-3),
+        TransferRecord(Direction.H2D, 1, 0, mb, 0.5e-3, 0.5e-3, 3e-3, 4.5e-3),
     ]
     fixed, n = lane_fixed_cost(_result([[0.0]], [0.0], t), 1e9, lanes=1)
-    assert n == 2 and fixed == pytest.approx(1.25e-3)
-    # on two lanes the swap-in did not queue behind the swap-out: 1 ms beyond
-    assert lane_fixed_cost(_result([[0.0]], [0.0], t), 1e9, lanes=2)[0] == pytest.approx(1.5e-3)
+    assert n == 2 and fixed == pytest.approx(2.25e-3)
+    # on two lanes the swap-in does not queue: ends at 1.5 ms by the schedule, 3 ms late
+    assert lane_fixed_cost(_result([[0.0]], [0.0], t), 1e9, lanes=2)[0] == pytest.approx(2.5e-3)
     assert lane_fixed_cost(_result([[0.0]], [0.0]), 1e9) == (0.0, 0)
 
 
@@ -260,6 +261,16 @@ def test_the_compute_cost_per_transfer_is_the_median_of_every_sample():
     assert lane.pooled([-9e-5, -8e-5]).compute_s == 0.0  # a median below 0 counts as 0
     bare = LaneModel(1e9, 0.0, True, 0)
     assert bare.pooled([]) is bare
+
+
+def test_the_kept_bracket_is_steady_and_its_probe_reads_the_pooled_cost():
+    lane = LaneModel(1e9, 0.0, True, 10, compute_s=40e-6)
+    assert unsteadiness(0.01, 60e-6, lane) == pytest.approx(0.51)  # 0.01 + 20/40
+    assert unsteadiness(0.03, 40e-6, lane) == pytest.approx(0.03)
+    # of two brackets, the one whose probe read the pooled cost wins over a steadier one
+    assert unsteadiness(0.03, 40e-6, lane) < unsteadiness(0.01, 60e-6, lane)
+    assert unsteadiness(0.02, None, lane) == 0.02  # no probe: drift alone
+    assert unsteadiness(0.02, 60e-6, LaneModel(1e9, 0.0, True, 0)) == 0.02  # no cost to compare
 
 
 def test_the_lane_is_sampled_in_every_bracket():
