@@ -59,9 +59,13 @@ the compute-thread cost (NOTE [ Transfers cost the compute thread too ]).
 per-transfer compute cost over repeated probes of tiny_resnet from 26% to
 8%, but read it lower (37 against 45 us), and over 8 benchmark runs each
 the time error's 90th percentile went from 6.5% to 8.3%. Re-probing inside
-every bracket (next to each plan replay) did no better either: 6.0%
-against 5.7%, with three misses against none; nor did a 0.1 ms GIL switch
-interval during replays (6.1% against 6.5%, one miss in 8 runs either way).
+every bracket and simulating each bracket with its own probe's figure did
+no better either: 6.0% against 5.7%, with three misses against none (one
+probe replay reads the cost with a wide spread); nor did a 0.1 ms GIL
+switch interval during replays (6.1% against 6.5%, one miss in 8 runs
+either way). What did help is pooling: every bracket's probe joins the
+figure, and the kept bracket is one whose probe agrees with it (NOTE
+[ Paired runs ] in `validate/compare.py`).
 
 # NOTE [ Transfers cost the compute thread too ]
 Queueing a copy (the executor's bookkeeping, waking the lane thread) runs on
@@ -99,10 +103,11 @@ time (here: on-CPU time of a replay steady within 10%, wall time 1-2.5x).
 Linux counts that time per thread (`/proc/thread-self/schedstat`, the
 second field: nanoseconds waiting on a run queue). `Sample.contention` is
 that wait over the wall time of a replay, of the calling thread -- the one
-that runs the ops. The lane probe keeps its least contended sample; plan
-replays are picked by `drift` instead (NOTE [ Paired runs ] in
-`validate/compare.py`), which also sees a slowdown no thread waits for (a
-sibling vCPU's load). Both are reported with the figures, as the caveat to
+that runs the ops. The lane probe's fixed cost comes from its least contended
+sample; plan replays are picked by `drift` (and by how well their bracket's
+probe agrees with the pooled cost per transfer) instead (NOTE [ Paired runs ]
+in `validate/compare.py`), which also sees a slowdown no thread waits for
+(a sibling vCPU's load). Both are reported with the figures, as the caveat to
 read them by. Where schedstat is missing, contention is NaN.
 
 Host memory: a CPU replay should allocate as a device's caching allocator
