@@ -188,8 +188,9 @@ def memory_of_plan(
 ) -> MemoryState:
     """The op-grid residency `plan` predicts for one job, every copy starting
     at its trigger (lane queueing is not modelled): a SwapOut frees after its
-    copy ends (at the latest when its `before_op` is ready), a Release at once, a SwapIn takes the bytes when its copy
-    starts (at the latest when `before_op` starts), a Recompute just before
+    copy ends (at the latest when its `before_op` is ready), a Release at
+    once, a SwapIn takes the bytes when its copy starts (at the latest when
+    `before_op` starts), a Recompute just before
     its op (its chain's temporaries counted at that op: every other buffer
     its ops write, also for a single op with several outputs, such as batch
     norm's statistics). The base lifetimes

@@ -288,16 +288,13 @@ class _Bracket:
 
 @dataclass(frozen=True, slots=True)
 class _Pair:
-    """A kept bracket's replays, the device model of its two vanilla replays
-    and the simulation with it."""
+    """A kept bracket, the device model of its two vanilla replays and the
+    simulation with it."""
 
-    before: ReplayResult
-    planned: ReplayResult
-    after: ReplayResult
+    bracket: _Bracket
     sim: Any  # sim.JobResult
     model: DeviceModel
-    drift: float
-    contention: float
+    peak_span: tuple[int, int]  # NOTE [ Timing-sensitive peaks ]
 
 
 PEAK_SPREAD = 0.05
@@ -383,18 +380,13 @@ def _simulated(
     trace: Trace, plan: Plan, bracket: _Bracket, hardware: Any, lane: LaneModel, **kw: Any
 ) -> _Pair:
     """The simulation of `plan` with the latencies of both vanilla replays of
-    `bracket` and the compute-thread cost per transfer of `lane`."""
+    `bracket` and the compute-thread cost per transfer of `lane`, and its
+    peak span (two more simulations: only kept brackets are simulated)."""
     model = device_model(hardware, lane, bracket.before, bracket.after)
-    sim = simulate([Job(trace, plan)], model.hardware, model.latency_for(plan), **kw)
-    return _Pair(
-        bracket.before,
-        bracket.planned,
-        bracket.after,
-        sim.jobs[0],
-        model,
-        bracket.drift,
-        bracket.contention,
-    )
+    latency = model.latency_for(plan)
+    sim = simulate([Job(trace, plan)], model.hardware, latency, **kw).jobs[0]
+    span = peak_span(trace, plan, model.hardware, latency, sim.peak_bytes, **kw)
+    return _Pair(bracket, sim, model, span)
 
 
 def validate_plan(
@@ -507,7 +499,7 @@ def _report(
     pairs: list[_Pair],
     mismatch: str,
 ) -> ValidationReport:
-    per_run = tuple(_figures(trace, plan, p, iterations, lanes) for p in pairs)
+    per_run = tuple(_figures(p, iterations) for p in pairs)
 
     def med(values: Any) -> float:
         return float(statistics.median(values))
@@ -538,9 +530,9 @@ def _report(
         recompute_pred_s=fig("recompute_pred_s"),
         recompute_meas_s=fig("recompute_meas_s"),
         bytes_d2h_pred=int(med(p.sim.bytes_d2h for p in pairs)),
-        bytes_d2h_meas=int(med(p.planned.bytes_moved(Direction.D2H) for p in pairs)),
+        bytes_d2h_meas=int(med(p.bracket.planned.bytes_moved(Direction.D2H) for p in pairs)),
         bytes_h2d_pred=int(med(p.sim.bytes_h2d for p in pairs)),
-        bytes_h2d_meas=int(med(p.planned.bytes_moved(Direction.H2D) for p in pairs)),
+        bytes_h2d_meas=int(med(p.bracket.planned.bytes_moved(Direction.H2D) for p in pairs)),
         overhead_s=med(p.model.overhead_s for p in pairs),
         contention=fig("contention"),
         drift=fig("drift"),
@@ -550,24 +542,22 @@ def _report(
     )
 
 
-def _figures(trace: Trace, plan: Plan, pair: _Pair, iterations: int, lanes: int) -> RunFigures:
+def _figures(pair: _Pair, iterations: int) -> RunFigures:
     """One pair's figures, NOTE [ Steady figures ]."""
-    sim, planned = pair.sim, pair.planned
-    # only for the kept pairs: two more simulations each
-    lo, hi = peak_span(trace, plan, pair.model.hardware, pair.model.latency_for(plan),
-                       sim.peak_bytes, iterations=iterations, lanes=lanes)  # fmt: skip
+    sim, b = pair.sim, pair.bracket
+    planned = b.planned
     return RunFigures(
         time_pred_s=sim.iteration_time_s,
         time_meas_s=best_iteration(planned),
         peak_pred_bytes=sim.peak_bytes,
         peak_meas_bytes=planned.peak_bytes,
-        vanilla_time_s=min(best_iteration(pair.before), best_iteration(pair.after)),
+        vanilla_time_s=min(best_iteration(b.before), best_iteration(b.after)),
         stall_pred_s=sim.stall_s / iterations,
         stall_meas_s=float(planned.wait_seconds.mean()),
         recompute_pred_s=sim.recompute_s / iterations,
         recompute_meas_s=float(planned.recompute_seconds.mean()),
-        contention=pair.contention,
-        drift=pair.drift,
-        peak_pred_lo_bytes=lo,
-        peak_pred_hi_bytes=hi,
+        contention=b.contention,
+        drift=b.drift,
+        peak_pred_lo_bytes=pair.peak_span[0],
+        peak_pred_hi_bytes=pair.peak_span[1],
     )
