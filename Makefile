@@ -44,7 +44,7 @@ $(ZOO_STAMP): pyproject.toml
 	touch $(ZOO_STAMP)
 
 traces: $(ZOO_STAMP)
-	$(ZOO_PY) -m traces.regenerate --out traces/data
+	$(ZOO_PY) -m memplan.traces.regenerate --out traces/data
 
 bench: setup
 	status=0; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || status=1; done; exit $$status

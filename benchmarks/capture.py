@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from traces import io  # noqa: E402
-from traces.capture import CaptureOptions, capture  # noqa: E402
-from traces.errors import TraceError  # noqa: E402
-from traces.zoo import resolve  # noqa: E402
+from memplan.traces import io  # noqa: E402
+from memplan.traces.capture import CaptureOptions, capture  # noqa: E402
+from memplan.traces.errors import TraceError  # noqa: E402
+from memplan.traces.zoo import resolve  # noqa: E402
 
 
 def median_time(fn, repeats: int) -> tuple[float, object]:

@@ -2,12 +2,12 @@
 
 For each instance (20 synthetic training steps of 40-200 ops, and the six
 shipped traces) at two budgets, every registered planner (but vanilla) plans
-the job; `memplan.compare` checks and simulates each plan (one lane, OOM
+the job; `memplan.comparison` checks and simulates each plan (one lane, OOM
 policy "fail"); the table shows, per planner,
 
     gap = (simulated iteration time - bound) / bound
 
-against the analytic lower bound of `planners.bounds` (valid for every plan),
+against the analytic lower bound of `planners.analysis.bounds` (valid for every plan),
 "-" where the planner found no plan or its plan ran out of memory. CP-SAT's
 own status, best bound (the larger of the analytic one and, for an exact
 search, its model's), search mode and wall time are listed beside it.
@@ -39,15 +39,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hwmodels.latency import LatencyModel, Measured, Roofline  # noqa: E402
-from hwmodels.profile import load_hardware  # noqa: E402
-from memplan.compare import compare_planners  # noqa: E402
-from planners import registry  # noqa: E402
-from planners.bounds import bounds, gap_to_bound, peak_lower_bound  # noqa: E402
-from planners.cpsat import cpsat  # noqa: E402
-from traces import io  # noqa: E402
-from traces.model import Trace  # noqa: E402
-from traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, unet  # noqa: E402
+from memplan.hwmodels.latency import LatencyModel, Measured, Roofline  # noqa: E402
+from memplan.hwmodels.profile import load_hardware  # noqa: E402
+from memplan.planners import registry  # noqa: E402
+from memplan.planners.analysis.bounds import bounds, gap_to_bound, peak_lower_bound  # noqa: E402
+from memplan.planners.cpsat.planner import cpsat  # noqa: E402
+from memplan.traces import io  # noqa: E402
+from memplan.traces.model import Trace  # noqa: E402
+from memplan.traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, unet  # noqa: E402
+
+from memplan.comparison import compare_planners  # noqa: E402
 
 GPU = "a100-pcie-40gb"
 SYNTHETIC_FRACTIONS = (0.75, 0.5)  # of the way from the peak bound to the release-only peak

@@ -33,13 +33,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from hwmodels.dataset import load_dataset
-from hwmodels.evaluate import evaluate
-from hwmodels.latency import Roofline
-from hwmodels.mlp import DEFAULT_DATASET, DEFAULT_MODEL, MLPLatency
-from hwmodels.profile import load_hardware
-from traces import io
+from memplan.hwmodels.dataset import load_dataset
+from memplan.hwmodels.evaluate import evaluate
+from memplan.hwmodels.latency import Roofline
+from memplan.hwmodels.mlp import DEFAULT_DATASET, DEFAULT_MODEL, MLPLatency
+from memplan.hwmodels.profile import load_hardware
+from memplan.traces import io
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "data" / "resnet50_b16_adam.json.gz"
@@ -85,9 +84,9 @@ def accuracy() -> bool:
 
 
 def noise_floor(n: int = 150) -> None:
-    from hwmodels.calibrate import remeasure
-    from hwmodels.evaluate import summarize
-    from hwmodels.microbench import cpu_description
+    from memplan.hwmodels.calibrate import remeasure
+    from memplan.hwmodels.evaluate import summarize
+    from memplan.hwmodels.microbench import cpu_description
 
     ds = load_dataset(DEFAULT_DATASET)
     held_ops = np.unique(ds.op[ds.heldout()])

@@ -4,7 +4,7 @@ For each shipped model at batch 16 (Adam) on the rtx-a6000 profile with the
 roofline latency model: one job, then four jobs of the same model sharing the
 GPU and its one PCIe lane. Each planner plans, its plans are checked and
 simulated for 3 iterations, and TENSILE's metrics are computed against the
-vanilla run of the same jobs (memplan.compare). Capuchin's budget is the peak
+vanilla run of the same jobs (memplan.comparison). Capuchin's budget is the peak
 TENSILE reached. "plan" is the planner's wall time (time.perf_counter) on
 this machine, one run each; everything else is simulated and deterministic.
 
@@ -21,11 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hwmodels.latency import Roofline  # noqa: E402
-from hwmodels.profile import load_hardware  # noqa: E402
-from memplan.compare import compare_planners  # noqa: E402
+from memplan.hwmodels.latency import Roofline  # noqa: E402
+from memplan.hwmodels.profile import load_hardware  # noqa: E402
+from memplan.traces import io  # noqa: E402
+
+from memplan.comparison import compare_planners  # noqa: E402
 from memplan.report import text_table  # noqa: E402
-from traces import io  # noqa: E402
 
 MODELS = ("resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt2")
 PLANNERS = ("release_only", "tensile", "capuchin", "vdnn", "checkpoint")

@@ -20,11 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hwmodels.latency import Roofline  # noqa: E402
-from hwmodels.profile import load_hardware  # noqa: E402
-from planners.vanilla import release_only_plan  # noqa: E402
-from sim import Job, simulate  # noqa: E402
-from traces import io, synthetic  # noqa: E402
+from memplan.hwmodels.latency import Roofline  # noqa: E402
+from memplan.hwmodels.profile import load_hardware  # noqa: E402
+from memplan.planners.heuristics.vanilla import release_only_plan  # noqa: E402
+from memplan.sim import Job, simulate  # noqa: E402
+from memplan.traces import io, synthetic  # noqa: E402
 
 ITERATIONS = 3
 TARGET_EVENTS_PER_S = 100_000
@@ -82,7 +82,7 @@ def main() -> None:
     wall, r = best_of(
         lambda: simulate([Job(trace, plan)], hw, latency, iterations=ITERATIONS, check=False)
     )
-    report("  same without planners.check", wall, r, ITERATIONS)
+    report("  same without planners.core.check", wall, r, ITERATIONS)
 
     wall, r = best_of(lambda: simulate([trace], hw, latency, iterations=ITERATIONS))
     report("vanilla, 3 iterations", wall, r, ITERATIONS)

@@ -2,13 +2,13 @@
 
 For the built-in small models (batch sizes chosen so a step takes tens of
 milliseconds with one intra-op thread) and every heuristic planner, this
-runs `validate.compare.validate_plan`: vanilla replays measure per-op
+runs `validate.calibrate.simvsreal.validate_plan`: vanilla replays measure per-op
 latencies and the lane (bandwidth = the throttle, fixed cost and
 compute-thread cost per transfer from a probe replay), the planner plans
 for that measured device, the simulator predicts the plan, and the plan is
 replayed between two vanilla replays. Figures are medians over 3 runs;
 each run keeps the steadiest of 3 brackets (vanilla, plan, vanilla), and a
-replay's time is its best steady iteration (validate/compare.py NOTE
+replay's time is its best steady iteration (validate/calibrate/simvsreal.py NOTE
 [ Paired runs ], NOTE [ Steady figures ]); the lane is measured on 7
 vanilla/probe pairs before planning, and its cost per transfer on the
 compute thread is pooled with a probe in every bracket. Capuchin gets a budget of 80% of the vanilla peak.
@@ -22,10 +22,10 @@ replays around the plan's were; `cont`: the share of the compute thread's
 wall time spent waiting for a CPU. Time errors mean little when either is
 high (the machine is shared). `lane us`: the lane's measured fixed cost per
 transfer; `xfer`: each transfer's measured cost on the compute thread, in
-microseconds (validate/measure.py NOTE [ Transfers cost the compute thread
+microseconds (validate/calibrate/measure.py NOTE [ Transfers cost the compute thread
 too ]). `peak ±5%`: where the simulated peak changes with compute 5% faster
 or slower, its range; a plan whose peak hinges on such a race can land on
-either side of it in a replay (validate/compare.py NOTE [ Timing-sensitive
+either side of it in a replay (validate/calibrate/simvsreal.py NOTE [ Timing-sensitive
 peaks ]).
 
     .venv/bin/python benchmarks/validate.py [--bandwidth 1.5GB/s] [--models a,b] [--planners a,b]
@@ -44,13 +44,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from memplan.hwmodels.hostmem import cache_host_allocations  # noqa: E402
+from memplan.traces.capture import CaptureOptions, capture  # noqa: E402
+from memplan.traces.errors import MemplanError  # noqa: E402
+from memplan.traces.zoo import ZOO  # noqa: E402
+from memplan.validate.calibrate.simvsreal import ValidationReport, validate_plan  # noqa: E402
 
-from hwmodels.hostmem import cache_host_allocations  # noqa: E402
 from memplan.units import parse_rate  # noqa: E402
-from traces.capture import CaptureOptions, capture  # noqa: E402
-from traces.errors import MemplanError  # noqa: E402
-from traces.zoo import ZOO  # noqa: E402
-from validate.compare import ValidationReport, validate_plan  # noqa: E402
 
 BATCH = {"mlp": 256, "small_cnn": 16, "linear_chain": 64, "tiny_resnet": 8, "tiny_transformer": 32}
 MODELS = ("mlp", "small_cnn", "linear_chain", "tiny_resnet", "tiny_transformer")

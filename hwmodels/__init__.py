@@ -7,11 +7,11 @@
 Nothing here imports torch until a model is trained, saved or loaded.
 """
 
-from hwmodels.errors import LatencyError
-from hwmodels.latency import EWMA, Fixed, LatencyModel, Measured, Roofline, RooflineOptions
-from hwmodels.mlp import MLPLatency
-from hwmodels.opclass import OpClass, classify
-from hwmodels.profile import Hardware, list_profiles, load_hardware
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.latency import EWMA, Fixed, LatencyModel, Measured, Roofline, RooflineOptions
+from memplan.hwmodels.mlp import MLPLatency
+from memplan.hwmodels.opclass import OpClass, classify
+from memplan.hwmodels.profile import Hardware, list_profiles, load_hardware
 
 __all__ = [
     "EWMA",

@@ -16,10 +16,9 @@ import threading
 
 import numpy as np
 import torch
-
-from hwmodels.dataset import Dataset
-from hwmodels.hostmem import cache_host_allocations
-from hwmodels.microbench import (
+from memplan.hwmodels.dataset import Dataset
+from memplan.hwmodels.hostmem import cache_host_allocations
+from memplan.hwmodels.microbench import (
     cpu_description,
     cpu_setup,
     dataset_specs,
@@ -30,7 +29,7 @@ from hwmodels.microbench import (
     time_cpu_usage,
     time_cuda,
 )
-from hwmodels.profile import Hardware
+from memplan.hwmodels.profile import Hardware
 
 _MATMUL_N = {"float32": 1024, "float64": 768, "bfloat16": 512, "float16": 512}
 

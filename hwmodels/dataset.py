@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from hwmodels.errors import LatencyError
-from traces import io as trace_io
-from traces.errors import TraceError
-from traces.model import Op, Trace
+from memplan.hwmodels.errors import LatencyError
+from memplan.traces import io as trace_io
+from memplan.traces.errors import TraceError
+from memplan.traces.model import Op, Trace
 
 SCHEMA = "memplan.microbench/1"
 HELDOUT_FRACTION = 0.2

@@ -1,4 +1,4 @@
-from traces.errors import MemplanError
+from memplan.traces.errors import MemplanError
 
 
 class LatencyError(MemplanError):

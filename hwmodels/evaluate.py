@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from hwmodels.dataset import Dataset
-from hwmodels.features import DTYPE_NAMES, op_costs
-from hwmodels.latency import DEFAULT_EFFICIENCY, LatencyModel, Roofline, usage_stretch
-from hwmodels.opclass import OP_CLASSES, OpClass
-from hwmodels.profile import Hardware
+from memplan.hwmodels.dataset import Dataset
+from memplan.hwmodels.features import DTYPE_NAMES, op_costs
+from memplan.hwmodels.latency import DEFAULT_EFFICIENCY, LatencyModel, Roofline, usage_stretch
+from memplan.hwmodels.opclass import OP_CLASSES, OpClass
+from memplan.hwmodels.profile import Hardware
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from hwmodels.opclass import (
+from memplan.hwmodels.opclass import (
     OP_CLASSES,
     OpClass,
     base_name,
@@ -29,8 +28,8 @@ from hwmodels.opclass import (
     is_inplace,
     vocab_token,
 )
-from traces.io import DTYPE_BYTES
-from traces.model import Op, Trace
+from memplan.traces.io import DTYPE_BYTES
+from memplan.traces.model import Op, Trace
 
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPE_BYTES)
 _INDEX_DTYPES = {"int64", "int32"}

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from hwmodels.errors import LatencyError
-from hwmodels.features import DTYPE_NAMES, op_costs, single_op_cost
-from hwmodels.opclass import OP_CLASSES, OpClass
-from hwmodels.profile import Hardware
-from traces.model import Op, Trace
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.features import DTYPE_NAMES, op_costs, single_op_cost
+from memplan.hwmodels.opclass import OP_CLASSES, OpClass
+from memplan.hwmodels.profile import Hardware
+from memplan.traces.model import Op, Trace
 
 
 class LatencyModel(abc.ABC):

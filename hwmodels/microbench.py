@@ -69,16 +69,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from memplan.hwmodels.dataset import Dataset, DatasetMeta
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.hostmem import cache_host_allocations
+from memplan.hwmodels.load import CpuLoad, CudaLoad
+from memplan.hwmodels.opclass import OpClass, classify
+from memplan.hwmodels.shapes import MEASURED_CLASSES, SampleSpec, TensorSpec, sample_specs
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
-
-from hwmodels.dataset import Dataset, DatasetMeta
-from hwmodels.errors import LatencyError
-from hwmodels.hostmem import cache_host_allocations
-from hwmodels.load import CpuLoad, CudaLoad
-from hwmodels.opclass import OpClass, classify
-from hwmodels.shapes import MEASURED_CLASSES, SampleSpec, TensorSpec, sample_specs
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,20 +40,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from hwmodels.errors import LatencyError
-from hwmodels.features import (
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.features import (
     class_features,
     feature_names,
     op_costs,
     single_op_cost,
     single_op_features,
 )
-from hwmodels.latency import LatencyModel, Roofline, check_usage, usage_stretch
-from hwmodels.opclass import OP_CLASSES, OpClass
-from hwmodels.profile import Hardware
-from traces.io import atomic_write_bytes
-from traces.model import Op, Trace
+from memplan.hwmodels.latency import LatencyModel, Roofline, check_usage, usage_stretch
+from memplan.hwmodels.opclass import OP_CLASSES, OpClass
+from memplan.hwmodels.profile import Hardware
+from memplan.traces.io import atomic_write_bytes
+from memplan.traces.model import Op, Trace
 
 SCHEMA = "memplan.mlp/1"
 RANGE_MARGIN = 0.1

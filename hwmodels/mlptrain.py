@@ -10,13 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from hwmodels.dataset import Dataset
-from hwmodels.errors import LatencyError
-from hwmodels.features import class_features, feature_names, op_costs
-from hwmodels.latency import MAX_USAGE
-from hwmodels.mlp import Baseline, ClassNet, FeatureSpec, Layers, MLPLatency, MLPMeta
-from hwmodels.opclass import OpClass
+from memplan.hwmodels.dataset import Dataset
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.features import class_features, feature_names, op_costs
+from memplan.hwmodels.latency import MAX_USAGE
+from memplan.hwmodels.mlp import Baseline, ClassNet, FeatureSpec, Layers, MLPLatency, MLPMeta
+from memplan.hwmodels.opclass import OpClass
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwmodels.errors import LatencyError
+from memplan.hwmodels.errors import LatencyError
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 

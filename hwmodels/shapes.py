@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from hwmodels.opclass import OpClass
+from memplan.hwmodels.opclass import OpClass
 
 MAX_CONV_FLOPS = 4e9
 MAX_MM_FLOPS = 8e9

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from traces.errors import MemplanError
+from memplan.traces.errors import MemplanError
 
 # Each module defines `register(subparsers)`, which adds its parser and sets
 # `func(args) -> int` as the parser default.

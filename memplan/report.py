@@ -7,10 +7,10 @@ import json
 import math
 from pathlib import Path
 
-from memplan.compare import Comparison, Row
+from memplan.comparison import Comparison, Row
+from memplan.planners.core import io as plan_io
+from memplan.traces.io import atomic_write_bytes
 from memplan.units import format_bytes
-from planners import io as plan_io
-from traces.io import atomic_write_bytes
 
 COLUMNS = (
     "planner",
@@ -105,7 +105,7 @@ def markdown(c: Comparison) -> str:
         "",
         "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
         "against the vanilla run of the same jobs on the same hardware; gap = (iteration - "
-        "lower bound) / lower bound at the same budget (planners/bounds.py; for several jobs "
+        "lower bound) / lower bound at the same budget (planners/analysis/bounds.py; for several jobs "
         "the bound holds for runs that keep the jobs in step, NOTE [ Jobs in step ]).",
         "",
     ]
@@ -150,7 +150,7 @@ def memory_figure(c: Comparison):  # noqa: ANN201
 
 def write(c: Comparison, out: Path) -> list[str]:
     """Plans, report.md, report.json and memory.png in `out`; returns the names."""
-    from sim.timeline import save_figure
+    from memplan.sim.exports import save_figure
 
     written = []
     for r in c.rows:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from traces.errors import MemplanError
+from memplan.traces.errors import MemplanError
 
 _UNITS = {
     "": 1,

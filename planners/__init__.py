@@ -1,8 +1,8 @@
 """What to move and when: the Plan model, the checker, one module per planner."""
 
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import (
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import (
     Event,
     Plan,
     PlanResult,

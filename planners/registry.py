@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hwmodels.latency import LatencyModel
-from hwmodels.profile import Hardware
-from planners.errors import PlanError
-from planners.plan import PlanResult
+from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import PlanResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,33 +75,48 @@ class PlannerSpec:
 
 # name -> (module, function, options class or None, summary); imported lazily.
 _BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
-    "vanilla": ("planners.vanilla", "vanilla", None, "no events: the framework's own frees"),
+    "vanilla": (
+        "memplan.planners.heuristics.vanilla",
+        "vanilla",
+        None,
+        "no events: the framework's own frees",
+    ),
     "release_only": (
-        "planners.vanilla",
+        "memplan.planners.heuristics.vanilla",
         "release_only",
         None,
         "TENSILE's activity analysis: free after the last access",
     ),
     "tensile": (
-        "planners.tensile",
+        "memplan.planners.heuristics.tensile",
         "tensile",
         "TensileOptions",
         "TENSILE: greedy hidden swaps at the global peak, cross-iteration, MSPS recompute",
     ),
     "capuchin": (
-        "planners.capuchin",
+        "memplan.planners.heuristics.capuchin",
         "capuchin",
         "CapuchinOptions",
         "Capuchin: swap by free time, MSPS recompute",
     ),
-    "vdnn": ("planners.vdnn", "vdnn", "VdnnOptions", "vDNN: layer-wise offload and prefetch"),
+    "vdnn": (
+        "memplan.planners.heuristics.vdnn",
+        "vdnn",
+        "VdnnOptions",
+        "vDNN: layer-wise offload and prefetch",
+    ),
     "checkpoint": (
-        "planners.checkpoint",
+        "memplan.planners.heuristics.checkpoint",
         "checkpoint",
         "CheckpointOptions",
         "Chen et al. sqrt(n) checkpointing",
     ),
-    "cpsat": ("planners.cpsat", "cpsat", "CpsatOptions", "CP-SAT: our exact baseline"),
+    "cpsat": (
+        "memplan.planners.cpsat.planner",
+        "cpsat",
+        "CpsatOptions",
+        "CP-SAT: our exact baseline",
+    ),
 }
 _EXTRA: dict[str, PlannerSpec] = {}
 _LOADED: dict[str, PlannerSpec] = {}

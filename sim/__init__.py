@@ -1,12 +1,12 @@
 """What a plan costs: the SimPy model of compute, PCIe lane(s) and memory;
 metrics and timelines."""
 
-from sim.errors import SimError
-from sim.job import Job
-from sim.log import LogEntry, LogKind
-from sim.metrics import Comparison, JobResult, MemoryCurve, Metrics, SimResult, compare
-from sim.simulate import simulate
-from sim.state import OomPolicy
+from memplan.sim.errors import SimError
+from memplan.sim.job import Job
+from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.metrics import Comparison, JobResult, MemoryCurve, Metrics, SimResult, compare
+from memplan.sim.simulate import simulate
+from memplan.sim.state import OomPolicy
 
 __all__ = [
     "Comparison",

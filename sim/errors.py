@@ -1,6 +1,6 @@
 """The simulator's exception: bad simulation settings or a job it cannot run."""
 
-from traces.errors import MemplanError
+from memplan.traces.errors import MemplanError
 
 
 class SimError(MemplanError):

@@ -11,12 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from hwmodels.latency import LatencyModel, queued_usage
-from hwmodels.profile import Hardware
-from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut, empty_plan, recompute_sources
-from sim.errors import SimError
-from traces.model import Trace
+from memplan.hwmodels.latency import LatencyModel, queued_usage
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.core.plan import (
+    Plan,
+    Recompute,
+    Release,
+    SwapIn,
+    SwapOut,
+    empty_plan,
+    recompute_sources,
+)
+from memplan.sim.errors import SimError
+from memplan.traces.model import Trace
 
 # Codes of compiled trigger events.
 OUT, IN, REL = 0, 1, 2

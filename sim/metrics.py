@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from sim.errors import SimError
-from sim.log import LogEntry
-from sim.model import GpuModel
-from sim.state import JobState, OomPolicy
-from traces.model import BUFFER_KINDS, Trace
+from memplan.sim.errors import SimError
+from memplan.sim.log import LogEntry
+from memplan.sim.model import GpuModel
+from memplan.sim.state import JobState, OomPolicy
+from memplan.traces.model import BUFFER_KINDS, Trace
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,14 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import simpy
-
-from hwmodels.profile import Hardware
-from sim.errors import SimError
-from sim.job import IN, OUT, REL, CompiledJob
-from sim.log import LogEntry, LogKind
-from sim.memory import MemoryPool
-from sim.pcie import Pcie
-from sim.state import (
+from memplan.hwmodels.profile import Hardware
+from memplan.sim.errors import SimError
+from memplan.sim.job import IN, OUT, REL, CompiledJob
+from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.memory import MemoryPool
+from memplan.sim.pcie import Pcie
+from memplan.sim.state import (
     ARRIVING,
     DEV,
     LEAVING,
@@ -31,7 +30,7 @@ from sim.state import (
     OomPolicy,
     Stop,
 )
-from sim.transfers import Transfers
+from memplan.sim.transfers import Transfers
 
 K = LogKind
 
@@ -81,7 +80,7 @@ K = LogKind
 #   (NOTE [ Incarnations ]).
 # - An input absent with nothing scheduled is fetched on demand (a passive
 #   swap) if a host copy exists; with no host copy and no Recompute the plan
-#   lost the data: `SimError` (`planners.check` rejects such plans).
+#   lost the data: `SimError` (`planners.core.check` rejects such plans).
 #
 # NOTE [ Iteration boundary ]
 # Iteration k ends when its last op ends; k+1 starts at once, with no barrier
@@ -296,7 +295,7 @@ class GpuModel(Transfers):
                 raise SimError(
                     f"job {c.index} ({c.name}), iteration {s.iteration}, op {i}: buffer {b} "
                     f"is absent with no host copy, no swap-in and no recompute "
-                    f"(planners.check rejects this plan)"
+                    f"(planners.core.check rejects this plan)"
                 )
             if s.stopped:
                 raise Stop
@@ -464,7 +463,7 @@ class GpuModel(Transfers):
                         self.lru.pop((j, b), None)
                     self.mem.add_pending_out(s.c.nbytes[b])
                     over = None
-                    if before >= 0:  # NOTE [ Swap-out deadlines ] in planners/plan.py
+                    if before >= 0:  # NOTE [ Swap-out deadlines ] in planners/core/plan.py
                         over = env.event()
                         s.deadlines.setdefault((it, before), []).append((b, over))
                     env.process(self._swap_out(s, b, delay, after, over))

@@ -15,8 +15,7 @@ from collections.abc import Generator
 from typing import Any
 
 import simpy
-
-from hwmodels.profile import Hardware
+from memplan.hwmodels.profile import Hardware
 
 
 class Direction(enum.Enum):

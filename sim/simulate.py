@@ -5,16 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hwmodels.latency import LatencyModel
-from hwmodels.profile import Hardware
-from planners.check import check as check_plan
-from planners.plan import validate
-from sim.errors import SimError
-from sim.job import CompiledJob, Job
-from sim.metrics import SimResult, build_result
-from sim.model import GpuModel
-from sim.state import OomPolicy
-from traces.model import Trace
+from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.core.check import check as check_plan
+from memplan.planners.core.plan import validate
+from memplan.sim.errors import SimError
+from memplan.sim.job import CompiledJob, Job
+from memplan.sim.metrics import SimResult, build_result
+from memplan.sim.model import GpuModel
+from memplan.sim.state import OomPolicy
+from memplan.traces.model import Trace
 
 
 def simulate(
@@ -41,7 +41,7 @@ def simulate(
     - `seed`: recorded in the result; the model itself is deterministic (ties
       are broken by job index and plan order), so the same inputs always give
       the same result.
-    - `check`: run `planners.check` on every plan first (a bad plan is a
+    - `check`: run `planners.core.check` on every plan first (a bad plan is a
       `PlanError`); with False only the cheap structural `validate` runs.
 
     Bad arguments raise `SimError`.

@@ -11,8 +11,7 @@ from collections.abc import Generator
 from typing import Any
 
 import simpy
-
-from sim.job import CompiledJob
+from memplan.sim.job import CompiledJob
 
 Gen = Generator[simpy.Event, Any, Any]
 

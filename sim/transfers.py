@@ -9,11 +9,10 @@ A mixin of `GpuModel` (it uses the model's pool, lanes, log and its
 from __future__ import annotations
 
 import simpy
-
-from sim.log import LogEntry, LogKind
-from sim.memory import MemoryPool
-from sim.pcie import Direction, Pcie
-from sim.state import ARRIVING, DEV, LEAVING, OFF, Gen, JobState, Stop
+from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.memory import MemoryPool
+from memplan.sim.pcie import Direction, Pcie
+from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Gen, JobState, Stop
 
 K = LogKind
 

@@ -1,7 +1,7 @@
 """What a training step does: the trace data model, capture, the zoo, file IO."""
 
-from traces.errors import MemplanError, TraceError
-from traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
+from memplan.traces.errors import MemplanError, TraceError
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
 
 __all__ = [
     "Buffer",

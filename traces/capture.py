@@ -44,13 +44,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from memplan.traces.errors import TraceError
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
-
-from traces.errors import TraceError
-from traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
 
 # Ops that draw from the RNG: recomputing them needs the RNG state restored.
 RNG_OPS = frozenset(
@@ -78,7 +77,7 @@ RNG_OPS = frozenset(
 _MODULE_KEY = "memplan_module"
 
 if TYPE_CHECKING:
-    from traces.zoo import Workload
+    from memplan.traces.zoo import Workload
 
 
 @dataclass(frozen=True, slots=True)

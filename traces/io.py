@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from traces.errors import MemplanError, TraceError
-from traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
+from memplan.traces.errors import MemplanError, TraceError
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
 
 SCHEMA = "memplan.trace/1"
 

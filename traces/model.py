@@ -314,6 +314,6 @@ class Trace:
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON content: plans name their trace by it."""
-        from traces.io import fingerprint
+        from memplan.traces.io import fingerprint
 
         return fingerprint(self)

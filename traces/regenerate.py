@@ -1,4 +1,4 @@
-"""Regenerate the shipped traces: `python -m traces.regenerate --out traces/data`.
+"""Regenerate the shipped traces: `python -m memplan.traces.regenerate --out traces/data`.
 
 Needs the zoo extra (torchvision, transformers); `make traces` sets up a venv
 with both. Every model is captured on the meta device at batch 16 with Adam.
@@ -10,9 +10,9 @@ import argparse
 import time
 from pathlib import Path
 
-from traces import io
-from traces.capture import CaptureOptions, capture
-from traces.zoo import resolve
+from memplan.traces import io
+from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.zoo import resolve
 
 SHIPPED = ("resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt2")
 

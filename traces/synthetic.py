@@ -41,9 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from traces.model import Trace
-from traces.synthetic_builder import (  # noqa: F401  (re-exported)
+from memplan.traces.model import Trace
+from memplan.traces.synthetic_builder import (  # noqa: F401  (re-exported)
     SCALAR_NBYTES,
     SGD_KWARGS,
     Durations,

@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
-from traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, SavedTensor, Trace, TraceMeta, View
 
 MiB = 1 << 20
 SCALAR_NBYTES = 4  # the loss and its seed grad: float32 scalars

@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from memplan.traces.errors import TraceError
 from torch import Tensor, nn
-
-from traces.errors import TraceError
 
 IMAGENET_CLASSES = 1000
 

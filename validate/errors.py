@@ -1,7 +1,7 @@
 """The validation layer's exception: a replay that cannot run, or results
 that differ where a plan promised they would not."""
 
-from traces.errors import MemplanError
+from memplan.traces.errors import MemplanError
 
 
 class ValidationError(MemplanError):

@@ -1,7 +1,7 @@
 """`memplan bounds TRACE --gpu G [--budget B] [--json]`: what no plan can beat.
 
 Prints the peak lower bound, the iteration-time lower bound under the budget
-(NOTE [ Lower bounds ] in planners/bounds.py) and, unless `--time-limit 0`,
+(NOTE [ Lower bounds ] in planners/analysis/bounds.py) and, unless `--time-limit 0`,
 what the CP-SAT planner proves within that time (its bound holds for the
 plans its model can express).
 """
@@ -14,8 +14,8 @@ import math
 from typing import Any
 
 from memplan.commands import machine
+from memplan.traces.errors import MemplanError
 from memplan.units import format_bytes
-from traces.errors import MemplanError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cpsat_bound(trace: Any, hw: Any, latency: Any, budget: int, lanes: int, limit: float) -> dict:
     """The CP-SAT planner's status, objective and bound (seconds) within `limit`."""
-    from planners.cpsat import cpsat
+    from memplan.planners.cpsat.planner import cpsat
 
     r = cpsat([trace], hw, latency, budget_bytes=budget, lanes=lanes, time_limit_s=limit)
     s = r.stats
@@ -63,8 +63,8 @@ def cpsat_bound(trace: Any, hw: Any, latency: Any, budget: int, lanes: int, limi
 
 
 def run(args: argparse.Namespace) -> int:
-    from planners.bounds import bounds
-    from traces import io
+    from memplan.planners.analysis.bounds import bounds
+    from memplan.traces import io
 
     if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
         raise MemplanError(f"--time-limit={args.time_limit} must be a number of seconds >= 0")

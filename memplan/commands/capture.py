@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from traces import io
-from traces.capture import CaptureOptions, capture
-from traces.model import Phase
+from memplan.traces import io
+from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.model import Phase
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,7 +67,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from traces.zoo import resolve
+    from memplan.traces.zoo import resolve
 
     factory = resolve(args.model)
     opts = CaptureOptions(

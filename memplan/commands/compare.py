@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from memplan.commands import machine
-from traces import io
-from traces.errors import MemplanError
-from traces.model import Trace
+from memplan.traces import io
+from memplan.traces.errors import MemplanError
+from memplan.traces.model import Trace
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +81,7 @@ def parse_jobs(specs: list[str]) -> list[Trace]:
 def planner_names(text: str) -> list[str]:
     """`all` is every heuristic planner (not vanilla, not cpsat); names may be
     mixed with it: `all,cpsat`."""
-    from planners import registry
+    from memplan.planners import registry
 
     heuristics = [n for n in registry.names() if n not in ("vanilla", "cpsat")]
     names: list[str] = []
@@ -107,7 +107,7 @@ def parse_options(items: list[str]) -> dict[str, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from memplan import report
-    from memplan.compare import compare_planners
+    from memplan.comparison import compare_planners
 
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)

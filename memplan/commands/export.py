@@ -1,5 +1,5 @@
 """`memplan export PLAN --trace TRACE --out runtime_plan.json`: a plan for a
-real PyTorch training loop (`validate.runtime.apply_plan`)."""
+real PyTorch training loop (`validate.runtime.hooks.apply_plan`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import json
 from collections import Counter
 
+from memplan.traces.errors import MemplanError
 from memplan.units import format_bytes
-from traces.errors import MemplanError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Map a plan's swaps and recomputes onto the tensors autograd saves (keyed by "
             "module path and pack order, as recorded at capture): which are offloaded and "
             "where they are prefetched, which modules are checkpointed and which of their ops "
-            "recomputed. Use it with validate.runtime.apply_plan(model, runtime_plan)."
+            "recomputed. Use it with validate.runtime.hooks.apply_plan(model, runtime_plan)."
         ),
     )
     p.add_argument("plan", metavar="PLAN", help="plan file (memplan.plan/1)")
@@ -36,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planners import io as plan_io
-    from traces import io
-    from validate.runtime_io import save
-    from validate.runtime_plan import Action, export
+    from memplan.planners.core import io as plan_io
+    from memplan.traces import io
+    from memplan.validate.runtime.io import save
+    from memplan.validate.runtime.plan import Action, export
 
     trace = io.load(args.trace)
     result = plan_io.load(args.plan)

@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from hwmodels.profile import Hardware, list_profiles, load_hardware, profile_path
+from memplan.hwmodels.profile import Hardware, list_profiles, load_hardware, profile_path
 from memplan.units import format_bytes
 
 

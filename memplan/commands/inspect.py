@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from memplan.traces import io
+from memplan.traces.model import BUFFER_KINDS, Phase, Trace
 from memplan.units import format_bytes
-from traces import io
-from traces.model import BUFFER_KINDS, Phase, Trace
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,9 +7,9 @@ import json
 import time
 from dataclasses import asdict
 
-from hwmodels.errors import LatencyError
-from hwmodels.mlptrain import TrainOptions
 from memplan.commands import machine
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.mlptrain import TrainOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from hwmodels.dataset import load_dataset
-    from hwmodels.mlptrain import TrainOptions, train_mlp
+    from memplan.hwmodels.dataset import load_dataset
+    from memplan.hwmodels.mlptrain import TrainOptions, train_mlp
 
     try:
         hidden = tuple(int(h) for h in args.hidden.split(","))
@@ -91,11 +91,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from hwmodels.dataset import load_dataset
-    from hwmodels.evaluate import evaluate
-    from hwmodels.latency import Roofline
-    from hwmodels.mlp import MLPLatency
-    from hwmodels.profile import load_hardware
+    from memplan.hwmodels.dataset import load_dataset
+    from memplan.hwmodels.evaluate import evaluate
+    from memplan.hwmodels.latency import Roofline
+    from memplan.hwmodels.mlp import MLPLatency
+    from memplan.hwmodels.profile import load_hardware
 
     model = MLPLatency.load(args.model)
     ds = load_dataset(args.data)
@@ -134,9 +134,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from hwmodels.mlp import MLPLatency
-    from hwmodels.profile import load_hardware
-    from traces import io
+    from memplan.hwmodels.mlp import MLPLatency
+    from memplan.hwmodels.profile import load_hardware
+    from memplan.traces import io
 
     trace = io.load(args.trace)
     hw = load_hardware(args.hardware)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from memplan.units import parse_size
 
 if TYPE_CHECKING:
-    from hwmodels.latency import LatencyModel
-    from hwmodels.profile import Hardware
+    from memplan.hwmodels.latency import LatencyModel
+    from memplan.hwmodels.profile import Hardware
 
 LATENCY_CHOICES = "roofline|measured|mlp|MODEL"
 
@@ -47,19 +47,19 @@ def add_budget(p: argparse.ArgumentParser, default: str = "the GPU's memory") ->
 
 def latency_model(spec: str) -> LatencyModel:
     """The `--latency` choice as a `LatencyModel` (imported lazily)."""
-    from hwmodels.latency import Measured, Roofline
+    from memplan.hwmodels.latency import Measured, Roofline
 
     if spec == "roofline":
         return Roofline()
     if spec == "measured":
         return Measured()
-    from hwmodels.mlp import MLPLatency
+    from memplan.hwmodels.mlp import MLPLatency
 
     return MLPLatency.load(None if spec == "mlp" else spec)
 
 
 def hardware(args: argparse.Namespace) -> Hardware:
-    from hwmodels.profile import load_hardware
+    from memplan.hwmodels.profile import load_hardware
 
     return load_hardware(args.gpu)
 

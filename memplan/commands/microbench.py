@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hwmodels.errors import LatencyError
+from memplan.hwmodels.errors import LatencyError
 from memplan.units import format_bytes
 
 
@@ -76,10 +76,10 @@ def parse_fractions(text: str, what: str) -> tuple[float, ...]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from hwmodels.dataset import save_dataset
-    from hwmodels.microbench import MicrobenchOptions, run_microbench
-    from hwmodels.opclass import OpClass
-    from hwmodels.shapes import MEASURED_CLASSES
+    from memplan.hwmodels.dataset import save_dataset
+    from memplan.hwmodels.microbench import MicrobenchOptions, run_microbench
+    from memplan.hwmodels.opclass import OpClass
+    from memplan.hwmodels.shapes import MEASURED_CLASSES
 
     classes = MEASURED_CLASSES
     if args.classes:
@@ -123,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"wrote {args.out}")
     if args.profile_out:
-        from hwmodels.calibrate import measure_profile, with_efficiency
-        from hwmodels.evaluate import fit_efficiency
-        from hwmodels.profile import to_toml
-        from traces.io import atomic_write_bytes
+        from memplan.hwmodels.calibrate import measure_profile, with_efficiency
+        from memplan.hwmodels.evaluate import fit_efficiency
+        from memplan.hwmodels.profile import to_toml
+        from memplan.traces.io import atomic_write_bytes
 
         hw = measure_profile(args.device, args.threads, name)
         eff = fit_efficiency(ds, hw)

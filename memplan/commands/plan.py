@@ -34,9 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planners import io as plan_io
-    from planners import registry
-    from planners.check import check
+    from memplan.planners import registry
+    from memplan.planners.core import io as plan_io
+    from memplan.planners.core.check import check
 
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memplan.commands import machine
+from memplan.planners.core import io as plan_io
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, validate
+from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
+from memplan.sim import Job, OomPolicy, SimResult, simulate
+from memplan.traces import io
+from memplan.traces.io import atomic_write_bytes
+from memplan.traces.model import Trace
 from memplan.units import format_bytes
-from planners import io as plan_io
-from planners.errors import PlanError
-from planners.plan import Plan, validate
-from planners.vanilla import release_only_plan, vanilla_plan
-from sim import Job, OomPolicy, SimResult, simulate
-from traces import io
-from traces.io import atomic_write_bytes
-from traces.model import Trace
 
 if TYPE_CHECKING:
     pass
@@ -131,7 +131,7 @@ def _job_name(path: str, trace: Trace) -> str:
 
 def write_report(result: SimResult, summary: dict, out: Path) -> None:
     """result.json, timeline.json (Perfetto), memory.png and gantt.png in `out`."""
-    from sim.timeline import gantt_figure, memory_figure, save_figure, write_chrome_trace
+    from memplan.sim.exports import gantt_figure, memory_figure, save_figure, write_chrome_trace
 
     atomic_write_bytes(out / "result.json", (json.dumps(summary, indent=2) + "\n").encode())
     write_chrome_trace(result, out / "timeline.json")

@@ -13,8 +13,8 @@ import math
 
 from memplan.commands import machine
 from memplan.commands.compare import parse_options
+from memplan.traces.errors import MemplanError
 from memplan.units import format_bytes, parse_rate
-from traces.errors import MemplanError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,10 +83,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwmodels.hostmem import cache_host_allocations
-    from planners import io as plan_io
-    from traces import io
-    from validate.compare import validate_plan
+    from memplan.hwmodels.hostmem import cache_host_allocations
+    from memplan.planners.core import io as plan_io
+    from memplan.traces import io
+    from memplan.validate.calibrate.simvsreal import validate_plan
 
     trace = io.load(args.trace)
     if args.plan:
@@ -134,7 +134,7 @@ def _pct(x: float) -> str:
 
 
 def print_report(r: object, trace: str) -> None:
-    from validate.compare import PEAK_SPREAD, ValidationReport
+    from memplan.validate.calibrate.simvsreal import PEAK_SPREAD, ValidationReport
 
     assert isinstance(r, ValidationReport)
     lane = r.lane
@@ -173,7 +173,7 @@ def print_report(r: object, trace: str) -> None:
             )
         )
     lo, hi = r.peak_pred_lo_bytes, r.peak_pred_hi_bytes
-    if hi > lo:  # validate/compare.py NOTE [ Timing-sensitive peaks ]
+    if hi > lo:  # validate/calibrate/simvsreal.py NOTE [ Timing-sensitive peaks ]
         print(
             f"the simulated peak depends on timing: {format_bytes(lo)} to {format_bytes(hi)} "
             f"with compute {PEAK_SPREAD:.0%} faster or slower"

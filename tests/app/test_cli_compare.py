@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from memplan.planners.core import io as plan_io
+from memplan.planners.core.check import check
+from memplan.traces import io
 
 from memplan.cli import main
-from planners import io as plan_io
-from planners.check import check
-from traces import io
 
 ROOT = Path(__file__).resolve().parents[2]
 RESNET = str(ROOT / "traces" / "data" / "resnet50_b16_adam.json.gz")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from memplan.planners.core import io as plan_io
+from memplan.planners.core.plan import PlanResult
+from memplan.traces import io
+from memplan.validate.runtime.io import load
+from memplan.validate.runtime.plan import Action
 
 from memplan.cli import main
-from planners import io as plan_io
-from planners.plan import PlanResult
 from tests.validate.helpers import trace_of
 from tests.validate.test_compare import plan_for
-from traces import io
-from validate.runtime_io import load
-from validate.runtime_plan import Action
 
 QUICK = ["--iterations", "2", "--runs", "1", "--samples", "1"]
 
@@ -86,7 +86,7 @@ def test_export_writes_a_runtime_plan(files, tmp_path, capsys):
     text = capsys.readouterr().out
     # 13 saved tensors hold a buffer vDNN offloads; the loss's target, the
     # one input of the last layer that backward reads, stays (its copy would
-    # overlap no op: planners/vdnn.py NOTE [ vDNN layers and feature maps ])
+    # overlap no op: planners/heuristics/vdnn.py NOTE [ vDNN layers and feature maps ])
     assert "13 offloaded" in text and f"wrote {out}" in text
     rp = load(out)
     assert rp.planner == "vdnn" and rp.counts()["offload"] == 13

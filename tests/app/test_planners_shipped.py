@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from memplan.hwmodels.latency import Roofline
+from memplan.hwmodels.profile import load_hardware
+from memplan.traces import io
 
-from hwmodels.latency import Roofline
-from hwmodels.profile import load_hardware
-from memplan.compare import compare_planners
-from traces import io
+from memplan.comparison import compare_planners
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
 MODELS = ["resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt2"]

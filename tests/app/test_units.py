@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from memplan.traces.errors import MemplanError
 
 from memplan.units import format_bytes, parse_rate, parse_size
-from traces.errors import MemplanError
 
 
 def test_sizes_by_hand():

@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwmodels.profile import Hardware
-from traces.io import DTYPE_BYTES
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
+from memplan.hwmodels.profile import Hardware
+from memplan.traces.io import DTYPE_BYTES
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 
 
 def device(name: str = "hand-gpu", **overrides: Any) -> Hardware:

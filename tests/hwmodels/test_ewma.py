@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.latency import EWMA, Fixed
 
-from hwmodels.errors import LatencyError
-from hwmodels.latency import EWMA, Fixed
 from tests.hwmodels.handmade import add, device, make
 
 HW = device()

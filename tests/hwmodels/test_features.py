@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from memplan.hwmodels.features import class_features, feature_names, op_costs, single_op_features
+from memplan.hwmodels.opclass import OpClass, base_name, bind, classify, is_inplace
+from memplan.traces.model import Phase
 
-from hwmodels.features import class_features, feature_names, op_costs, single_op_features
-from hwmodels.opclass import OpClass, base_name, bind, classify, is_inplace
 from tests.hwmodels.handmade import Call, make, mm
-from traces.model import Phase
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_classify(target, cls):
 
 
 def test_vocab_tokens():
-    from hwmodels.opclass import vocab_token
+    from memplan.hwmodels.opclass import vocab_token
 
     assert vocab_token("aten.add_.Tensor") == "arith/add"
     assert vocab_token("aten.threshold_backward.default") == "arith/threshold_backward"

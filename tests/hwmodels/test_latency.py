@@ -6,10 +6,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from hwmodels.errors import LatencyError
-from hwmodels.features import op_costs
-from hwmodels.latency import (
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.features import op_costs
+from memplan.hwmodels.latency import (
     DEFAULT_EFFICIENCY,
     Fixed,
     Measured,
@@ -17,7 +16,8 @@ from hwmodels.latency import (
     RooflineOptions,
     usage_stretch,
 )
-from hwmodels.opclass import OpClass
+from memplan.hwmodels.opclass import OpClass
+
 from tests.hwmodels.handmade import Call, add, device, make, mm
 
 ONE = RooflineOptions(efficiency=dict.fromkeys(OpClass, 1.0))
@@ -150,7 +150,7 @@ def test_measured_and_fixed():
 
 
 def test_queued_kernels_see_no_usage():
-    from hwmodels.latency import queued_usage
+    from memplan.hwmodels.latency import queued_usage
 
     assert queued_usage(1) == 0.0 and queued_usage(4) == 0.0
     with pytest.raises(LatencyError, match="n_jobs=0"):

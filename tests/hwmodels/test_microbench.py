@@ -10,16 +10,16 @@ import sys
 import numpy as np
 import pytest
 import torch
+from memplan.hwmodels import shapes
+from memplan.hwmodels.dataset import load_dataset, save_dataset
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.hostmem import cache_host_allocations
+from memplan.hwmodels.load import CpuLoad
+from memplan.hwmodels.microbench import MicrobenchOptions, OtherActivity, cpu_setup, run_microbench
+from memplan.hwmodels.opclass import OpClass, classify
+from memplan.traces import io
 
-from hwmodels import shapes
-from hwmodels.dataset import load_dataset, save_dataset
-from hwmodels.errors import LatencyError
-from hwmodels.hostmem import cache_host_allocations
-from hwmodels.load import CpuLoad
-from hwmodels.microbench import MicrobenchOptions, OtherActivity, cpu_setup, run_microbench
-from hwmodels.opclass import OpClass, classify
 from memplan.cli import main
-from traces import io
 
 
 @pytest.fixture

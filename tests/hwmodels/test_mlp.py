@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.hwmodels.dataset import Dataset, DatasetMeta
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.evaluate import evaluate, summarize
+from memplan.hwmodels.features import op_costs
+from memplan.hwmodels.latency import Roofline
+from memplan.hwmodels.mlp import DEFAULT_MODEL, MLPLatency
+from memplan.hwmodels.mlptrain import TrainOptions, train_mlp
 
-from hwmodels.dataset import Dataset, DatasetMeta
-from hwmodels.errors import LatencyError
-from hwmodels.evaluate import evaluate, summarize
-from hwmodels.features import op_costs
-from hwmodels.latency import Roofline
-from hwmodels.mlp import DEFAULT_MODEL, MLPLatency
-from hwmodels.mlptrain import TrainOptions, train_mlp
 from tests.hwmodels.handmade import Call, add, device, make, mm
 
 HW = device("hand-cpu")
@@ -154,8 +154,8 @@ def test_train_options_are_checked():
 def test_shipped_model_times_the_shipped_resnet50():
     from pathlib import Path
 
-    from hwmodels.profile import load_hardware
-    from traces import io
+    from memplan.hwmodels.profile import load_hardware
+    from memplan.traces import io
 
     path = Path(__file__).parents[2] / "traces" / "data" / "resnet50_b16_adam.json.gz"
     if not path.exists():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.profile import list_profiles, load_hardware, to_toml
 
-from hwmodels.errors import LatencyError
-from hwmodels.profile import list_profiles, load_hardware, to_toml
 from memplan.cli import main
 from tests.hwmodels.handmade import device
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from hwmodels.latency import Fixed
-from hwmodels.profile import Hardware
-from planners.analysis import (
+from memplan.hwmodels.latency import Fixed
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.analysis import (
     BOTH,
     FIRST,
     STEADY,
@@ -24,10 +23,10 @@ from planners.analysis import (
     predict_timelines,
     transfer_us,
 )
-from planners.errors import PlanError
-from planners.plan import Plan, SwapIn, SwapOut, fingerprint_of
-from traces import io
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, SwapIn, SwapOut, fingerprint_of
+from memplan.traces import io
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 
 # ---- hand traces: whole MiB, whole ms, copies of 1 MiB per ms ------------------------
 MiB = 1 << 20

@@ -7,14 +7,22 @@ import json
 import math
 
 import pytest
+from memplan.hwmodels.latency import Fixed, Measured
+from memplan.planners import registry
+from memplan.planners.analysis.bounds import (
+    bounds,
+    gap_to_bound,
+    peak_lower_bound,
+    time_lower_bound,
+)
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.sim import Job, simulate
+from memplan.traces import io
+from memplan.traces.model import Op
+from memplan.traces.synthetic import Durations, TimeUnit, random_dag
 
-from hwmodels.latency import Fixed, Measured
 from memplan.cli import main
-from planners import registry
-from planners.bounds import bounds, gap_to_bound, peak_lower_bound, time_lower_bound
-from planners.check import check
-from planners.errors import PlanError
-from sim import Job, simulate
 from tests.planners.bruteforce import (
     MS,
     B,
@@ -26,9 +34,6 @@ from tests.planners.bruteforce import (
     tiny_hw,
     tiny_trace,
 )
-from traces import io
-from traces.model import Op
-from traces.synthetic import Durations, TimeUnit, random_dag
 
 
 # ---- peak ---------------------------------------------------------------------------------
@@ -215,9 +220,10 @@ def test_command_bad_input_is_one_line_exit_2(trace_file, capsys):
 
 
 def test_working_sets_of_ops_that_touch_nothing():
-    from planners.bounds import working_sets
+    from memplan.planners.analysis.bounds import working_sets
+    from memplan.traces.model import Op, Phase, Trace
+
     from tests.traces.test_io import MiB, toy
-    from traces.model import Op, Phase, Trace
 
     t = toy()
     empty = Op(3, "aten.empty.memory_format", Phase.BACKWARD, (), ())

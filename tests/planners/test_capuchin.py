@@ -12,18 +12,17 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from hwmodels.latency import Fixed, Measured
-from hwmodels.profile import Hardware, load_hardware
-from planners import registry
-from planners.capuchin import NO_BUDGET, capuchin
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import Recompute, Release, SwapIn, SwapOut
-from sim import Job, simulate
-from traces import io
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
-from traces.synthetic import Durations, TimeUnit, sized
+from memplan.hwmodels.latency import Fixed, Measured
+from memplan.hwmodels.profile import Hardware, load_hardware
+from memplan.planners import registry
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.planners.heuristics.capuchin import NO_BUDGET, capuchin
+from memplan.sim import Job, simulate
+from memplan.traces import io
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
+from memplan.traces.synthetic import Durations, TimeUnit, sized
 
 MiB = 1 << 20
 

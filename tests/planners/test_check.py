@@ -4,14 +4,14 @@ losing data is a `PlanError` naming iteration, op or event, buffer and reason.""
 from __future__ import annotations
 
 import pytest
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
+from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
+from memplan.traces import synthetic
 
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut
-from planners.vanilla import release_only_plan, vanilla_plan
 from tests.sim.handtraces import B, Call, make
 from tests.sim.test_model import param_step, swap_chain
-from traces import synthetic
 
 
 def plan(t, *events):

@@ -5,24 +5,24 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from hwmodels.latency import Measured, Roofline
-from hwmodels.profile import load_hardware
-from planners import registry
-from planners.analysis import predict_timeline
-from planners.check import check
-from planners.checkpoint import (
+from memplan.hwmodels.latency import Measured, Roofline
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners import registry
+from memplan.planners.analysis import predict_timeline
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Recompute, Release
+from memplan.planners.heuristics.checkpoint import (
     CheckpointOptions,
     checkpoint,
     checkpoint_plan,
     predicted_peak,
     segment,
 )
-from planners.errors import PlanError
-from planners.plan import Recompute, Release
-from sim import Job, simulate
+from memplan.sim import Job, simulate
+from memplan.traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, sized
+
 from tests.planners.test_capuchin import make
-from traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, sized
 
 MiB = 1 << 20
 V100 = load_hardware("v100-sxm2-16gb")
@@ -162,8 +162,8 @@ def test_budget_and_registry():
 
 @pytest.fixture(scope="module")
 def transformer():
-    from traces.capture import capture
-    from traces.zoo import ZOO
+    from memplan.traces.capture import capture
+    from memplan.traces.zoo import ZOO
 
     return capture(ZOO["tiny_transformer"], 4)
 

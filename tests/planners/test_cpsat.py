@@ -9,19 +9,20 @@ plus the model's 1 ns margins (NOTE [ CP-SAT semantics ])."""
 from __future__ import annotations
 
 import pytest
+from memplan.hwmodels.latency import Fixed, Measured
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners import registry
+from memplan.planners.analysis.bounds import peak_lower_bound
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.planners.cpsat.data import INEXACT_MARGIN, build_data
+from memplan.planners.cpsat.model import Objective
+from memplan.planners.cpsat.planner import CpsatOptions, cpsat
+from memplan.sim import Job, simulate
+from memplan.sim.log import LogKind
+from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
 
-from hwmodels.latency import Fixed, Measured
-from hwmodels.profile import load_hardware
-from planners import registry
-from planners.bounds import peak_lower_bound
-from planners.check import check
-from planners.cpsat import CpsatOptions, cpsat
-from planners.cpsat_data import INEXACT_MARGIN, build_data
-from planners.cpsat_model import Objective
-from planners.errors import PlanError
-from planners.plan import Recompute, Release, SwapIn, SwapOut
-from sim import Job, simulate
-from sim.log import LogKind
 from tests.planners.bruteforce import (
     MS,
     B,
@@ -33,7 +34,6 @@ from tests.planners.bruteforce import (
     tiny_hw,
     tiny_trace,
 )
-from traces.synthetic import Durations, TimeUnit, random_dag, residual
 
 NS = 1e-9
 

@@ -1,7 +1,7 @@
 """The CP-SAT planner with several jobs: one period holds one iteration of
 every job, their ops taking turns on the compute, all their copies on one
 lane and their memory under one budget (NOTE [ Several jobs ] in
-planners/cpsat_data.py). Hand-worked cases on `tiny_hw` at 2 MiB per ms
+planners/cpsat/data.py). Hand-worked cases on `tiny_hw` at 2 MiB per ms
 (ops take whole ms, a 5 MiB copy 2.5 ms), seeded synthetic jobs checked
 against the simulator, the joint bounds, and `compare` with two jobs."""
 
@@ -11,24 +11,24 @@ import math
 
 import numpy as np
 import pytest
-
-from hwmodels.latency import Measured
-from hwmodels.profile import load_hardware
-from memplan.compare import compare_planners
-from planners.bounds import (
+from memplan.hwmodels.latency import Measured
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners.analysis.bounds import (
     in_step_order,
     joint_bounds,
     joint_memory_curve,
     joint_peak_lower_bound,
 )
-from planners.check import check
-from planners.cpsat import cpsat
-from planners.errors import PlanError
-from planners.plan import Plan, SwapIn, SwapOut
-from sim import Job, simulate
-from sim.log import LogKind
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, SwapIn, SwapOut
+from memplan.planners.cpsat.planner import cpsat
+from memplan.sim import Job, simulate
+from memplan.sim.log import LogKind
+from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
+
+from memplan.comparison import compare_planners
 from tests.planners.bruteforce import MS, B, MiB, Step, tiny_hw, tiny_trace
-from traces.synthetic import Durations, TimeUnit, random_dag, residual
 
 NS = 1e-9
 

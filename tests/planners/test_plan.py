@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from planners import io as plan_io
-from planners.errors import PlanError
-from planners.plan import (
+from memplan.planners.core import io as plan_io
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import (
     Plan,
     PlanResult,
     Recompute,
@@ -18,6 +17,7 @@ from planners.plan import (
     empty_plan,
     validate,
 )
+
 from tests.sim.handtraces import B, Call, make
 
 

@@ -8,13 +8,13 @@ import enum
 from dataclasses import dataclass
 
 import pytest
+from memplan.planners import registry
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import PlanResult
+from memplan.planners.heuristics.tensile import TensileOptions
+from memplan.planners.registry import NoOptions, PlannerSpec, make_options, options_dict
 
-from planners import registry
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import PlanResult
-from planners.registry import NoOptions, PlannerSpec, make_options, options_dict
-from planners.tensile import TensileOptions
 from tests.planners.test_analysis import MiB, gap_chain, gpu
 
 HW = gpu()

@@ -9,20 +9,20 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.latency import Measured
+from memplan.planners.analysis import msps
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.planners.heuristics.tensile import TensileOptions, tensile
+from memplan.sim.job import Job
+from memplan.sim.log import LogKind
+from memplan.sim.metrics import compare
+from memplan.sim.simulate import simulate
+from memplan.traces import io
+from memplan.traces import synthetic as syn
 
-from hwmodels.latency import Measured
-from planners import msps
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import Recompute, Release, SwapIn, SwapOut
-from planners.tensile import TensileOptions, tensile
-from sim.job import Job
-from sim.log import LogKind
-from sim.metrics import compare
-from sim.simulate import simulate
 from tests.planners.test_analysis import B, MiB, O, cross_iteration, gap_chain, gpu, make
-from traces import io
-from traces import synthetic as syn
 
 HW = gpu()
 
@@ -322,8 +322,8 @@ SHIPPED = ("resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt
 
 @pytest.fixture(scope="module")
 def a6000():
-    from hwmodels.latency import Roofline
-    from hwmodels.profile import load_hardware
+    from memplan.hwmodels.latency import Roofline
+    from memplan.hwmodels.profile import load_hardware
 
     return load_hardware("rtx-a6000"), Roofline()
 

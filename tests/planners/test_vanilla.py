@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from planners.plan import Release
-from planners.vanilla import release_only, release_only_plan, vanilla, vanilla_plan
+from memplan.planners.core.plan import Release
+from memplan.planners.heuristics.vanilla import (
+    release_only,
+    release_only_plan,
+    vanilla,
+    vanilla_plan,
+)
+
 from tests.sim.handtraces import B, Call, MiB, make
 from tests.traces.test_io import toy
 

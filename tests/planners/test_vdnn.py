@@ -6,18 +6,24 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from hwmodels.latency import Fixed, Measured
-from hwmodels.profile import load_hardware
-from planners import registry
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import Plan, SwapIn, SwapOut
-from planners.vdnn import VdnnLayers, VdnnOptions, _is_conv, layers_of, vdnn, vdnn_plan
-from sim import Job, simulate
-from traces.capture import CaptureOptions, capture
-from traces.synthetic import Durations, TimeUnit, chain, residual, sized, unet
-from traces.zoo import ZOO
+from memplan.hwmodels.latency import Fixed, Measured
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners import registry
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, SwapIn, SwapOut
+from memplan.planners.heuristics.vdnn import (
+    VdnnLayers,
+    VdnnOptions,
+    _is_conv,
+    layers_of,
+    vdnn,
+    vdnn_plan,
+)
+from memplan.sim import Job, simulate
+from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.synthetic import Durations, TimeUnit, chain, residual, sized, unet
+from memplan.traces.zoo import ZOO
 
 MiB = 1 << 20
 V100 = load_hardware("v100-sxm2-16gb")

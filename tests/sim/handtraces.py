@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hwmodels.latency import Fixed
-from hwmodels.profile import Hardware
-from sim.log import LogEntry
-from traces import io
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
+from memplan.hwmodels.latency import Fixed
+from memplan.hwmodels.profile import Hardware
+from memplan.sim.log import LogEntry
+from memplan.traces import io
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 
 MiB = 1 << 20
 MIB_PER_MS = 1000 * MiB  # bytes per second that move 1 MiB per millisecond

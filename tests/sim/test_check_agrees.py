@@ -1,4 +1,4 @@
-"""The checker and the simulator agree: a plan `planners.check` accepts never
+"""The checker and the simulator agree: a plan `planners.core.check` accepts never
 leaves an op without its data in the simulation (no on-demand fetch, no
 `SimError`), whatever the delays and lanes."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.hwmodels.latency import Fixed
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
+from memplan.sim import Job, simulate
+from memplan.traces import synthetic
 
-from hwmodels.latency import Fixed
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut
-from sim import Job, simulate
 from tests.sim.handtraces import gpu
-from traces import synthetic
 
 
 def random_plan(trace, rng: np.random.Generator) -> Plan:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from memplan.planners.core import io as plan_io
+from memplan.planners.core.plan import Plan, PlanResult, SwapIn, SwapOut
+from memplan.traces import io
 
 from memplan.cli import main
-from planners import io as plan_io
-from planners.plan import Plan, PlanResult, SwapIn, SwapOut
 from tests.sim.handtraces import MiB, gpu
 from tests.sim.test_model import swap_chain
-from traces import io
 
 FIELDS = [
     "memory_bytes",

@@ -25,21 +25,21 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.latency import LatencyModel, Measured
+from memplan.hwmodels.profile import Hardware, load_hardware
+from memplan.planners import registry
+from memplan.planners.core.check import check as check_plan
+from memplan.planners.core.plan import Plan, PlanResult, Recompute, Release, SwapIn, SwapOut
+from memplan.sim import Job, OomPolicy, SimResult
+from memplan.sim.job import CompiledJob
+from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.metrics import build_result
+from memplan.sim.model import GpuModel
+from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF
+from memplan.traces import synthetic
+from memplan.traces.synthetic import Durations, TimeUnit
 
-from hwmodels.latency import LatencyModel, Measured
-from hwmodels.profile import Hardware, load_hardware
-from planners import registry
-from planners.check import check as check_plan
-from planners.plan import Plan, PlanResult, Recompute, Release, SwapIn, SwapOut
-from sim import Job, OomPolicy, SimResult
-from sim.job import CompiledJob
-from sim.log import LogEntry, LogKind
-from sim.metrics import build_result
-from sim.model import GpuModel
-from sim.state import ARRIVING, DEV, LEAVING, OFF
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
-from traces import synthetic
-from traces.synthetic import Durations, TimeUnit
 
 K = LogKind
 D2H_START, D2H_END = {K.SWAP_OUT_START, K.EVICT_START}, {K.SWAP_OUT_END, K.EVICT_END}
@@ -431,7 +431,7 @@ IN_PROGRESS = {"tensile"}  # another engineer's work: its errors skip, not fail
 
 def _plan(name: str, trace) -> PlanResult | None:
     """The planner's result, or None where an in-progress planner errors (or
-    makes a plan that `planners.check` rejects)."""
+    makes a plan that `planners.core.check` rejects)."""
     if name not in IN_PROGRESS:
         return registry.run(name, [trace], V100, Measured())
     try:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from memplan.hwmodels.latency import LatencyModel
+from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, empty_plan
+from memplan.sim import Job, OomPolicy, simulate
 
-from hwmodels.latency import LatencyModel
-from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut, empty_plan
-from sim import Job, OomPolicy, simulate
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
 
 
@@ -427,11 +427,11 @@ def test_sharing_is_the_compute_queue_not_a_usage_stretch():
 
 
 def test_same_inputs_same_result():
-    from traces.synthetic import random_dag
+    from memplan.traces.synthetic import random_dag
 
     t = random_dag(120, seed=3, dropout=True)
-    from hwmodels.latency import Fixed
-    from planners.vanilla import release_only_plan
+    from memplan.hwmodels.latency import Fixed
+    from memplan.planners.heuristics.vanilla import release_only_plan
 
     lat = Fixed(np.linspace(1e-4, 1e-3, t.n_ops))
     budget = int(t.peak("liveness")[0] * 0.8)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memplan.hwmodels.latency import Fixed
+from memplan.planners.heuristics.vanilla import release_only_plan
+from memplan.sim import Job, simulate
+from memplan.traces import io, synthetic
 
-from hwmodels.latency import Fixed
-from planners.vanilla import release_only_plan
-from sim import Job, simulate
 from tests.sim.handtraces import B, Call, MiB, gpu, make
 from tests.traces.test_io import toy
-from traces import io, synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "traces" / "data").glob("*.json.gz"))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.hwmodels.latency import Fixed
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
+from memplan.planners.heuristics.vanilla import release_only_plan
+from memplan.sim import Job, SimError, compare, simulate
+from memplan.traces import synthetic
 
-from hwmodels.latency import Fixed
-from planners.errors import PlanError
-from planners.plan import Plan, Recompute, Release, SwapIn, SwapOut
-from planners.vanilla import release_only_plan
-from sim import Job, SimError, compare, simulate
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
 from tests.sim.test_model import swap_chain
-from traces import synthetic
 
 
 @pytest.mark.parametrize(
@@ -165,9 +165,9 @@ def test_jobs_sharing_the_device_are_not_slowed_twice():
     """Four identical jobs on one FIFO compute queue take four times as long per
     iteration as one job alone: the queue is the sharing, and the roofline is
     asked for each kernel alone (hwmodels NOTE [ Usage under a compute queue ])."""
-    from hwmodels.latency import Roofline
-    from hwmodels.profile import load_hardware
-    from traces.synthetic import chain
+    from memplan.hwmodels.latency import Roofline
+    from memplan.hwmodels.profile import load_hardware
+    from memplan.traces.synthetic import chain
 
     trace = chain(4)
     hw = load_hardware("rtx-a6000")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from planners.plan import Plan, SwapIn, SwapOut
-from sim import Job, simulate
-from sim.timeline import (
+from memplan.planners.core.plan import Plan, SwapIn, SwapOut
+from memplan.sim import Job, simulate
+from memplan.sim.exports import (
     chrome_trace,
     gantt_figure,
     memory_figure,
@@ -14,6 +14,7 @@ from sim.timeline import (
     spans,
     write_chrome_trace,
 )
+
 from tests.sim.handtraces import MiB, gpu
 from tests.sim.test_model import swap_chain, two_jobs
 

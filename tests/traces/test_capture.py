@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from memplan.traces import io
+from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.errors import TraceError
+from memplan.traces.model import BufferKind, Phase
+from memplan.traces.zoo import ZOO
 from torch.profiler import ProfilerActivity, profile
-
-from traces import io
-from traces.capture import CaptureOptions, capture
-from traces.errors import TraceError
-from traces.model import BufferKind, Phase
-from traces.zoo import ZOO
 
 
 def _signature(trace):

@@ -7,10 +7,9 @@ import gzip
 import json
 
 import pytest
-
-from traces import io
-from traces.errors import TraceError
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
+from memplan.traces import io
+from memplan.traces.errors import TraceError
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 
 MiB = 1 << 20
 

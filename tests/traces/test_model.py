@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.traces.model import BufferKind
 
 from tests.traces.test_io import MiB, toy
-from traces.model import BufferKind
 
 
 def test_derived_arrays():

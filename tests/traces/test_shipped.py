@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from traces import io
-from traces.model import BufferKind, Phase
+from memplan.traces import io
+from memplan.traces.model import BufferKind, Phase
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
 # Published parameter counts (torchvision / Hugging Face model cards).

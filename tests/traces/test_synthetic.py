@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from traces import io
-from traces.model import BufferKind, Phase, Trace
-from traces.synthetic import (
+from memplan.traces import io
+from memplan.traces.model import BufferKind, Phase, Trace
+from memplan.traces.synthetic import (
     Durations,
     Family,
     MiB,

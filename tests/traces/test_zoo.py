@@ -10,10 +10,9 @@ import textwrap
 
 import pytest
 import torch
+from memplan.traces.errors import TraceError
+from memplan.traces.zoo import BUILTIN, NEEDS_EXTRA, ZOO, Workload, build, linear_chain, resolve
 from torch import nn
-
-from traces.errors import TraceError
-from traces.zoo import BUILTIN, NEEDS_EXTRA, ZOO, Workload, build, linear_chain, resolve
 
 # Parameter counts by hand. mlp: 784*512+512 + 512*256+256 + 256*10+10.
 # small_cnn: convs 3*16*9, 16*32*9, 32*64*9; BatchNorms 2*(16+32+64);
@@ -159,7 +158,7 @@ def workloads_module(tmp_path, monkeypatch):
         textwrap.dedent(
             """
             import torch
-            from traces.zoo import Workload, mlp
+            from memplan.traces.zoo import Workload, mlp
 
             N_CLASSES = 10
 
@@ -183,9 +182,9 @@ def workloads_module(tmp_path, monkeypatch):
 
 
 def test_resolve_imports_package_module_callable(workloads_module):
-    from traces.zoo import mlp
+    from memplan.traces.zoo import mlp
 
-    assert resolve("traces.zoo:mlp") is mlp
+    assert resolve("memplan.traces.zoo:mlp") is mlp
     w = build("my_workloads:Factories.wide", 3)  # dotted attributes work
     assert w.inputs[0].shape == (3, 4)
     assert w.loss().shape == ()

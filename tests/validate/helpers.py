@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import threading
 
-from planners.plan import Event, Plan, fingerprint_of
-from traces.capture import CaptureOptions, capture
-from traces.model import Phase, Trace
-from traces.zoo import ZOO
-from validate import Direction, ReplayResult, replay
-from validate.lanes import Transfer
+from memplan.planners.core.plan import Event, Plan, fingerprint_of
+from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.model import Phase, Trace
+from memplan.traces.zoo import ZOO
+from memplan.validate import Direction, ReplayResult, replay
+from memplan.validate.replay.lanes import Transfer
 
 
 @functools.cache
@@ -76,7 +76,7 @@ def recompute_chain(
 class Order:
     """Puts the compute thread and the copy lanes of a replay in a chosen
     order, without timing (NOTE [ Test synchronisation ] in
-    `validate/lanes.py`). Copies are named (direction, buffer, iteration
+    `validate/replay/lanes.py`). Copies are named (direction, buffer, iteration
     queued), ops (iteration, op).
 
     - `after(op, "started" | "ended", copy)`: when `op` has ended and fired

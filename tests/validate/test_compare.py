@@ -1,6 +1,6 @@
 """Simulated versus measured: every planner's plan computes bit-identical
 results on CPU; the figures that do not depend on timing agree exactly; the
-measured device model is what the NOTE blocks of `validate/measure.py` say."""
+measured device model is what the NOTE blocks of `validate/calibrate/measure.py` say."""
 
 from __future__ import annotations
 
@@ -10,14 +10,27 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from memplan.hwmodels.latency import Fixed, Roofline
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners import registry
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, SwapIn, SwapOut, fingerprint_of
+from memplan.sim import Job, simulate
+from memplan.traces.zoo import BUILTIN
+from memplan.validate import Direction, TransferRecord, ValidationError, compare_results, replay
+from memplan.validate.calibrate.measure import (
+    PROBE_SWAPS,
+    LaneModel,
+    Sample,
+    compute_sample,
+    lane_fixed_cost,
+    op_latencies,
+    probe_plan,
+    quietest,
+)
+from memplan.validate.calibrate.simvsreal import unsteadiness, validate_plan
 
-from hwmodels.latency import Fixed, Roofline
-from hwmodels.profile import load_hardware
-from planners import registry
-from planners.check import check
-from planners.errors import PlanError
-from planners.plan import Plan, SwapIn, SwapOut, fingerprint_of
-from sim import Job, simulate
 from tests.validate.helpers import (
     Order,
     first_backward_use,
@@ -27,19 +40,6 @@ from tests.validate.helpers import (
     plan_of,
     trace_of,
     vanilla,
-)
-from traces.zoo import BUILTIN
-from validate import Direction, TransferRecord, ValidationError, compare_results, replay
-from validate.compare import unsteadiness, validate_plan
-from validate.measure import (
-    PROBE_SWAPS,
-    LaneModel,
-    Sample,
-    compute_sample,
-    lane_fixed_cost,
-    op_latencies,
-    probe_plan,
-    quietest,
 )
 
 PLANNERS = ("release_only", "tensile", "capuchin", "vdnn", "checkpoint")
@@ -69,7 +69,7 @@ def _validate(model: str, plan: Plan | str, **kw):
 # NOTE [ Periodic swap-ins of persistent buffers ]
 # TENSILE swaps some persistent buffers in before their first use and out
 # after their last, every iteration. In the first iteration such a buffer is
-# still resident: the simulator, `planners.check` and the executor all treat
+# still resident: the simulator, `planners.core.check` and the executor all treat
 # a swap-in of a resident buffer (not leaving) as a no-op, so these plans
 # replay like any other.
 @pytest.mark.parametrize("planner", PLANNERS)
@@ -290,9 +290,10 @@ def test_peak_span_finds_a_copy_that_races_an_allocation():
     holds b2 (1 MiB) for `ms` ms; op 2 allocates b1 (2 MiB). If op 2 starts
     before 5 ms, b0 is still there: 4 + 2 = 6 MiB; if after, the peak is op
     1's 4 + 1 = 5 MiB. Op 4 needs b0 back (4 MiB alone)."""
+    from memplan.validate.calibrate.simvsreal import peak_span
+
     from tests.sim.handtraces import B, MiB, gpu, make
     from tests.sim.handtraces import Call as SimCall
-    from validate.compare import peak_span
 
     def span(op1_ms: float) -> tuple[int, int]:
         trace, lat = make(

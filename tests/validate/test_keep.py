@@ -1,5 +1,5 @@
 """The replay applies plans with the simulator's semantics (NOTE [ Keep ] in
-validate/pool.py, NOTE [ Event semantics ] in sim/model.py): which copies
+validate/replay/pool.py, NOTE [ Event semantics ] in sim/model.py): which copies
 run and when device bytes are taken and given back. The two threads are put
 in a chosen order with `Order` (no timing), and the simulator is run on the
 same plan with latencies that give the same order; both must agree."""
@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from memplan.hwmodels.latency import Fixed
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners.core.plan import SwapIn, SwapOut
+from memplan.sim import Job, simulate
+from memplan.sim.log import LogKind
+from memplan.validate import Direction, compare_results, replay
 
-from hwmodels.latency import Fixed
-from hwmodels.profile import load_hardware
-from planners.plan import SwapIn, SwapOut
-from sim import Job, simulate
-from sim.log import LogKind
 from tests.validate.helpers import (
     Order,
     first_backward_use,
@@ -25,7 +26,6 @@ from tests.validate.helpers import (
     vanilla,
     writers,
 )
-from validate import Direction, compare_results, replay
 
 MiB = 2**20
 COPIES = (LogKind.SWAP_OUT_START, LogKind.SWAP_IN_START)

@@ -1,5 +1,5 @@
 """The copy lane on its own: the emulated link's schedule (NOTE [ Throttled
-copies ] in validate/lanes.py), with a mover that moves nothing."""
+copies ] in validate/replay/lanes.py), with a mover that moves nothing."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from validate.lanes import GIL_COPY_BYTES, Direction, Lane, Latch, Transfer, cpu_copy
+from memplan.validate.replay.lanes import GIL_COPY_BYTES, Direction, Lane, Latch, Transfer, cpu_copy
 
 
 class _Mover:

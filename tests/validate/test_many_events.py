@@ -5,8 +5,10 @@ still bit-identical to the vanilla run."""
 from __future__ import annotations
 
 import pytest
+from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.traces.model import BufferKind, Phase
+from memplan.validate import Direction, compare_results, replay
 
-from planners.plan import Recompute, Release, SwapIn, SwapOut
 from tests.validate.helpers import (
     first_backward_use,
     last_forward_use,
@@ -16,8 +18,6 @@ from tests.validate.helpers import (
     trace_of,
     vanilla,
 )
-from traces.model import BufferKind, Phase
-from validate import Direction, compare_results, replay
 
 
 def _forward_and_backward(trace):
@@ -48,7 +48,7 @@ def test_swapping_every_saved_activation_changes_nothing(model, lanes):
     r = replay(trace, plan=plan_of(trace, *events), iterations=2, lanes=lanes)
     compare_results(vanilla(model), r)
     # a swap-in that finds its swap-out still queued cancels it (NOTE [ Keep ]
-    # in validate/pool.py): how many copies run depends on timing, but every
+    # in validate/replay/pool.py): how many copies run depends on timing, but every
     # swap-in reads a host copy some swap-out made
     moved = 2 * sum(trace.buffers[b].nbytes for b, _, _ in swaps)
     assert r.bytes_moved(Direction.H2D) <= r.bytes_moved(Direction.D2H) <= moved

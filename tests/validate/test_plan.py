@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.traces.model import BufferKind
+from memplan.validate import Direction, ValidationError, compare_results, replay
 
-from planners.plan import Recompute, Release, SwapIn, SwapOut
 from tests.validate.helpers import (
     Order,
     first_backward_use,
@@ -21,8 +23,6 @@ from tests.validate.helpers import (
     vanilla,
     writers,
 )
-from traces.model import BufferKind
-from validate import Direction, ValidationError, compare_results, replay
 
 MiB = 2**20
 

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
+from memplan.validate import ValidationError, replay
+from memplan.validate.replay.initial import initial_bytes
+from memplan.validate.replay.program import HostTensor, ViewRef, _Decoder, compile_trace, resolve
 
 from tests.validate.helpers import trace_of
-from traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
-from validate import ValidationError, replay
-from validate.initial import initial_bytes
-from validate.program import HostTensor, ViewRef, _Decoder, compile_trace, resolve
 
 CPU = torch.device("cpu")
 

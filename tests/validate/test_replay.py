@@ -8,12 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from memplan.traces.model import BufferKind
+from memplan.validate import ValidationError, compare_results, replay
+from memplan.validate.replay.initial import index_bounds, initial_bytes
+from memplan.validate.replay.program import compile_trace
 
 from tests.validate.helpers import trace_of
-from traces.model import BufferKind
-from validate import ValidationError, compare_results, replay
-from validate.initial import index_bounds, initial_bytes
-from validate.program import compile_trace
 
 
 @pytest.mark.parametrize("model", ["small_cnn", "tiny_transformer"])

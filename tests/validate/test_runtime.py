@@ -12,9 +12,15 @@ import functools
 
 import pytest
 import torch
+from memplan.planners.core.plan import Plan, SwapIn, SwapOut
+from memplan.traces.model import Phase
+from memplan.traces.zoo import BUILTIN, MLP, ZOO, TinyResNet
+from memplan.validate import ValidationError
+from memplan.validate.runtime.hooks import PlanRuntime, apply_plan
+from memplan.validate.runtime.io import load, save
+from memplan.validate.runtime.plan import Action, export
 from torch import nn
 
-from planners.plan import Plan, SwapIn, SwapOut
 from tests.validate.helpers import (
     first_backward_use,
     first_op,
@@ -24,12 +30,6 @@ from tests.validate.helpers import (
     trace_of,
 )
 from tests.validate.test_compare import PLANNERS, plan_for
-from traces.model import Phase
-from traces.zoo import BUILTIN, MLP, ZOO, TinyResNet
-from validate import ValidationError
-from validate.runtime import PlanRuntime, apply_plan
-from validate.runtime_io import load, save
-from validate.runtime_plan import Action, export
 
 MLP_SAVED_BYTES = 12544 + 8192 + 4096 + 160 + 32 + 4  # batch 4: see the test below
 

@@ -1,0 +1,426 @@
+"""Lower bounds that hold for every plan of one job: the peak no plan can go
+below, and the iteration time no plan can beat under a budget.
+
+# NOTE [ Lower bounds ]
+# Peak: while op k runs, every buffer it reads or writes is on the device,
+# with its workspace: peak >= max_k working_set(k). At the start of an
+# iteration the simulator holds every persistent buffer and every input it
+# loads before any plan event can act (persistent buffers are allocated when
+# the job arrives, inputs when the iteration starts): peak >= that too.
+#
+# Time: ops run one after another, so T >= sum(d), with each d rounded to
+# 1 ns as the simulator rounds it (4000 unrounded durations can differ from
+# the simulated sum by microseconds). Under a budget B, an op k
+# whose release-only memory M_k exceeds B needs M_k - B bytes of buffers that
+# are alive but not accessed at k to be off the device while it runs. Each
+# such buffer leaves either by a swap, which costs its H2D copy and -- unless
+# it is a persistent buffer nobody writes (whose host copy outlives the
+# iteration) -- a D2H copy in every iteration, on a lane that is busy at most
+# T per iteration; or by recomputation of its producer (not if it consumes
+# RNG, not for inputs and persistent buffers), which adds that op's duration
+# to the compute stream. Letting every buffer be split fractionally and used
+# by both means at once relaxes this to two fractional knapsacks: T is at
+# least the smallest T with
+#     lane_bytes(T) + recompute_bytes(T - sum(d)) >= M_k - B,
+# for every k. With two lanes a byte costs half its round trip (the busier
+# direction is at least the average), with H2D at full speed.
+#
+# The CP-SAT planner's best bound is a bound over the plans its model can
+# express (NOTE [ CP-SAT semantics ] lists its rules); it is reported beside
+# these, as `model_bound_s`, and is not claimed for every plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.core.errors import PlanError
+from memplan.traces.model import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class PeakBound:
+    """`nbytes` = max(`working_set_bytes` of op `op`, `start_bytes`)."""
+
+    nbytes: int
+    op: int
+    working_set_bytes: int
+    start_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBound:
+    """Seconds. `seconds` = max(`compute_s`, `memory_s`); `memory_s` is the
+    relaxation of NOTE [ Lower bounds ] at its tightest op `op` (-1 when no op
+    exceeds the budget). inf (and `feasible` False) when the budget is below
+    the peak bound or no choice of buffers can bring some op under it."""
+
+    seconds: float
+    compute_s: float
+    memory_s: float
+    op: int
+    feasible: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    budget_bytes: int
+    peak: PeakBound
+    time: TimeBound
+    model_bound_s: float | None = None  # the CP-SAT bound, within its model's plans
+    model_status: str | None = None
+
+    @property
+    def best_time_s(self) -> float:
+        """The largest bound that holds for every plan (the analytic one)."""
+        return self.time.seconds
+
+    def to_dict(self) -> dict:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "peak_bytes": self.peak.nbytes,
+            "peak_op": self.peak.op,
+            "working_set_bytes": self.peak.working_set_bytes,
+            "start_bytes": self.peak.start_bytes,
+            "time_s": _num(self.time.seconds),
+            "compute_s": self.time.compute_s,
+            "memory_s": _num(self.time.memory_s),
+            "memory_op": self.time.op,
+            "feasible": self.time.feasible,
+            "model_bound_s": self.model_bound_s,
+            "model_status": self.model_status,
+        }
+
+
+def _num(x: float) -> float | None:
+    return None if math.isinf(x) else x
+
+
+def gap_to_bound(iteration_s: float, bound_s: float) -> float:
+    """(iteration time - bound) / bound: 0 is provably optimal."""
+    if not bound_s > 0 or math.isinf(bound_s) or math.isnan(iteration_s):
+        return math.nan
+    return (iteration_s - bound_s) / bound_s
+
+
+# ---- peak ------------------------------------------------------------------------------
+def working_sets(trace: Trace, workspace: bool = True) -> np.ndarray:
+    """int64[n_ops]: bytes each op reads or writes (+ its workspace)."""
+    p, bufs = trace.access_csr
+    op_of = np.repeat(np.arange(trace.n_ops, dtype=np.int64), np.diff(p))
+    ws = np.zeros(trace.n_ops, np.int64)
+    np.add.at(ws, op_of, trace.nbytes[bufs])  # reduceat breaks on ops that touch nothing
+    if workspace:
+        ws += np.fromiter((op.workspace_bytes for op in trace.ops), np.int64, trace.n_ops)
+    return ws
+
+
+def start_bytes(trace: Trace) -> int:
+    """Persistent buffers plus the inputs some op reads: resident when an
+    iteration starts, before any plan event."""
+    read = trace.last_access >= 0
+    inputs = trace.exists_at_start & ~trace.persistent & read
+    return int(trace.nbytes[trace.persistent].sum() + trace.nbytes[inputs].sum())
+
+
+def peak_lower_bound(trace: Trace, *, workspace: bool = True) -> PeakBound:
+    """No plan runs `trace` with a lower peak (NOTE [ Lower bounds ])."""
+    ws = working_sets(trace, workspace)
+    k = int(np.argmax(ws)) if len(ws) else -1
+    w = int(ws[k]) if k >= 0 else 0
+    s = start_bytes(trace)
+    return PeakBound(max(w, s), k if w >= s else -1, w, s)
+
+
+# ---- time ------------------------------------------------------------------------------
+def _cover(cost: np.ndarray, nbytes: np.ndarray, budget: float) -> float:
+    """Bytes a fractional knapsack covers with `budget` of cost (cheapest per
+    byte first); `cost`, `nbytes` sorted by cost per byte."""
+    if budget <= 0 or len(cost) == 0:
+        return 0.0
+    cum = np.cumsum(cost)
+    i = int(np.searchsorted(cum, budget, side="right"))
+    whole = float(nbytes[:i].sum())
+    if i < len(cost):
+        whole += float(nbytes[i]) * (budget - (cum[i - 1] if i else 0.0)) / float(cost[i])
+    return whole
+
+
+def _by_ratio(cost: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ok = np.isfinite(cost)
+    cost, nbytes = cost[ok], nbytes[ok]
+    order = np.argsort(cost / np.maximum(nbytes, 1), kind="stable")
+    return cost[order], nbytes[order]
+
+
+def _durations_s(trace: Trace, hw: Hardware, latency: LatencyModel) -> np.ndarray:
+    """Op durations as the simulator runs them: rounded to 1 ns."""
+    return np.round(np.asarray(latency.predict_all(trace, hw, 0.0), np.float64) * 1e6, 3) * 1e-6
+
+
+def _compute_s(d: np.ndarray) -> float:
+    return float(np.round(d * 1e9).sum()) * 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class _Costs:
+    """Per buffer of one job: (start, end) op of its release-only life, bytes,
+    the lane time a round trip costs, and the compute a recomputation costs
+    (inf where it cannot be recomputed)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+    lane: np.ndarray
+    rec: np.ndarray
+
+
+def _costs(trace: Trace, hw: Hardware, d: np.ndarray, lanes: int) -> _Costs:
+    start, end = trace.lifetimes("liveness")
+    nb = trace.nbytes
+    writes_any = np.zeros(trace.n_buffers, bool)
+    writes_any[trace.writes_csr[1]] = True
+    d2h = np.array([hw.transfer_s(int(x), "d2h") for x in nb])
+    h2d = np.array([hw.transfer_s(int(x), "h2d") for x in nb])
+    needs_out = ~trace.persistent | writes_any
+    lane_cost = h2d + np.where(needs_out, d2h, 0.0)
+    if lanes == 2:
+        lane_cost = lane_cost / 2
+    producer = trace.created_at
+    rng = np.fromiter((op.rng for op in trace.ops), bool, trace.n_ops)
+    recomputable = (producer >= 0) & ~trace.persistent & ~trace.exists_at_start
+    rec_cost = np.full(trace.n_buffers, np.inf)
+    ok = recomputable & ~rng[np.maximum(producer, 0)]
+    rec_cost[ok] = d[producer[ok]]
+    return _Costs(start, end, nb, lane_cost, rec_cost)
+
+
+def time_lower_bound(
+    trace: Trace,
+    hw: Hardware,
+    latency: LatencyModel,
+    budget: int,
+    *,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> TimeBound:
+    """No plan runs one iteration of `trace` under `budget` bytes faster: the
+    one-job case of `joint_time_lower_bound` (its order is the op order and
+    its peak bound `peak_lower_bound`)."""
+    return joint_time_lower_bound([trace], hw, latency, budget, lanes=lanes, workspace=workspace)
+
+
+def _row_time(
+    compute: float, need: float, lane: np.ndarray, rec: np.ndarray, nbytes: np.ndarray
+) -> float:
+    """The smallest time at which `need` bytes of these candidates can be off the device."""
+    lc, lb = _by_ratio(lane, nbytes)
+    rc, rb = _by_ratio(rec, nbytes)
+    return _smallest_time(compute, need, lc, lb, rc, rb)
+
+
+def _smallest_time(
+    compute: float, need: float, lc: np.ndarray, lb: np.ndarray, rc: np.ndarray, rb: np.ndarray
+) -> float:
+    """Smallest T >= compute with cover(lane, T) + cover(recompute, T - compute) >= need."""
+
+    def covered(t: float) -> float:
+        return _cover(lc, lb, t) + _cover(rc, rb, t - compute)
+
+    hi = compute + float(lc.sum()) + float(rc.sum())
+    if covered(hi) < need * (1 - 1e-12):
+        return math.inf
+    lo = compute
+    if covered(lo) >= need:
+        return lo
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if covered(mid) >= need:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * max(hi, 1e-9):
+            break
+    return hi
+
+
+def bounds(
+    trace: Trace,
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    budget_bytes: int | None = None,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> Bounds:
+    """Both bounds at `budget_bytes` (default: the device's memory)."""
+    budget = hw.memory_bytes if budget_bytes is None else budget_bytes
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise PlanError(f"bounds: budget={budget!r} must be a positive number of bytes")
+    peak = peak_lower_bound(trace, workspace=workspace)
+    time = time_lower_bound(trace, hw, latency, budget, lanes=lanes, workspace=workspace)
+    return Bounds(budget, peak, time)
+
+
+# ---- several jobs ----------------------------------------------------------------------
+# NOTE [ Jobs in step ]
+# The simulator's compute is one FIFO queue shared by all jobs, and a job asks
+# for it as soon as its previous op ended (and the swap-ins its next op waits
+# for are done). While every job has an op waiting, the jobs therefore take
+# turns -- job 0's op k, job 1's op k, ..., whatever the durations -- and jobs
+# with the same number of ops per iteration stay in step: each period of the
+# run holds one iteration of every job, its ops in the round-robin order of
+# `in_step_order`, and each job's steady iteration time is that period. The
+# frame of a period starts when the compute frees for job 0's op 0. A job's
+# iteration starts when its own last op ends, so job j's next iteration has
+# started while the jobs after it still run their last ops: there it holds
+# what its op 0 needs. In general, at every position job j is in the window of
+# its next op (its op 0 past its last op); `joint_memory_curve` adds up the
+# release-only memory of those windows.
+#
+# The joint bounds hold for every plan that keeps the jobs in step (the CP-SAT
+# planner's plans do, NOTE [ Several jobs ] in planners/cpsat/data.py). The
+# period is at least every job's compute in series, and at a position whose
+# joint memory exceeds the budget the excess must be off the device while
+# that op runs: any buffer alive there but not accessed by that op, and the
+# buffers other jobs create for their next op (a job that waits for a
+# swap-in allocates them late), at the lane and recompute costs of NOTE
+# [ Lower bounds ]. A plan that lets a job fall out of step (a stall long
+# enough for the others to run ahead) can give single jobs shorter
+# iterations, so with several jobs the time bound is one on the period of
+# in-step runs, not on every run's mean iteration time. The peak bound holds
+# for every plan: all jobs load their persistent buffers and inputs at time 0.
+
+
+@dataclass(frozen=True, eq=False)
+class StepOrder:
+    """The ops of one period of jobs in step: position p runs op `op[p]` of job
+    `job[p]`; `pos[j][k]` is the position of job j's op k."""
+
+    job: np.ndarray
+    op: np.ndarray
+    pos: tuple[np.ndarray, ...]
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.pos)
+
+    def window_ops(self, j: int) -> np.ndarray:
+        """int64[positions]: job j's next op at or after each position (its op 0
+        past its last op: its next iteration has started)."""
+        p = self.pos[j]
+        k = np.searchsorted(p, np.arange(len(self.job)), side="left")
+        k[k == len(p)] = 0
+        return k.astype(np.int64)
+
+
+def in_step_order(traces: Sequence[Trace]) -> StepOrder:
+    """The round-robin order of NOTE [ Jobs in step ]; PlanError unless every
+    job has the same number of ops."""
+    counts = [t.n_ops for t in traces]
+    if not counts or len(set(counts)) != 1 or counts[0] < 1:
+        raise PlanError(
+            f"jobs: several jobs stay in step only with the same number of ops per iteration "
+            f"(got {counts})"
+        )
+    k, n = len(traces), counts[0]
+    pos = tuple(np.arange(n, dtype=np.int64) * k + j for j in range(k))
+    job = np.tile(np.arange(k, dtype=np.int64), n)
+    op = np.repeat(np.arange(n, dtype=np.int64), k)
+    return StepOrder(job, op, pos)
+
+
+def joint_memory_curve(traces: Sequence[Trace], order: StepOrder) -> np.ndarray:
+    """int64[positions]: release-only bytes of all jobs at each position."""
+    mem = np.zeros(len(order.job), np.int64)
+    for j, t in enumerate(traces):
+        mem += t.memory_curve("liveness")[order.window_ops(j)]
+    return mem
+
+
+def joint_peak_lower_bound(traces: Sequence[Trace], *, workspace: bool = True) -> PeakBound:
+    """No plan runs `traces` together with a lower peak: the largest single
+    working set, or every job's persistent buffers and inputs at time 0."""
+    own = [peak_lower_bound(t, workspace=workspace) for t in traces]
+    j = int(np.argmax([p.working_set_bytes for p in own]))
+    w = own[j].working_set_bytes
+    s = sum(p.start_bytes for p in own)
+    return PeakBound(max(w, s), int(own[j].op) if w >= s else -1, w, s)
+
+
+def joint_time_lower_bound(
+    traces: Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    budget: int,
+    *,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> TimeBound:
+    """No in-step run of `traces` under `budget` bytes has a shorter period
+    (NOTE [ Jobs in step ]). `op` is a position of `in_step_order`."""
+    if lanes not in (1, 2):
+        raise PlanError(f"bounds: lanes={lanes!r} must be 1 or 2")
+    order = in_step_order(traces)
+    ds = [_durations_s(t, hw, latency) for t in traces]
+    compute = sum(_compute_s(d) for d in ds)
+    if budget < joint_peak_lower_bound(traces, workspace=workspace).nbytes:
+        return TimeBound(math.inf, compute, math.inf, -1, False)
+    mem0 = joint_memory_curve(traces, order)
+    hot = np.flatnonzero(mem0 > budget)
+    if len(hot) == 0:
+        return TimeBound(compute, compute, 0.0, -1, True)
+    costs = [_costs(t, hw, d, lanes) for t, d in zip(traces, ds, strict=True)]
+    windows = [order.window_ops(j) for j in range(len(traces))]
+    best, best_p = compute, -1
+    for p in hot.tolist():
+        jp = int(order.job[p])
+        need = float(mem0[p] - budget)
+        lane, rec, nb = [], [], []
+        for j, (t, c) in enumerate(zip(traces, costs, strict=True)):
+            k = int(windows[j][p])
+            alive = (c.start <= k) & (c.end >= k)
+            if j == jp:
+                alive[t.op_accesses(k)] = False
+            else:  # made for its next op: maybe not yet allocated (free to leave)
+                made = alive & (c.start == k) & ~t.exists_at_start
+                need -= float(c.nbytes[made].sum())
+                alive &= ~made
+            idx = np.flatnonzero(alive)
+            lane.append(c.lane[idx])
+            rec.append(c.rec[idx])
+            nb.append(c.nbytes[idx])
+        if need <= 0:
+            continue
+        t_p = _row_time(
+            compute, need, np.concatenate(lane), np.concatenate(rec), np.concatenate(nb)
+        )
+        if t_p > best:
+            best, best_p = t_p, p
+    return TimeBound(best, compute, best if best_p >= 0 else 0.0, best_p, math.isfinite(best))
+
+
+def joint_bounds(
+    traces: Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    budget_bytes: int | None = None,
+    lanes: int = 1,
+    workspace: bool = True,
+) -> Bounds:
+    """`bounds` for several jobs run together (one job: `bounds` itself)."""
+    if len(traces) == 1:
+        return bounds(traces[0], hw, latency, budget_bytes=budget_bytes, lanes=lanes,
+                      workspace=workspace)  # fmt: skip
+    budget = hw.memory_bytes if budget_bytes is None else budget_bytes
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise PlanError(f"bounds: budget={budget!r} must be a positive number of bytes")
+    peak = joint_peak_lower_bound(traces, workspace=workspace)
+    time = joint_time_lower_bound(traces, hw, latency, budget, lanes=lanes, workspace=workspace)
+    return Bounds(budget, peak, time)

@@ -1,0 +1,204 @@
+"""Which PCIe lane time is still free (TENSILE §IV-C feasible intervals).
+
+`LaneSet`: the lane timeline(s) of a set of jobs (NOTE [ Lane timelines ]):
+free intervals, the earliest and latest free slot of a given length in a
+window, booking. Times are job-local unrolled microseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+from memplan.planners.analysis.optimes import EPS_US, Timeline
+
+# NOTE [ Lane timelines ]
+# TENSILE moves one tensor at a time over PCIe (§IV-C): a swap may only use
+# lane time no other swap holds. A lane is a circle of `period` microseconds
+# (the iteration repeats), holding disjoint busy intervals. By default all
+# jobs share one lane, as the simulator's `lanes=1` does: its period is the
+# longest job's, and a job with a shorter period holds each booking once per
+# repetition of its own iteration within that circle (`ceil(P / period_j)`
+# replicas), so a slot is free for it only if every replica is. With
+# `per_job_lane=True` each job gets its own circle of its own period -- the
+# authors' simplification, which lets two jobs' copies collide at run time.
+# Transfers of both directions share the lane (the paper's single channel).
+
+
+# Intervals that overlap by less than this (us) only touch: rounding in the
+# circle's modular arithmetic must not make a slot that ends where a busy
+# interval starts look taken.
+_TOUCH = 1e-7
+
+
+class _Circle:
+    """Disjoint busy intervals on [0, period), sorted."""
+
+    __slots__ = ("period", "starts", "ends")
+
+    def __init__(self, period: float):
+        self.period = period
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def add(self, a: float, b: float) -> None:
+        """Mark [a, b) busy (unrolled times; b - a <= period)."""
+        P = self.period
+        if b - a >= P:
+            self.starts, self.ends = [0.0], [P]
+            return
+        k = math.floor(a / P)
+        a, b = a - k * P, b - k * P
+        if b > P:
+            self._add(a, P)
+            self._add(0.0, b - P)
+        else:
+            self._add(a, b)
+
+    def _add(self, a: float, b: float) -> None:
+        if b <= a:
+            return
+        S, E = self.starts, self.ends
+        i = bisect.bisect_left(E, a)  # first interval ending at or after a
+        j = bisect.bisect_right(S, b)  # intervals starting at or before b
+        if i < j:
+            a = min(a, S[i])
+            b = max(b, E[j - 1])
+        S[i:j] = [a]
+        E[i:j] = [b]
+
+    def conflict(self, a: float, b: float) -> tuple[float, float] | None:
+        """A busy interval overlapping [a, b) in unrolled time (b - a < period),
+        returned in unrolled coordinates: the last-ending one for `a`..`b`."""
+        P = self.period
+        k = math.floor(a / P)
+        a0, b0 = a - k * P, b - k * P
+        best = None
+        for lo, hi, shift in ((a0, min(b0, P), k * P), (0.0, b0 - P, (k + 1) * P)):
+            if hi <= lo:
+                continue
+            j = bisect.bisect_left(self.starts, hi - _TOUCH) - 1
+            if j >= 0 and self.ends[j] > lo + _TOUCH:
+                cand = (self.starts[j] + shift, self.ends[j] + shift)
+                if best is None or cand[1] > best[1]:
+                    best = cand
+        return best
+
+    def first_conflict(self, a: float, b: float) -> tuple[float, float] | None:
+        """The earliest-starting busy interval overlapping [a, b)."""
+        P = self.period
+        k = math.floor(a / P)
+        a0, b0 = a - k * P, b - k * P
+        for lo, hi, shift in ((a0, min(b0, P), k * P), (0.0, b0 - P, (k + 1) * P)):
+            if hi <= lo:
+                continue
+            j = bisect.bisect_right(self.ends, lo + _TOUCH)  # first one ending after lo
+            if j < len(self.starts) and self.starts[j] < hi - _TOUCH:
+                return self.starts[j] + shift, self.ends[j] + shift
+        return None
+
+    def busy_in(self, a: float, b: float) -> list[tuple[float, float]]:
+        """Busy intervals overlapping [a, b), unrolled and clipped to it."""
+        P = self.period
+        out = []
+        if P <= 0:
+            return out
+        k = math.floor(a / P)
+        while k * P < b:
+            shift = k * P
+            lo, hi = a - shift, b - shift
+            i = bisect.bisect_right(self.ends, lo)
+            while i < len(self.starts) and self.starts[i] < hi:
+                out.append((max(a, self.starts[i] + shift), min(b, self.ends[i] + shift)))
+                i += 1
+            k += 1
+        return out
+
+
+class LaneSet:
+    """The lane timeline(s) of a set of jobs (NOTE [ Lane timelines ]). All
+    times are job-local unrolled microseconds (iteration r of job j at
+    r * timelines[j].period_us)."""
+
+    def __init__(self, timelines: Sequence[Timeline], *, per_job_lane: bool = False):
+        periods = [max(t.period_us, EPS_US) for t in timelines]
+        self.per_job_lane = per_job_lane
+        self.periods = periods
+        if per_job_lane or len(timelines) == 1:
+            self.circles = [_Circle(p) for p in periods]
+            self.lane_of = list(range(len(timelines)))
+            self.offsets = [[0.0] for _ in periods]
+        else:
+            big = max(periods)
+            self.circles = [_Circle(big)]
+            self.lane_of = [0] * len(timelines)
+            self.offsets = [
+                [r * p for r in range(max(1, math.ceil(big / p - 1e-9)))] for p in periods
+            ]
+        self.bookings: list[tuple[int, float, float]] = []
+
+    def _circle(self, job: int) -> _Circle:
+        return self.circles[self.lane_of[job]]
+
+    def is_free(self, job: int, start: float, dur: float) -> bool:
+        c = self._circle(job)
+        return all(c.conflict(start + o, start + o + dur) is None for o in self.offsets[job])
+
+    def earliest(self, job: int, lo: float, hi: float, dur: float) -> float | None:
+        """The earliest start s >= lo with [s, s + dur) free and s + dur <= hi."""
+        c, offs = self._circle(job), self.offsets[job]
+        if dur >= c.period:
+            return None
+        s = lo
+        while s + dur <= hi + 1e-9:
+            bumped = False
+            for o in offs:
+                hit = c.conflict(s + o, s + o + dur)
+                if hit is not None:
+                    s = max(hit[1] - o, s + _TOUCH)
+                    bumped = True
+            if not bumped:
+                return s
+        return None
+
+    def latest(self, job: int, lo: float, hi: float, dur: float) -> float | None:
+        """The latest start s >= lo with [s, s + dur) free and s + dur <= hi."""
+        c, offs = self._circle(job), self.offsets[job]
+        if dur >= c.period:
+            return None
+        s = hi - dur
+        while s >= lo - 1e-9:
+            bumped = False
+            for o in offs:
+                hit = c.first_conflict(s + o, s + o + dur)
+                if hit is not None:
+                    s = min(hit[0] - o - dur, s - _TOUCH)
+                    bumped = True
+            if not bumped:
+                return max(s, lo)
+        return None
+
+    def book(self, job: int, start: float, dur: float) -> None:
+        """Hold the lane for [start, start + dur) in every replica."""
+        c = self._circle(job)
+        for o in self.offsets[job]:
+            c.add(start + o, start + o + dur)
+        self.bookings.append((job, start, dur))
+
+    def free_intervals(self, job: int, lo: float, hi: float) -> list[tuple[float, float]]:
+        """TENSILE's feasible intervals: the maximal free stretches of [lo, hi)
+        for `job` (free in every replica), ascending."""
+        c = self._circle(job)
+        busy: list[tuple[float, float]] = []
+        for o in self.offsets[job]:
+            busy.extend((a - o, b - o) for a, b in c.busy_in(lo + o, hi + o))
+        busy.sort()
+        out, t = [], lo
+        for a, b in busy:
+            if a > t:
+                out.append((t, a))
+            t = max(t, b)
+        if t < hi:
+            out.append((t, hi))
+        return out

@@ -1,0 +1,193 @@
+"""Recompute candidates valued by MSPS, memory saving per second (Capuchin
+§4.3, reused by TENSILE §IV-D).
+
+A candidate frees buffer `b` after an access (`release_after`) and re-runs a
+chain of ops just before its next access (`before_op`), the way
+`planners.core.plan.Recompute` does it on demand. `chain` finds the ops: b's
+producer, and the producers of any of its inputs that are not available
+then, up to `max_ops` ops. What "available" means is the caller's: TENSILE
+takes only buffers that are on the device then and never released; Capuchin
+also lets a source be recomputed itself.
+
+    MSPS = saving_bytes / recompute_time_s
+
+A chain with no duration (view ops) has infinite MSPS.
+
+# NOTE [ What can be recomputed ]
+# - Only a buffer with exactly one writing access (its creating op) can be
+#   recomputed: a buffer updated in place has no single op that makes its
+#   current value (and parameters, inputs and optimizer state are never
+#   recomputed: they have no producer in the iteration).
+# - The producer must not read what it writes, nor write a persistent buffer
+#   (BatchNorm's running statistics, an optimizer update): re-running it
+#   would apply that update twice.
+# - A chain op may write other buffers too (convolution_backward writes two
+#   grads): the simulator allocates those that are absent as temporaries for
+#   the chain and does not redo writes to those on the device; the planner
+#   counts the temporaries' bytes at `before_op`.
+# - A source (a buffer a chain op reads that no earlier chain op writes) must
+#   not be written between the chain op's original run and `before_op`, or
+#   the recomputed value would differ (`planners.core.check` rejects that).
+# - A chain with an RNG op (dropout) sets `restore_rng`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.planners.analysis import AccessTable, access_table
+from memplan.planners.core.plan import Recompute, Release
+from memplan.traces.model import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeCandidate:
+    """Free `buffer` after `release_after`, recompute it by `ops` before
+    `before_op`. `sources` are the buffers the chain reads from outside
+    itself, `temp_bytes` the bytes of the chain's other outputs, `time_us`
+    the chain's predicted compute time."""
+
+    job: int
+    buffer: int
+    release_after: int
+    before_op: int
+    ops: tuple[int, ...]
+    sources: tuple[int, ...]
+    saving_bytes: int
+    time_us: float
+    temp_bytes: int = 0
+    restore_rng: bool = False
+
+    @property
+    def msps(self) -> float:
+        """Memory saving per second of recompute time (bytes/s)."""
+        if self.time_us <= 0:
+            return math.inf
+        return self.saving_bytes / (self.time_us * 1e-6)
+
+    def events(self) -> tuple[Release, Recompute]:
+        """The plan events that carry it out."""
+        return (
+            Release(self.buffer, self.release_after),
+            Recompute(self.buffer, self.before_op, self.ops, self.restore_rng),
+        )
+
+
+def producer(trace: Trace, b: int, table: AccessTable | None = None) -> int:
+    """The op that makes buffer `b`'s value, or -1 if it cannot be recomputed
+    (NOTE [ What can be recomputed ])."""
+    if trace.exists_at_start[b] or trace.persistent[b]:
+        return -1
+    table = table or access_table(trace)
+    p0, p1 = int(table.ptr[b]), int(table.ptr[b + 1])
+    w = table.writes[p0:p1]
+    if p1 == p0 or int(w.sum()) != 1 or not w[0]:
+        return -1
+    op = int(table.ops[p0])
+    if b in trace.op_reads(op) or trace.writes_persistent[op]:
+        return -1
+    return op
+
+
+def chain(
+    trace: Trace,
+    b: int,
+    before_op: int,
+    available: Callable[[int], bool],
+    *,
+    max_ops: int = 1,
+    table: AccessTable | None = None,
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(ops ascending, sources) that recompute `b` just before `before_op`, or
+    None. `available(s)` says whether buffer `s` may be read from the device
+    at `before_op`; unavailable inputs are recomputed in turn, as long as the
+    chain stays within `max_ops` ops."""
+    table = table or access_table(trace)
+    ops: set[int] = set()
+    made: set[int] = set()
+    todo = [b]
+    while todo:
+        x = todo.pop()
+        if x in made:
+            continue
+        k = producer(trace, x, table)
+        if k < 0 or k >= before_op:
+            return None
+        if k not in ops:
+            ops.add(k)
+            if len(ops) > max_ops:
+                return None
+            for w in trace.op_writes(k).tolist():
+                made.add(int(w))
+            for s in trace.op_reads(k).tolist():
+                if s in made or s == b:
+                    continue
+                if not available(s):
+                    todo.append(s)
+        made.add(x)
+    order = tuple(sorted(ops))
+    made_so_far: set[int] = set()
+    sources: list[int] = []
+    for k in order:
+        for s in trace.op_reads(k).tolist():
+            if s not in made_so_far and s not in sources:
+                if not available(s) or _overwritten(table, s, k, before_op):
+                    return None
+                sources.append(s)
+        made_so_far.update(int(w) for w in trace.op_writes(k).tolist())
+    return order, tuple(sources)
+
+
+def _overwritten(table: AccessTable, s: int, k: int, before_op: int) -> bool:
+    """Whether an op strictly between `k` and `before_op` writes `s`."""
+    p0, p1 = int(table.ptr[s]), int(table.ptr[s + 1])
+    acc = table.ops[p0:p1]
+    sel = (acc > k) & (acc < before_op)
+    return bool(table.writes[p0:p1][sel].any())
+
+
+def candidate(
+    trace: Trace,
+    job: int,
+    b: int,
+    release_after: int,
+    before_op: int,
+    durations_us: np.ndarray,
+    available: Callable[[int], bool],
+    *,
+    max_ops: int = 1,
+    saving_bytes: int | None = None,
+) -> RecomputeCandidate | None:
+    """The candidate that frees `b` between `release_after` and `before_op`,
+    or None if no chain within `max_ops` can make it. `saving_bytes`
+    defaults to b's size."""
+    table = access_table(trace)
+    found = chain(trace, b, before_op, available, max_ops=max_ops, table=table)
+    if found is None:
+        return None
+    ops, sources = found
+    temps = {int(w) for k in ops for w in trace.op_writes(k).tolist()} - {b}
+    temps = {w for w in temps if not available(w)}
+    return RecomputeCandidate(
+        job=job,
+        buffer=b,
+        release_after=release_after,
+        before_op=before_op,
+        ops=ops,
+        sources=sources,
+        saving_bytes=int(trace.nbytes[b]) if saving_bytes is None else saving_bytes,
+        time_us=float(durations_us[list(ops)].sum()),
+        temp_bytes=int(sum(int(trace.nbytes[w]) for w in temps)),
+        restore_rng=any(trace.ops[k].rng for k in ops),
+    )
+
+
+def best(candidates: list[RecomputeCandidate]) -> RecomputeCandidate | None:
+    """The candidate with the highest MSPS (ties: larger saving, then lower
+    job, buffer), or None."""
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: (c.msps, c.saving_bytes, -c.job, -c.buffer))

@@ -1,0 +1,215 @@
+"""Static plan checking: replay a plan in op order, without time, and reject
+any op that would find its data gone.
+
+`check(plan, trace)` returns nothing or raises `PlanError` naming the
+iteration, the op or event, the buffer and the reason. It replays at least two
+iterations (the first starts with every persistent buffer resident, the second
+with whatever the first left) and goes on until an iteration starts in a state
+already seen, after which every later iteration repeats a checked one.
+
+Timing is the simulator's business: a swap-in that arrives late stalls
+compute, it is not an error. What `check` rejects would corrupt or lose data:
+
+- an op reads or writes a buffer that is absent (swapped out or released, and
+  neither swapped in nor recomputed before it);
+- a SwapIn with no host copy to read (no SwapOut since the buffer was last
+  written -- a host copy made earlier stays valid until a write, as TENSILE
+  keeps it until the last access, so a later re-eviction needs no copy);
+- a SwapOut or Release of a buffer that is not on the device, or dead;
+- a Recompute whose sources are absent when it runs (unless recomputed before
+  the same op), were overwritten since the chain first ran, or that consumes
+  RNG state without restoring it.
+
+Lane occupancy is timing too: the simulator queues copies FIFO on their lane,
+so `check` does not look for a double-booked lane. See NOTE [ Event
+semantics ] in `sim/model.py` for the run-time semantics this mirrors.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import (
+    Event,
+    Plan,
+    Recompute,
+    Release,
+    SwapIn,
+    SwapOut,
+    describe,
+    recompute_sources,
+    validate,
+)
+from memplan.traces.model import Trace
+
+MAX_ITERATIONS = 16
+
+
+def check(plan: Plan, trace: Trace) -> None:
+    """Raise `PlanError` unless every op of every iteration finds its buffers
+    on the device under `plan`."""
+    validate(plan, trace)
+    _Replay(plan, trace).run()
+
+
+class _Replay:
+    def __init__(self, plan: Plan, trace: Trace):
+        self.trace = trace
+        n, nb = trace.n_ops, trace.n_buffers
+        ap, ab = (a.tolist() for a in trace.access_csr)
+        wp, wb = (a.tolist() for a in trace.writes_csr)
+        created = trace.created_at.tolist()
+        self.created: list[list[int]] = [[] for _ in range(n)]
+        for b, c in enumerate(created):
+            if c >= 0 and not trace.buffers[b].exists_at_start:
+                self.created[c].append(b)
+        self.need = [
+            [b for b in ab[ap[i] : ap[i + 1]] if b not in self.created[i]] for i in range(n)
+        ]
+        self.writes = [wb[wp[i] : wp[i + 1]] for i in range(n)]
+        self.frees: list[list[int]] = [[] for _ in range(n)]
+        for b, f in enumerate(trace.freed_after.tolist()):
+            if not trace.buffers[b].persistent and n:
+                self.frees[min(f, n - 1)].append(b)
+        self.persistent = [b.id for b in trace.buffers if b.persistent]
+        self.inputs = [b.id for b in trace.buffers if b.exists_at_start and not b.persistent]
+        self.triggers: dict[int, list[tuple[int, Event]]] = defaultdict(list)
+        self.recompute: dict[tuple[int, int], tuple[int, Recompute]] = {}
+        for e, ev in enumerate(plan.events):
+            if isinstance(ev, Recompute):
+                key = (ev.buffer, ev.before_op)
+                if key in self.recompute:
+                    raise PlanError(
+                        f"events[{e}] ({describe(ev)}): a second recompute of buffer "
+                        f"{ev.buffer} before op {ev.before_op} (also events[{self.recompute[key][0]}])"
+                    )
+                self.recompute[key] = (e, ev)
+                self._check_chain(e, ev)
+            else:
+                self.triggers[ev.after_op].append((e, ev))
+        self.alive = [False] * nb
+        self.present = [False] * nb
+        self.host = [False] * nb
+        self.why = [""] * nb
+        self.it = 0
+
+    # ---- static properties of a recompute chain ----------------------------------
+    def _check_chain(self, e: int, ev: Recompute) -> None:
+        t = self.trace
+        w = f"events[{e}] ({describe(ev)} before op {ev.before_op})"
+        rng = [k for k in ev.ops if t.ops[k].rng]
+        if rng and not ev.restore_rng:
+            raise PlanError(
+                f"{w}: op {rng[0]} ({t.ops[rng[0]].target}) consumes RNG state; "
+                f"recomputing it changes the result unless restore_rng is set"
+            )
+        side = [k for k in ev.ops if t.writes_persistent[k]]
+        if side:
+            b = next(int(x) for x in t.op_writes(side[0]) if t.persistent[x])
+            raise PlanError(
+                f"{w}: op {side[0]} ({t.ops[side[0]].target}) writes persistent buffer {b} "
+                f"({t.buffers[b].name or t.buffers[b].kind.value}); re-running it would "
+                f"update it twice"
+            )
+        for k, srcs in recompute_sources(ev, t):
+            for s in srcs:
+                later = [m for m in t.accesses_of(s).tolist() if k < m < ev.before_op]
+                over = [m for m in later if s in t.op_writes(m)]
+                if over:
+                    raise PlanError(
+                        f"{w}: source buffer {s} read by op {k} is overwritten by op {over[0]} "
+                        f"({t.ops[over[0]].target}) before op {ev.before_op}; "
+                        f"the recomputed value would differ"
+                    )
+
+    # ---- replay ----------------------------------------------------------------
+    def run(self) -> None:
+        for b in self.persistent:
+            self.alive[b] = self.present[b] = True
+        seen: set[tuple[tuple[bool, bool], ...]] = set()
+        for it in range(MAX_ITERATIONS):
+            state = tuple((self.present[b], self.host[b]) for b in self.persistent)
+            if it >= 2 and state in seen:
+                return
+            seen.add(state)
+            self.it = it
+            self._iteration()
+
+    def _iteration(self) -> None:
+        alive, present, host = self.alive, self.present, self.host
+        for b in self.inputs:
+            alive[b] = present[b] = True
+            host[b] = False
+        self._events(-1)
+        for i in range(self.trace.n_ops):
+            for b in self.need[i]:
+                if not present[b]:
+                    self._resolve(b, i, ())
+            for b in self.created[i]:
+                alive[b] = present[b] = True
+                host[b] = False
+            for b in self.writes[i]:
+                host[b] = False
+            for b in self.frees[i]:
+                alive[b] = present[b] = host[b] = False
+            self._events(i)
+
+    def _resolve(self, b: int, i: int, chain: tuple[int, ...]) -> None:
+        """Make absent `b` present before op `i` by its Recompute, or fail."""
+        hit = self.recompute.get((b, i))
+        op = self.trace.ops[i]
+        if hit is None:
+            if chain:
+                raise PlanError(
+                    f"iteration {self.it}, op {i}: recompute of buffer {chain[-1]} needs "
+                    f"buffer {b}, which is absent ({self._why(b)}) and not recomputed before op {i}"
+                )
+            raise PlanError(
+                f"iteration {self.it}, op {i} ({op.target}): reads buffer {b}, which is absent "
+                f"({self._why(b)}) and not swapped in or recomputed before it"
+            )
+        e, ev = hit
+        if b in chain:
+            raise PlanError(f"events[{e}] ({describe(ev)}): recompute chain is cyclic via {chain}")
+        for _k, srcs in recompute_sources(ev, self.trace):
+            for s in srcs:
+                if not self.present[s]:
+                    self._resolve(s, i, (*chain, b))
+        self.present[b] = True
+
+    def _why(self, b: int) -> str:
+        if not self.alive[b]:
+            f = int(self.trace.freed_after[b])
+            return f"freed by the framework after op {f}"
+        return self.why[b] or "never on the device"
+
+    def _events(self, k: int) -> None:
+        for e, ev in self.triggers.get(k, ()):
+            self._apply(e, ev, k)
+
+    def _apply(self, e: int, ev: Event, k: int) -> None:
+        b = ev.buffer
+        when = "the start of the iteration" if k < 0 else f"op {k}"
+        w = f"iteration {self.it}, after {when}: events[{e}] ({describe(ev)})"
+        if not self.alive[b]:
+            c = int(self.trace.created_at[b])
+            raise PlanError(
+                f"{w}: buffer {b} is not alive then (created by op {c}, "
+                f"freed by the framework after op {int(self.trace.freed_after[b])})"
+            )
+        if isinstance(ev, SwapOut | Release):
+            if not self.present[b]:
+                raise PlanError(f"{w}: buffer {b} is not on the device ({self.why[b]})")
+            self.present[b] = False
+            verb = "swapped out" if isinstance(ev, SwapOut) else "released"
+            self.why[b] = f"{verb} after {when} of iteration {self.it} by events[{e}]"
+            if isinstance(ev, SwapOut):
+                self.host[b] = True
+        elif isinstance(ev, SwapIn) and not self.present[b]:
+            if not self.host[b]:
+                raise PlanError(
+                    f"{w}: no host copy to read ({self.why[b]}, with no swap-out since "
+                    f"it was last written)"
+                )
+            self.present[b] = True

@@ -1,0 +1,399 @@
+"""The data section of the CP-SAT planner: everything the model needs, in
+integer ticks and bytes, derived once from a trace, the hardware and the
+latency model.
+
+A *gap* is a stretch of ops during which a buffer is alive but not accessed:
+between two consecutive accesses (`WITHIN`), from the start of the iteration
+to an input's first access (`HEAD`), or from a persistent buffer's last access
+to the end of the iteration, its next access being in the next iteration
+(`CROSS`). Only gaps that contain a *hot* op -- one whose keep-everything
+memory exceeds the budget (or the peak bound, when minimising the peak) --
+get decision variables: leaving a buffer elsewhere never helps.
+
+See NOTE [ CP-SAT semantics ] in `planners/cpsat/model.py` for how these
+numbers become constraints.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.analysis.bounds import StepOrder, in_step_order, joint_memory_curve
+from memplan.planners.core.errors import PlanError
+from memplan.traces.model import Trace
+
+TICKS_PER_US = 1000  # one tick is a nanosecond: the simulator rounds op durations to 1 ns
+TICKS_PER_S = 1_000_000_000
+INEXACT_MARGIN = 64  # ticks
+
+# NOTE [ Inexact copy times ]
+# The simulator times a copy as fixed + bytes / bandwidth without rounding;
+# the model rounds each copy up to whole ns, so in the simulator a copy ends
+# up to 1 ns earlier than planned. Everything pinned after it (an op that
+# waited for a swap-in, the copies triggered after that op) then runs that
+# much earlier, and such shifts can add up along a chain of stalls. When
+# copy times are not whole ns the margin between a free and the allocation
+# it makes room for is therefore raised to INEXACT_MARGIN ns (64 stalls in
+# a row before a tie could flip); on hardware whose copies are whole ns it
+# stays at `margin_ns`, and the simulator reproduces the model exactly.
+
+
+# NOTE [ Several jobs ]
+# Jobs planned together share the compute, the lane(s) and one budget. The
+# model keeps them in step (NOTE [ Jobs in step ] in planners/analysis/bounds.py): one
+# period holds one iteration of every job, its ops at the positions of
+# `in_step_order`, and everything per op below is per position -- `dur`,
+# `mem0` (the joint release-only memory), the hot positions, the op chain
+# E_p = max(E_{p-1}, swap-ins due at p) + d_p. Buffers are numbered job by job
+# (`buf0`). A gap of job j is still between two accesses of j's own ops, but
+# its buffer may be absent at any position in between, other jobs' ops
+# included. On top of the one-job rules (NOTE [ CP-SAT semantics ]):
+# - The simulator must serve the ops in this order: a stall long enough for
+#   the next job to ask for the compute first would let it run ahead. So each
+#   op's request time Q_p = max(end of its job's previous op, its swap-ins)
+#   is earlier, by the margin, than the next position's (NOTE [ FIFO order ]
+#   in cpsat/model.py).
+# - Plan events are triggered by the job's own ops: a swap must leave a hole
+#   that contains the end of one of its own ops (where its SwapIn fires), and
+#   a HEAD gap's copy-out starts after the job's op 0 (in iteration 0 every
+#   job starts at time 0, later job j's iteration starts when its previous
+#   one ends, before the frame starts: an event at the iteration start would
+#   move between the two).
+# - No recomputation: a recompute runs on the shared compute as a request of
+#   its own, and another job's op would slip in between it and the op it
+#   serves, changing the order.
+# Jobs must have the same number of ops (else they do not stay in step, and a
+# PlanError says so).
+
+
+class GapKind(enum.Enum):
+    HEAD = "head"  # an input, from the start of the iteration to its first access
+    WITHIN = "within"  # between two consecutive accesses in the iteration
+    CROSS = "cross"  # a persistent buffer, from its last access to the next iteration's first
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """One decision: keep the buffer, swap it (out after `a`, in before `c`) or
+    release it after `a` and recompute it by re-running `recompute_op` before `c`.
+    `a`, `c`, `hot` and `recompute_op` are positions (op indices for one job),
+    `buffer` a global buffer id of job `job` (NOTE [ Several jobs ]).
+
+    `a` is -1 for a HEAD gap (the iteration start). For a CROSS gap `c` is the
+    first access in the next iteration, counted in this iteration's ops
+    (`c_next`), and only the ops after `a` in this iteration may see the buffer
+    absent (NOTE [ Iteration zero ]). `hot` are the hot ops at which absence
+    is counted, ascending; `hot_idx` their positions in `CpsatData.hot`.
+    `epoch_prev` are earlier gaps of the same buffer with no write to it in
+    between: if one of them was swapped, the host copy is still valid and this
+    gap needs no D2H copy. `keep_for_recompute` are gaps (of the recompute
+    op's sources) that must be kept when this gap is recomputed."""
+
+    id: int
+    buffer: int
+    kind: GapKind
+    a: int
+    c: int
+    c_next: bool
+    hot: tuple[int, ...]
+    hot_idx: tuple[int, ...]
+    epoch_prev: tuple[int, ...]
+    recompute_op: int = -1
+    keep_for_recompute: tuple[int, ...] = ()
+    job: int = 0
+
+    @property
+    def recomputable(self) -> bool:
+        return self.recompute_op >= 0
+
+
+@dataclass(frozen=True, eq=False)
+class CpsatData:
+    """Ticks are nanoseconds. `mem0[k]` is the bytes resident while op k runs
+    when every buffer is kept until its last access (the release-only plan),
+    persistent buffers throughout. `hot` are the ops whose `mem0` exceeds
+    `threshold` (the budget, or the peak lower bound in peak mode). With
+    several jobs "op k" is position k of `order` and buffer b of job j is
+    `buf0[j] + b` (NOTE [ Several jobs ])."""
+
+    traces: tuple[Trace, ...]
+    order: StepOrder
+    buf0: np.ndarray  # int64[n_jobs + 1] first global buffer id of each job
+    n_ops: int
+    dur: np.ndarray  # int64[n_ops] op durations
+    out_ticks: np.ndarray  # int64[n_buffers] D2H copy time
+    in_ticks: np.ndarray  # int64[n_buffers] H2D copy time
+    nbytes: np.ndarray  # int64[n_buffers]
+    mem0: np.ndarray  # int64[n_ops]
+    threshold: int
+    hot: np.ndarray  # int64[n_hot] hot ops, ascending
+    gaps: tuple[Gap, ...]
+    lanes: int
+    margin: int  # ticks by which a free must precede an allocation it makes room for
+    exact_transfers: bool  # every copy time is a whole number of ticks
+
+    @property
+    def compute_ticks(self) -> int:
+        return int(self.dur.sum())
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.traces)
+
+    @property
+    def trace(self) -> Trace:
+        """The trace of a one-job model."""
+        if len(self.traces) != 1:
+            raise ValueError("a model of several jobs has no single trace")
+        return self.traces[0]
+
+    def own_prev(self, p: int) -> int:
+        """The position of the previous op of p's job, -1 for its op 0."""
+        j, k = int(self.order.job[p]), int(self.order.op[p])
+        return int(self.order.pos[j][k - 1]) if k else -1
+
+    def gaps_at(self) -> list[list[int]]:
+        """Per hot position, the gaps counting absence there."""
+        out: list[list[int]] = [[] for _ in range(len(self.hot))]
+        for g in self.gaps:
+            for h in g.hot_idx:
+                out[h].append(g.id)
+        return out
+
+
+def op_ticks(trace: Trace, hw: Hardware, latency: LatencyModel) -> np.ndarray:
+    """Op durations in ns, rounded exactly as the simulator rounds them (1 ns)
+    for one job alone on the device (usage 0)."""
+    s = np.asarray(latency.predict_all(trace, hw, 0.0), np.float64)
+    if s.shape != (trace.n_ops,) or not np.isfinite(s).all() or (s < 0).any():
+        raise PlanError(
+            f"cpsat: latency model {latency.name!r} returned bad durations "
+            f"(need {trace.n_ops} finite values >= 0)"
+        )
+    return np.rint(np.round(s * 1e6, 3) * TICKS_PER_US).astype(np.int64)
+
+
+def copy_ticks(hw: Hardware, nbytes: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(D2H ticks, H2D ticks, exact) per buffer: copy times rounded up to whole
+    ns (never shorter than the simulator's). With two lanes H2D is costed at
+    the duplex rate (NOTE [ Two lanes ] in `cpsat/model.py`)."""
+    fixed_ns = hw.transfer_fixed_s * 1e9
+    h2d_bw = hw.h2d_bytes_per_s * (hw.h2d_duplex_factor if lanes == 2 else 1.0)
+    out_ns = fixed_ns + nbytes * 1e9 / hw.d2h_bytes_per_s
+    in_ns = fixed_ns + nbytes * 1e9 / h2d_bw
+    out_t = np.ceil(out_ns - 1e-6).astype(np.int64)
+    in_t = np.ceil(in_ns - 1e-6).astype(np.int64)
+    exact = bool(np.allclose(out_t, out_ns, rtol=0, atol=1e-6)) and bool(
+        np.allclose(in_t, in_ns, rtol=0, atol=1e-6)
+    )
+    return np.maximum(out_t, 1), np.maximum(in_t, 1), exact
+
+
+def build_data(
+    traces: Trace | Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    threshold: int,
+    *,
+    lanes: int = 1,
+    margin: int = 1,
+) -> CpsatData:
+    """The model's data for one job, or for several in step (NOTE [ Several
+    jobs ]); positions whose keep-all memory exceeds `threshold` bytes are hot."""
+    if lanes not in (1, 2):
+        raise PlanError(f"cpsat: lanes={lanes!r} must be 1 (shared) or 2 (one per direction)")
+    jobs = (traces,) if isinstance(traces, Trace) else tuple(traces)
+    if any(t.n_ops == 0 for t in jobs):
+        raise PlanError("cpsat: the trace has no ops")
+    try:
+        order = in_step_order(jobs)
+    except PlanError as e:
+        raise PlanError(f"cpsat: {e}") from None
+    dur = np.zeros(len(order.job), np.int64)
+    for j, t in enumerate(jobs):
+        dur[order.pos[j]] = op_ticks(t, hw, latency)
+    nbytes = np.concatenate([t.nbytes for t in jobs]).astype(np.int64)
+    buf0 = np.concatenate([[0], np.cumsum([t.n_buffers for t in jobs])]).astype(np.int64)
+    out_t, in_t, exact = copy_ticks(hw, nbytes, lanes)
+    if not exact:  # NOTE [ Inexact copy times ]
+        margin = max(margin, INEXACT_MARGIN)
+    mem0 = joint_memory_curve(jobs, order)
+    hot = np.flatnonzero(mem0 > threshold).astype(np.int64)
+    gaps = _gaps(jobs, order, buf0, hot)
+    return CpsatData(
+        traces=jobs,
+        order=order,
+        buf0=buf0,
+        n_ops=len(order.job),
+        dur=dur,
+        out_ticks=out_t,
+        in_ticks=in_t,
+        nbytes=nbytes,
+        mem0=mem0,
+        threshold=int(threshold),
+        hot=hot,
+        gaps=gaps,
+        lanes=lanes,
+        margin=margin,
+        exact_transfers=exact,
+    )
+
+
+# ---- gaps -----------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Raw:
+    buffer: int
+    kind: GapKind
+    a: int
+    c: int
+    lo: int  # first op where absence may count
+    hi: int  # last op where absence may count
+
+
+def _raw_gaps(trace: Trace) -> list[_Raw]:
+    """Every gap with at least one op where the buffer could be absent."""
+    n = trace.n_ops
+    out: list[_Raw] = []
+    for b in range(trace.n_buffers):
+        acc = trace.accesses_of(b).tolist()
+        if not acc:
+            continue  # inputs nobody reads are released at the start; others never exist
+        persistent = bool(trace.persistent[b])
+        if trace.exists_at_start[b] and not persistent and acc[0] >= 2:
+            # op 0 itself can never see it absent: the copy cannot end before op 0 starts
+            out.append(_Raw(b, GapKind.HEAD, -1, acc[0], 1, acc[0] - 1))
+        for a, c in zip(acc, acc[1:], strict=False):
+            if c - a >= 2:
+                out.append(_Raw(b, GapKind.WITHIN, a, c, a + 1, c - 1))
+        if persistent and acc[-1] <= n - 2:
+            out.append(_Raw(b, GapKind.CROSS, acc[-1], acc[0], acc[-1] + 1, n - 1))
+    return out
+
+
+def _gaps(
+    traces: tuple[Trace, ...], order: StepOrder, buf0: np.ndarray, hot: np.ndarray
+) -> tuple[Gap, ...]:
+    gaps: list[Gap] = []
+    several = len(traces) > 1
+    for j, trace in enumerate(traces):
+        pos = order.pos[j].tolist()
+        raws, spans, ends = [], [], []
+        for r in _raw_gaps(trace):
+            # positions where the buffer may be absent (NOTE [ Several jobs ])
+            if r.kind is GapKind.HEAD:
+                lo, a = pos[0] + 1, (pos[0] if several else -1)
+            else:
+                lo, a = pos[r.a] + 1, pos[r.a]
+            hi = pos[-1] if r.kind is GapKind.CROSS else pos[r.c] - 1
+            i0, i1 = np.searchsorted(hot, [lo, hi + 1])
+            if i1 > i0:
+                raws.append(r)
+                spans.append((int(i0), int(i1)))
+                ends.append((a, pos[r.c]))
+        base = len(gaps)
+        index = {(r.buffer, r.kind, r.a): base + i for i, r in enumerate(raws)}
+        writes = [set(trace.op_writes(k).tolist()) for k in range(trace.n_ops)]
+        by_buffer: dict[int, list[int]] = {}
+        for i, (r, (i0, i1), (a, c)) in enumerate(zip(raws, spans, ends, strict=True)):
+            prev = by_buffer.setdefault(r.buffer, [])
+            epoch = tuple(base + x for x in prev if _same_epoch(trace, writes, raws[x], r))
+            rec_op, keep = (-1, ()) if several else _recompute(trace, writes, r, index)
+            gaps.append(
+                Gap(
+                    id=base + i,
+                    buffer=int(buf0[j]) + r.buffer,
+                    kind=r.kind,
+                    a=a,
+                    c=c,
+                    c_next=r.kind is GapKind.CROSS,
+                    hot=tuple(int(k) for k in hot[i0:i1]),
+                    hot_idx=tuple(range(i0, i1)),
+                    epoch_prev=epoch,
+                    recompute_op=rec_op,
+                    keep_for_recompute=keep,
+                    job=j,
+                )
+            )
+            prev.append(i)
+    return tuple(gaps)
+
+
+def _same_epoch(trace: Trace, writes: list[set[int]], early: _Raw, late: _Raw) -> bool:
+    """No op writes the buffer from the end of `early` to the start of `late`
+    (inclusive): a host copy made in `early` is still valid in `late`. Never
+    across the iteration boundary (NOTE [ Iteration zero ])."""
+    if early.kind is GapKind.CROSS:
+        return False
+    b = early.buffer
+    acc = trace.accesses_of(b)
+    between = acc[(acc >= early.c) & (acc <= late.a)]
+    return not any(b in writes[k] for k in between.tolist())
+
+
+def _recompute(
+    trace: Trace, writes: list[set[int]], r: _Raw, index: dict[tuple[int, GapKind, int], int]
+) -> tuple[int, tuple[int, ...]]:
+    """(producer op, gaps that must be kept) if `r` may be released and
+    recomputed; (-1, ()) otherwise. See NOTE [ Recompute ] in cpsat/model.py."""
+    b = r.buffer
+    if r.kind is not GapKind.WITHIN or trace.persistent[b] or trace.exists_at_start[b]:
+        return -1, ()
+    p = int(trace.created_at[b])
+    op = trace.ops[p]
+    if op.rng or writes[p] != {b} or b in trace.op_reads(p).tolist():
+        return -1, ()
+    acc = trace.accesses_of(b)
+    if any(b in writes[k] for k in acc[(acc > p) & (acc < r.c)].tolist()):
+        return -1, ()  # rewritten since it was made: re-running p gives the old value
+    keep: list[int] = []
+    for s in trace.op_reads(p).tolist():
+        s_acc = trace.accesses_of(s)
+        persistent = bool(trace.persistent[s])
+        if not persistent and int(s_acc[-1]) < r.c:
+            return -1, ()  # released after its last access before c
+        if any(s in writes[k] for k in s_acc[(s_acc > p) & (s_acc < r.c)].tolist()):
+            return -1, ()  # overwritten since p read it
+        if r.c in s_acc.tolist():
+            continue
+        j = int(np.searchsorted(s_acc, r.c))  # s_acc[j-1] < c < s_acc[j] (or past the last)
+        if j < len(s_acc):
+            key = (s, GapKind.WITHIN, int(s_acc[j - 1]))
+        else:
+            key = (s, GapKind.CROSS, int(s_acc[-1]))
+        if key in index:
+            keep.append(index[key])
+    return p, tuple(keep)
+
+
+def check_budget_type(budget: object) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget <= 0:
+        raise PlanError(f"cpsat: budget={budget!r} must be a positive number of bytes")
+    return int(budget)
+
+
+def horizon(data: CpsatData) -> int:
+    """An upper bound on the iteration time of any plan the model allows."""
+    rec = sum(int(data.dur[g.recompute_op]) for g in data.gaps if g.recomputable)
+    lane = sum(int(data.out_ticks[g.buffer] + data.in_ticks[g.buffer]) for g in data.gaps)
+    slack = 2 * data.margin * (len(data.gaps) + data.n_ops) + 1
+    return data.compute_ticks + rec + lane + slack
+
+
+def gcd_bytes(data: CpsatData, peak: bool = False) -> int:
+    """The largest unit that divides every byte count of a gap's buffer (and,
+    for the peak objective, every hot op's memory and the peak floor, so
+    that peaks compare exactly in units)."""
+    g = 0
+    for gap in data.gaps:
+        g = math.gcd(g, int(data.nbytes[gap.buffer]))
+    if peak:
+        for x in data.mem0[data.hot].tolist():
+            g = math.gcd(g, int(x))
+        g = math.gcd(g, data.threshold)
+    return max(g, 1)

@@ -1,0 +1,111 @@
+"""Between CP-SAT solutions and plans: the read-out of a solution as plan
+events, and the gap decisions another planner's plan makes (for hints).
+
+Every copy is pinned to its model start time by a (trigger op, delay) pair:
+the trigger is the latest op that ends at or before the start (NOTE [ CP-SAT
+semantics ] in `cpsat/model.py` explains why such an op always exists for a
+swap-in, after its swap-out has ended).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from memplan.planners.core.plan import (
+    Event,
+    Plan,
+    Recompute,
+    Release,
+    SwapIn,
+    SwapOut,
+    fingerprint_of,
+)
+from memplan.planners.cpsat.data import TICKS_PER_US, CpsatData, GapKind
+from memplan.planners.cpsat.solution import KEEP, RECOMPUTE, SWAP, Solution
+from memplan.planners.heuristics.vanilla import release_only_plan
+
+_RANK = {Release: 0, SwapOut: 1, SwapIn: 2}
+
+
+def _trigger(end: list[int], t: int, lo: int, start: int) -> tuple[int, int]:
+    """(op, delay ticks): the latest op >= `lo` ending at or before `t`, or
+    `lo` itself (-1 = the iteration start, at `start`)."""
+    k = bisect.bisect_right(end, t) - 1
+    k = max(k, lo)
+    return k, t - (end[k] if k >= 0 else start)
+
+
+def _us(ticks: int) -> float:
+    return ticks / TICKS_PER_US
+
+
+def plans_from_solution(data: CpsatData, sol: Solution) -> tuple[Plan, ...]:
+    """The plans (one per job) that make the simulator run `sol`: release-only
+    releases, plus per gap a swap (SwapOut or, with a valid host copy,
+    Release; then SwapIn) or a Release and a Recompute. Every event is
+    triggered by an op of its own job (NOTE [ Several jobs ])."""
+    T = sol.iteration_ticks
+    timed: list[list[Event]] = [list(release_only_plan(t).events) for t in data.traces]
+    recomputes: list[list[Recompute]] = [[] for _ in data.traces]
+    ends = [[sol.end[p] for p in pos.tolist()] for pos in data.order.pos]
+    # a job's iteration starts when its previous one ends (0 for one job)
+    starts = [end[-1] - T for end in ends]
+    op = data.order.op.tolist()
+    for g in data.gaps:
+        mode, j = sol.mode[g.id], g.job
+        if mode == KEEP:
+            continue
+        b, end, start = g.buffer - int(data.buf0[j]), ends[j], starts[j]
+        a = op[g.a] if g.a >= 0 else -1
+        c = op[g.c]
+        if mode == RECOMPUTE:
+            timed[j].append(Release(b, a))
+            recomputes[j].append(Recompute(b, c, (op[g.recompute_op],)))
+            continue
+        assert mode == SWAP
+        if sol.copy[g.id]:
+            k, delay = _trigger(end, sol.out_start[g.id], a, start)
+            timed[j].append(SwapOut(b, k, _us(delay)))
+        else:
+            timed[j].append(Release(b, a))
+        t_in = sol.in_start[g.id]
+        if g.kind is GapKind.CROSS and t_in >= T:
+            # starts in the next iteration, before the first access there
+            k, delay = _trigger(end, t_in - T, -1, start)
+            timed[j].append(SwapIn(b, k, c, _us(delay)))
+        else:
+            k, delay = _trigger(end, t_in, a, start)
+            timed[j].append(SwapIn(b, k, c, _us(delay), next_iteration=g.kind is GapKind.CROSS))
+    plans = []
+    for t, ev, rc in zip(data.traces, timed, recomputes, strict=True):
+        ev.sort(key=lambda e: (e.after_op, _RANK[type(e)], e.buffer))
+        rc.sort(key=lambda e: (e.before_op, e.buffer))
+        plans.append(Plan(fingerprint_of(t), (*ev, *rc), t.meta.model))
+    return tuple(plans)
+
+
+def modes_from_plans(data: CpsatData, plans: Sequence[Plan]) -> list[int]:
+    """The gap decisions `plans` (one per job) make, as the model names them: a
+    gap is swapped if a SwapIn brings its buffer back for the access that
+    closes it, recomputed if a Recompute does, kept otherwise."""
+    swapped: set[tuple[int, int, int, bool]] = set()
+    recomputed: set[tuple[int, int, int]] = set()
+    for j, plan in enumerate(plans):
+        for ev in plan.events:
+            if isinstance(ev, SwapIn):
+                swapped.add((j, ev.buffer, ev.before_op, ev.next_iteration))
+            elif isinstance(ev, Recompute):
+                recomputed.add((j, ev.buffer, ev.before_op))
+    op = data.order.op.tolist()
+    modes = []
+    for g in data.gaps:
+        cross = g.kind is GapKind.CROSS
+        key = (g.job, g.buffer - int(data.buf0[g.job]), op[g.c])
+        if (*key, cross) in swapped or (cross and (*key, False) in swapped):
+            modes.append(SWAP)
+        elif g.recomputable and key in recomputed:
+            modes.append(RECOMPUTE)
+        else:
+            modes.append(KEEP)
+    return modes

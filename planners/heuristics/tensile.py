@@ -1,0 +1,599 @@
+"""TENSILE (Zhang et al.): greedy swap scheduling at the global memory peak,
+across jobs and across iterations, then MSPS recompute.
+
+Algorithm 3 in order:
+
+1. Activity analysis: release every buffer right after its last access
+   (`planners.heuristics.vanilla.release_only_plan`).
+2. Repeat: peak analysis over all jobs (Algorithm 1, `analysis.peak_analysis`);
+   take the largest buffer resident at the global peak that can be swapped
+   (Algorithm 2): its swap-out as early as possible after the access before
+   the peak, its swap-in as late as possible before the access after it,
+   each in a free interval of the lane, and only if both copies hide behind
+   compute (a swap that cannot be hidden is not scheduled). Stop when no
+   buffer at the peak can be swapped, when the peak fits the budget, or by
+   the paper's stopping rule.
+3. If the peak still exceeds the budget: recompute, by highest MSPS, buffers
+   at the peak that were never released (§IV-D), until it fits.
+
+Without a budget TENSILE lowers the peak as far as hidden swaps go and never
+recomputes (recompute always costs time); with one it stops as soon as the
+peak fits and reports `feasible=False` if it cannot get there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.analysis import (
+    BOTH,
+    EPS_US,
+    STEADY,
+    LaneSet,
+    MemoryState,
+    Timeline,
+    access_table,
+    as_traces,
+    check_budget,
+    msps,
+    peak_analysis,
+    predict_timelines,
+    transfer_us,
+)
+from memplan.planners.core.plan import (
+    Event,
+    Plan,
+    PlanResult,
+    Recompute,
+    Release,
+    SwapIn,
+    SwapOut,
+    fingerprint_of,
+)
+from memplan.planners.heuristics.vanilla import release_only_plan
+from memplan.planners.registry import PlannerSpec, make_options, options_dict
+from memplan.traces.model import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class TensileOptions:
+    """TENSILE's knobs. See the NOTE blocks in this module for each choice.
+
+    - `per_job_lane`: one lane timeline per job (the authors' simplification)
+      instead of one shared by all jobs (NOTE [ Lane timelines ]).
+    - `max_swap_rate`: each job's cap on its share of all swapped tensors
+      (NOTE [ Max swapping rate ]); 1 = no cap.
+    - `swap_rest`: after a swap succeeds, also swap the buffer in before its
+      later accesses (Algorithm 2 line 43; NOTE [ Which gap is swapped ]).
+    - `recompute`: MSPS recompute when swapping leaves the peak over budget.
+    - `max_recompute_ops`: longest recompute chain.
+    - `count_first_iteration`: the peak of iteration 0 counts, as in the
+      simulator (NOTE [ Peak analysis on the op grid ]).
+    - `margin_us`: slack left between a swap-in's end and the op needing it.
+    - `stop_after`, `stop_window`, `stop_min_gain`: the paper's stopping rule
+      (NOTE [ Stopping rule ]); `max_iterations` a hard cap on swap rounds.
+    """
+
+    per_job_lane: bool = False
+    max_swap_rate: float = 1.0
+    swap_rest: bool = True
+    recompute: bool = True
+    max_recompute_ops: int = 1
+    count_first_iteration: bool = True
+    margin_us: float = 0.0
+    stop_after: int = 100
+    stop_window: int = 3
+    stop_min_gain: float = 0.0005
+    max_iterations: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.max_swap_rate <= 1.0:
+            raise ValueError(f"max_swap_rate={self.max_swap_rate!r} must be in (0, 1]")
+        if self.max_recompute_ops < 1:
+            raise ValueError(f"max_recompute_ops={self.max_recompute_ops!r} must be >= 1")
+        if not (math.isfinite(self.margin_us) and self.margin_us >= 0):
+            raise ValueError(f"margin_us={self.margin_us!r} must be a number >= 0")
+        if self.stop_window < 1 or self.stop_after < 0 or self.max_iterations < 1:
+            raise ValueError("stop_window >= 1, stop_after >= 0 and max_iterations >= 1 required")
+        if not self.stop_min_gain >= 0:
+            raise ValueError(f"stop_min_gain={self.stop_min_gain!r} must be >= 0")
+
+
+# NOTE [ Which gap is swapped ]
+# A buffer's accesses cut its life into gaps; a swap (or a release, when a
+# host copy made earlier in the iteration is still valid) empties one gap.
+# For a buffer resident at a job's peak op p we swap the gap that contains
+# p: the swap-out goes in the earliest free lane slot after the access before
+# p, and must end before p starts; the swap-in in the latest free slot that
+# ends before the access after p (minus `margin_us`), and must start after p
+# ends and after the swap-out ends. Both windows are fixed by the gap alone,
+# so the hole a gap can get only shrinks as the lane fills: we cache it per
+# gap and skip a gap whose cached hole does not contain p without searching
+# the lane again. The paper instead starts at the generating access and
+# moves the swap-out past each access whose swap-in fails (Algorithm 2,
+# lines 20-22); both end with a swap around the peak, ours without copies
+# that do not lower it. With `swap_rest` (line 43) the later gaps of the
+# buffer, up to its next write, are emptied too: a release after the access
+# (the host copy is still valid, TENSILE keeps it) and a swap-in as late as
+# the lane allows -- one copy each. The "release" is written as a SwapOut
+# without lane time: with a valid host copy the simulator drops the device
+# copy at once, and if the run drifted from the plan so that the earlier
+# swap-out was cancelled (a swap-in came first), it copies instead of losing
+# the data, which a Release would.
+# A persistent buffer's last gap wraps into the next iteration (TENSILE's
+# cross-iteration swap: an updated parameter swapped out in the optimizer
+# phase comes back before its first use in the next iteration, a SwapIn with
+# `next_iteration`). Iteration 0 starts with it resident, so when the peak
+# counts iteration 0 only the part of the hole before the iteration ends
+# lowers it (NOTE [ Peak analysis on the op grid ]).
+#
+# NOTE [ Swap-out deadlines in TENSILE ]
+# A committed swap counts the buffer absent from the first op that starts
+# after its copy ends (the hole's first op); the swap-out names that op as
+# its deadline (`SwapOut.before_op`, planners.core.plan NOTE [ Swap-out
+# deadlines ]). A copy that ends late then stalls compute, which the
+# simulator and a replay show as time, instead of holding its bytes past
+# the op the plan counted it gone by. Without it, a peak-minimising plan,
+# whose forward and backward peaks end up level, peaks higher wherever the
+# lane falls behind: measured on tiny_transformer replayed on CPU with a
+# 1.5 GB/s lane, 13 of 80 replays peaked 1-80% above the simulation, in
+# forward, with 7-20 swap-outs still queued; with deadlines, 0 of 60, and
+# iteration times still within 6% of the simulation. A swap-out that moves
+# no bytes (a discard) needs none.
+
+# NOTE [ Max swapping rate ]
+# The paper caps, per job, "the rate of tensors swapped in a job to tensors
+# swapped in the whole system" and tests SON[job] <= MSR[job] before a swap
+# (Algorithm 2 line 36). We do the same with SON counting the job's swapped
+# gaps and MSR[job] = max_swap_rate * (gaps swapped by all jobs): with one
+# job or a rate of 1 there is no cap, with two jobs at 0.5 they take turns.
+# As in the paper the cap does not apply to cross-iteration swaps of updated
+# parameters (line 33).
+#
+# NOTE [ Stopping rule ]
+# Algorithm 3 stops when no swap and no recompute succeeds, and also when
+# "the average MP of the jobs corresponding to the selected tensors in the
+# past 3 iterations reduces less than 0.05% and iter > 100". We take MP as
+# the global peak: after `stop_after` rounds, swapping stops once the peak of
+# `stop_window` rounds ago is less than `stop_min_gain` (relative) above the
+# current one. Recompute rounds stop when the peak fits or no candidate is
+# left.
+#
+# NOTE [ Recompute candidates ]
+# §IV-D recomputes only "tensor accesses which have never been released" so
+# that a recompute never disturbs the swap plan: a candidate is a buffer
+# resident at a job's peak op, in a gap around it, that no swap or release
+# touches, whose recompute chain (`planners.analysis.msps.chain`, at most
+# `max_recompute_ops` ops) reads only buffers alive and never released at
+# the op that needs it again. The sources of a chosen recompute are never
+# released afterwards either. Saving = the buffer's bytes (it leaves the
+# peak), time = the chain's predicted compute time.
+# A recompute delays every later op of its job (and, through the shared
+# compute queue, the other jobs). Copies triggered after it move with it;
+# a copy triggered before it and still running when it starts would not: a
+# swap-in would land early (more memory than planned) and later copies could
+# queue behind it. So a recompute is only placed before an op at whose ready
+# time no copy of the job is running; with that, one job's plan keeps its
+# predicted memory. Across jobs the delay still shifts the interleaving.
+
+
+def tensile(
+    traces: Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    budget_bytes: int | None = None,
+    **options: object,
+) -> PlanResult:
+    """Plan `traces` (one per job, run together on `hw`) with TENSILE. Options
+    are the fields of `TensileOptions`."""
+    t0 = time.perf_counter()
+    opts = make_options(PlannerSpec("tensile", tensile, TensileOptions), options)
+    jobs = as_traces(traces)
+    budget = check_budget(budget_bytes)
+    planner = _Tensile(jobs, hw, latency, budget, opts)
+    planner.run()
+    return planner.result(time.perf_counter() - t0)
+
+
+class _Job:
+    """Per-job planning state."""
+
+    def __init__(self, j: int, trace: Trace, tl: Timeline, hw: Hardware, opts: TensileOptions):
+        self.j = j
+        self.trace = trace
+        self.tl = tl
+        self.n = trace.n_ops
+        self.table = access_table(trace)
+        self.state = MemoryState(
+            trace, "liveness", count_first_iteration=opts.count_first_iteration
+        )
+        self.events: list[Event] = list(release_only_plan(trace).events)
+        self.d_out = np.asarray(transfer_us(hw, trace.nbytes, "d2h"), np.float64)
+        self.d_in = np.asarray(transfer_us(hw, trace.nbytes, "h2d"), np.float64)
+        self.durations = tl.end_us - tl.start_us
+        t = self.table
+        n_acc = len(t.ops)
+        self.acc_buffer = np.repeat(np.arange(trace.n_buffers, dtype=np.int64), np.diff(t.ptr))
+        self.acc_key = self.acc_buffer * (self.n + 1) + t.ops
+        # per gap, keyed by the global index of the access that opens it:
+        # the hole last computed for it (NaN: never), and whether it is used
+        self.hole_te = np.full(n_acc, np.nan)
+        self.hole_ts = np.full(n_acc, np.nan)
+        self.done = np.zeros(n_acc, bool)
+        self.out_gaps: dict[int, list[int]] = {}  # buffer -> gaps with a swap-out
+        self.touched = np.zeros(trace.n_buffers, bool)  # swapped or recomputed
+        self.pinned = np.zeros(trace.n_buffers, bool)  # a recompute reads it
+        self.swaps = 0
+        self.recomputes = 0
+        self.recompute_us = 0.0
+
+    # unrolled op times: op index x may be >= n (the next iteration)
+    def t_end(self, x: int) -> float:
+        return float(self.tl.end_us[x % self.n]) + (x // self.n) * self.tl.period_us
+
+    def t_ready(self, x: int) -> float:
+        return self.tl.unrolled_ready(x % self.n, x // self.n)
+
+
+class _Tensile:
+    def __init__(
+        self,
+        traces: tuple[Trace, ...],
+        hw: Hardware,
+        latency: LatencyModel,
+        budget: int | None,
+        opts: TensileOptions,
+    ):
+        self.traces = traces
+        self.opts = opts
+        self.budget = budget
+        timelines = predict_timelines(traces, hw, latency)
+        self.timelines = timelines
+        self.jobs = [_Job(j, t, timelines[j], hw, opts) for j, t in enumerate(traces)]
+        self.lanes = LaneSet(timelines, per_job_lane=opts.per_job_lane)
+        self.rounds = 0
+        self.stop = ""
+        self.history: list[int] = []
+
+    # ---- Algorithm 3 ------------------------------------------------------------
+    def run(self) -> None:
+        o = self.opts
+        while True:
+            pa = peak_analysis([jb.state for jb in self.jobs])
+            self.history.append(pa.peak_bytes)
+            if self.budget is not None and pa.peak_bytes <= self.budget:
+                self.stop = "fits"
+                return
+            if self._stalled():
+                self.stop = "stopping rule"
+                break
+            if self.rounds >= o.max_iterations:
+                self.stop = "max_iterations"
+                break
+            if not self._swap_round(pa):
+                self.stop = "no swap"
+                break
+            self.rounds += 1
+        if self.budget is None or not o.recompute:
+            return
+        while True:
+            pa = peak_analysis([jb.state for jb in self.jobs])
+            if pa.peak_bytes <= self.budget:
+                self.stop += ", fits after recompute"
+                return
+            if not self._recompute_round(pa):
+                self.stop += ", no recompute"
+                return
+
+    def _stalled(self) -> bool:
+        o, h = self.opts, self.history
+        if self.rounds <= o.stop_after or len(h) <= o.stop_window:
+            return False
+        old, new = h[-1 - o.stop_window], h[-1]
+        return old - new < o.stop_min_gain * old
+
+    # ---- Algorithm 2 -------------------------------------------------------------
+    def _swap_round(self, pa) -> bool:
+        """Swap the largest buffer at the peak that can be swapped; False if none."""
+        parts = []
+        for jb in self.jobs:
+            p = pa.job_peak_op[jb.j]
+            if p < 0:
+                continue
+            res = pa.resident[jb.j]
+            res = res[~np.isin(res, jb.trace.op_accesses(p))]
+            if len(res):
+                g, b, prev, nxt, pp = self._gaps_at(jb, res, p)
+                job = np.full(len(b), jb.j, np.int64)
+                parts.append((jb.trace.nbytes[b], job, b, g, prev, nxt, pp))
+        if not parts:
+            return False
+        size, job, buf, gid, prev, nxt, pp = (np.concatenate(x) for x in zip(*parts, strict=True))
+        if len(size) == 0:
+            return False
+        order = np.lexsort((buf, job, -size))  # largest first
+        total = sum(jb.swaps for jb in self.jobs)
+        rate, capped = self.opts.max_swap_rate, len(self.jobs) > 1 and self.opts.max_swap_rate < 1
+        for i in order.tolist():
+            jb = self.jobs[int(job[i])]
+            n_i = int(nxt[i])
+            if capped and n_i < jb.n and jb.swaps > rate * total:
+                continue  # NOTE [ Max swapping rate ]: not for cross-iteration swaps
+            if self._try_gap(jb, int(buf[i]), int(gid[i]), int(prev[i]), n_i, int(pp[i])):
+                return True
+        return False
+
+    def _gaps_at(self, jb: _Job, res: np.ndarray, p: int):
+        """For buffers `res` resident at op p (not accessed by it): the gap of
+        each around p, as arrays (gap id, buffer, prev, next, p) in unrolled
+        op indices with 0 <= prev < p < next, without gaps already used or
+        whose cached hole cannot contain p."""
+        n, t = jb.n, jb.table
+        lo, hi = t.ptr[res], t.ptr[res + 1]
+        pos = np.searchsorted(jb.acc_key, res * (n + 1) + p, "left")
+        has_prev, has_next = pos > lo, pos < hi
+        persistent = jb.trace.persistent[res]
+        ok = (has_prev & has_next) | (persistent & (hi > lo))
+        prev_i = np.where(has_prev, pos - 1, hi - 1)
+        next_i = np.where(has_next, pos, lo)
+        prev_i, next_i = np.minimum(prev_i, len(t.ops) - 1), np.minimum(next_i, len(t.ops) - 1)
+        prev = t.ops[prev_i] - np.where(has_prev, 0, n)
+        nxt = t.ops[next_i] + np.where(has_next, 0, n)
+        shift = np.where(prev < 0, n, 0)
+        prev, nxt, pp = prev + shift, nxt + shift, p + shift
+        if self.opts.count_first_iteration:
+            ok &= pp < n  # the peak lies in the next-iteration part: iteration 0 keeps it
+        gid = prev_i
+        ok &= ~jb.done[gid]
+        te, ts = jb.hole_te[gid], jb.hole_ts[gid]
+        known = ~np.isnan(te)
+        if known.any():
+            # unrolled ready time / end of the peak op
+            later = pp >= n
+            ps = np.where(later, jb.tl.unrolled_ready(p, 1), jb.tl.unrolled_ready(p, 0))
+            pe = np.where(later, jb.tl.unrolled_end(p, 1), jb.tl.unrolled_end(p, 0))
+            ok &= ~known | ((te + EPS_US <= ps) & (ts - EPS_US >= pe))
+        pp = np.broadcast_to(pp, ok.shape)
+        return gid[ok], res[ok], prev[ok], nxt[ok], pp[ok]
+
+    def _host_valid(self, jb: _Job, b: int, g: int) -> bool:
+        """Whether a swap-out of `b` earlier in the iteration left a host copy
+        that is still valid after access `g` (no write since)."""
+        gaps = jb.out_gaps.get(b)
+        if not gaps:
+            return False
+        earlier = [x for x in gaps if x < g]
+        if not earlier:
+            return False
+        g0 = max(earlier)
+        return not bool(jb.table.writes[g0 + 1 : g + 1].any())
+
+    def _hole(
+        self, jb: _Job, b: int, prev: int, nxt: int, release: bool
+    ) -> tuple[float, float, float | None] | None:
+        """The largest hole the lane allows in gap (prev, nxt): (te, ts,
+        swap-out start or None for a release), or None."""
+        lanes, j = self.lanes, jb.j
+        lo = jb.t_end(prev)
+        due = jb.t_ready(nxt) - EPS_US - self.opts.margin_us
+        if release:
+            te, s_out = lo, None
+        else:
+            d_out = float(jb.d_out[b])
+            s_out = lanes.earliest(j, lo, due, d_out)
+            if s_out is None:
+                return None
+            te = s_out + d_out
+        d_in = float(jb.d_in[b])
+        s_in = lanes.latest(j, te + EPS_US, due, d_in)
+        if s_in is None:
+            return None
+        return te, s_in, s_out
+
+    def _try_gap(self, jb: _Job, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
+        release = self._host_valid(jb, b, g)
+        hole = self._hole(jb, b, prev, nxt, release)
+        if hole is None:
+            jb.hole_te[g], jb.hole_ts[g] = math.inf, -math.inf
+            return False
+        te, ts, s_out = hole
+        jb.hole_te[g], jb.hole_ts[g] = te, ts
+        if not (te + EPS_US <= jb.t_ready(pp) and jb.t_end(pp) <= ts - EPS_US):
+            return False
+        if not self._commit(jb, b, g, prev, nxt, te, ts, s_out):
+            return False
+        if self.opts.swap_rest and nxt < jb.n:
+            self._swap_rest(jb, b, g)
+        return True
+
+    def _commit(
+        self,
+        jb: _Job,
+        b: int,
+        g: int,
+        prev: int,
+        nxt: int,
+        te: float,
+        ts: float,
+        s_out: float | None,
+    ) -> bool:
+        """Book the copies, cut the hole, record the events. False (nothing
+        done) if the hole holds no op or the swap-in has no trigger."""
+        tl, n = jb.tl, jb.n
+        ranges = tl.ops_within(te + EPS_US, ts - EPS_US)
+        if not ranges:
+            return False
+        try:
+            after, delay, r = tl.trigger(ts, te + EPS_US)
+        except ValueError:
+            return False
+        cross = nxt >= n
+        if r == 1 and not cross:  # pragma: no cover - times within one iteration
+            return False
+        which_r1 = STEADY if bool(jb.trace.persistent[b]) else 0
+        for lo, hi, rr in ranges:
+            if rr == 0:
+                jb.state.add_hole(b, lo, hi, BOTH)
+            elif which_r1:
+                jb.state.add_hole(b, lo, hi, which_r1)
+        if s_out is None:
+            # a valid host copy: the simulator discards the device copy without
+            # a transfer. Not a Release: if timing shifts and the copy this
+            # relies on was cancelled, a SwapOut still copies (NOTE [ Which gap
+            # is swapped ])
+            jb.events.append(SwapOut(b, prev, 0.0))
+        else:
+            self.lanes.book(jb.j, s_out, float(jb.d_out[b]))
+            # NOTE [ Swap-out deadlines in TENSILE ]
+            due = next((lo for lo, _hi, rr in ranges if rr == 0), -1)
+            delay_out = _us(s_out - jb.t_end(prev))
+            jb.events.append(SwapOut(b, prev, delay_out, before_op=due if due > prev else -1))
+            jb.out_gaps.setdefault(b, []).append(g)
+            # b's later gaps may now be emptied by a release: forget their holes
+            end = int(jb.table.ptr[b + 1])
+            jb.hole_te[g + 1 : end] = np.nan
+            jb.hole_ts[g + 1 : end] = np.nan
+        self.lanes.book(jb.j, ts, float(jb.d_in[b]))
+        jb.events.append(SwapIn(b, after, nxt % n, _us(delay), next_iteration=cross and r == 0))
+        jb.done[g] = True
+        jb.touched[b] = True
+        jb.swaps += 1
+        return True
+
+    def _swap_rest(self, jb: _Job, b: int, g: int) -> None:
+        """Algorithm 2 line 43: the later gaps of `b` up to its next write get
+        a release and a swap-in, as far as the lane allows."""
+        t = jb.table
+        last = int(t.ptr[b + 1]) - 1
+        x = g + 1
+        while x < last and not t.writes[x]:
+            if not jb.done[x]:
+                prev, nxt = int(t.ops[x]), int(t.ops[x + 1])
+                hole = self._hole(jb, b, prev, nxt, True)
+                if hole is not None:
+                    te, ts, _ = hole
+                    self._commit(jb, b, x, prev, nxt, te, ts, None)
+            x += 1
+
+    # ---- §IV-D recompute ------------------------------------------------------------
+    def _recompute_round(self, pa) -> bool:
+        cands: list[msps.RecomputeCandidate] = []
+        for jb in self.jobs:
+            p = pa.job_peak_op[jb.j]
+            if p < 0:
+                continue
+            res = pa.resident[jb.j]
+            res = res[~np.isin(res, jb.trace.op_accesses(p))]
+            res = res[~jb.touched[res] & ~jb.pinned[res] & ~jb.trace.persistent[res]]
+            for b in res.tolist():
+                gap = jb.table.gap_around(b, p)
+                if gap is None:
+                    continue
+                _k, prev, nxt = gap
+                if prev < 0 or nxt >= jb.n or not self._recompute_safe(jb, nxt):
+                    continue
+                c = msps.candidate(
+                    jb.trace,
+                    jb.j,
+                    b,
+                    prev,
+                    nxt,
+                    jb.durations,
+                    self._available(jb, nxt, b),
+                    max_ops=self.opts.max_recompute_ops,
+                )
+                if c is not None:
+                    cands.append(c)
+        c = msps.best(cands)
+        if c is None:
+            return False
+        jb = self.jobs[c.job]
+        jb.state.add_hole(c.buffer, c.release_after + 1, c.before_op - 1, BOTH)
+        if c.temp_bytes:
+            jb.state.add_bytes(c.before_op, c.temp_bytes)
+        jb.events.extend(c.events())
+        jb.touched[c.buffer] = True
+        jb.pinned[list(c.sources)] = True
+        jb.recomputes += 1
+        jb.recompute_us += c.time_us
+        return True
+
+    def _recompute_safe(self, jb: _Job, op: int) -> bool:
+        """Whether a recompute just before `op` leaves the job's swaps as
+        planned: no copy of the job is running when `op` is ready (NOTE
+        [ Recompute candidates ])."""
+        t = jb.t_ready(op)
+        P = jb.tl.period_us
+        for j, s, d in self.lanes.bookings:
+            if j != jb.j:
+                continue
+            k = math.floor((t - s) / P)  # the repetition of the copy that starts last before t
+            if s + k * P + d > t + EPS_US and s + k * P < t - EPS_US:
+                return False
+        return True
+
+    def _available(self, jb: _Job, op: int, target: int):
+        st = jb.state
+
+        def available(s: int) -> bool:
+            return (
+                s != target
+                and not jb.touched[s]
+                and int(st.start[s]) <= op <= int(st.end[s])
+                and not st.absent_at(s, op)
+            )
+
+        return available
+
+    # ---- the result --------------------------------------------------------------
+    def result(self, elapsed_s: float) -> PlanResult:
+        plans = []
+        for jb in self.jobs:
+            evs = sorted(jb.events, key=_event_order)
+            plans.append(Plan(fingerprint_of(jb.trace), tuple(evs), jb.trace.meta.model))
+        pa = peak_analysis([jb.state for jb in self.jobs])
+        peak = pa.peak_bytes
+        feasible = self.budget is None or peak <= self.budget
+        stats = {
+            "peak_bytes": peak,
+            "job_peak_bytes": list(pa.job_peak_bytes),
+            "vanilla_peak_bytes": sum(t.peak("framework")[0] for t in self.traces),
+            "liveness_peak_bytes": sum(t.peak("liveness")[0] for t in self.traces),
+            "swaps": [jb.swaps for jb in self.jobs],
+            "recomputes": [jb.recomputes for jb in self.jobs],
+            "recompute_time_s": sum(jb.recompute_us for jb in self.jobs) * 1e-6,
+            "rounds": self.rounds,
+            "stop": self.stop,
+            "predicted_iteration_time_s": [tl.period_us * 1e-6 for tl in self.timelines],
+        }
+        return PlanResult(
+            planner="tensile",
+            feasible=feasible,
+            plans=tuple(plans),
+            solve_time_s=elapsed_s,
+            options={"budget_bytes": self.budget, **options_dict(self.opts)},
+            stats=stats,
+        )
+
+
+def _us(x: float) -> float:
+    """A delay in microseconds, rounded to 1 ps so that plan files stay short
+    and never negative."""
+    return max(0.0, round(x, 6))
+
+
+_KIND_ORDER = {Release: 0, SwapOut: 1, SwapIn: 2, Recompute: 3}
+
+
+def _event_order(ev: Event) -> tuple:
+    after = getattr(ev, "after_op", None)
+    if after is None:
+        return (1, ev.before_op, 0, 0.0, ev.buffer)  # type: ignore[union-attr]
+    return (0, after, _KIND_ORDER[type(ev)], getattr(ev, "delay_us", 0.0), ev.buffer)

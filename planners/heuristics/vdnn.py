@@ -1,0 +1,412 @@
+"""vDNN (Rhu et al., MICRO'16): offload layers' input feature maps in forward,
+prefetch them one layer ahead in backward.
+
+vDNN_all offloads the input feature maps of every layer, vDNN_conv only those
+of convolution layers (`VdnnOptions.layers`). It ignores the budget: the plan
+is fixed by the network's structure, which is the point of the baseline (the
+result is infeasible when the predicted peak still exceeds a budget given).
+
+# NOTE [ vDNN layers and feature maps ]
+# - A *layer* is a maximal run of consecutive forward ops with the same
+#   `Op.module`: a leaf module's call, or the functional ops a parent module
+#   runs between its children's calls (ResNet's residual `add`). A module
+#   called twice is two layers.
+# - A layer is a convolution layer when one of its ops is a convolution
+#   (`_is_conv`).
+# - The *input feature maps* of a layer are the non-persistent activation
+#   and input buffers its forward ops read and none of them writes (state a
+#   layer makes and updates itself, dropout's mask, is not an input), that
+#   are read or written again in backward.
+# - A buffer read by several layers (a skip connection) is offloaded once,
+#   after its *last* forward access -- offloading after an earlier layer would
+#   only have to bring it back for the later one. vDNN offloads while the
+#   layer computes; our swap-out starts when that op ends (a copy may not
+#   start while an op still reads the buffer in this model), and the memory
+#   is free when the copy ends.
+# - Prefetch: the swap-in is triggered when the backward of the *next* layer
+#   starts, and must end before the buffer's first backward access
+#   (`before_op`). The next layer is found from `before_op`: the layer of
+#   that op's module (backward ops carry the module of the forward op they
+#   differentiate; with several calls, the last one before the offload), then
+#   the layers after it in forward order, skipping those with no backward op
+#   in the window (a residual `add`'s backward is free). Its backward start is
+#   the first op of its last run of consecutive backward ops before
+#   `before_op`. With no such layer within `MAX_SCAN` layers (the loss, ops
+#   whose module ran no forward), the swap-in is triggered by the op just
+#   before `before_op`.
+# - A buffer whose swap-in would be triggered by the op that swaps it out is
+#   left alone (there is no time in which it could be off the device).
+# - Synchronisation: vDNN synchronises its memory stream with the compute
+#   stream at layer boundaries, so an offload overlaps one layer's compute
+#   and the next layer waits for it (the "delayed computation start" TENSILE
+#   counts among vDNN's problems). Here a copy may not start before the op
+#   reading the buffer has ended, so the layer it overlaps is the next one:
+#   the swap-out's deadline (`SwapOut.before_op`, planners.core.plan NOTE
+#   [ Swap-out deadlines ]) is the first op of the layer after that one --
+#   the first op after the forward pass if there is none, and at the latest
+#   the op whose end triggers the buffer's prefetch. A buffer whose copy
+#   would have no op to overlap before that deadline (the last layers'
+#   inputs, prefetched as soon as backward starts) is left alone: offloading
+#   it would only stall compute for the copy. Without deadlines the copies
+#   queue up behind each other through the forward pass, and whether one
+#   ends before or after a later op allocates, or is still queued when its
+#   prefetch comes, is a race the machine's noise decides (measured: one
+#   plan's simulated peak moved by 5% with every op 10% slower). The
+#   synchronisation costs time, as it does vDNN: 7-25% per iteration on the
+#   built-in small models, simulated for a CPU replay with a 1.5 GB/s lane.
+#
+# NOTE [ vDNN predicted peak ]
+# vDNN does not schedule its copies: they queue on the PCIe lane in trigger
+# order, a prefetch that finds its buffer still queued or copying out just
+# keeps it (no copy), and the op needing a late prefetch, or due after an
+# offload (its deadline), waits for it. Under
+# congestion that decides the memory, so the predicted peak (for `feasible`
+# under a budget) comes from a small replay of the plan with those rules --
+# the simulator's NOTE [ Event semantics ] for one job on one FIFO lane,
+# no budget -- over two iterations (the second starts with the first one's
+# copies still queued).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import math
+import re
+import time
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.profile import Hardware
+from memplan.planners.analysis import (
+    Timeline,
+    as_traces,
+    check_budget,
+    predict_timelines,
+    transfer_us,
+)
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, PlanResult, SwapIn, SwapOut, fingerprint_of
+from memplan.planners.registry import PlannerSpec, make_options, options_dict
+from memplan.traces.model import BufferKind, Phase, Trace
+
+MAX_SCAN = 64  # layers looked at after a buffer's layer for the next one with a backward
+
+_CONV = re.compile(r"(^|_)conv(olution|_transpose|_depthwise|_dilated|_tbc|\d)")
+
+
+class VdnnLayers(enum.Enum):
+    ALL = "all"  # vDNN_all
+    CONV = "conv"  # vDNN_conv
+
+
+@dataclass(frozen=True, slots=True)
+class VdnnOptions:
+    """`layers`: whose input feature maps are offloaded (a `VdnnLayers` or its value)."""
+
+    layers: VdnnLayers = VdnnLayers.ALL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layers, VdnnLayers):
+            try:
+                object.__setattr__(self, "layers", VdnnLayers(self.layers))
+            except ValueError:
+                allowed = ", ".join(repr(v.value) for v in VdnnLayers)
+                raise PlanError(f"vdnn: layers={self.layers!r} must be one of {allowed}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """Forward ops `start..stop-1` (one run of `module`); `conv` when one is a convolution."""
+
+    module: str
+    start: int
+    stop: int
+    conv: bool
+
+
+def _is_conv(target: str) -> bool:
+    """`aten.convolution.default`, `aten.cudnn_convolution...`, `aten.conv2d...`."""
+    parts = target.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    return bool(_CONV.search(name)) and "backward" not in name
+
+
+def layers_of(trace: Trace) -> list[Layer]:
+    """The forward layers in order (NOTE [ vDNN layers and feature maps ])."""
+    out: list[Layer] = []
+    start, module, conv = -1, "", False
+    for op in trace.ops:
+        fwd = op.phase is Phase.FORWARD
+        if start >= 0 and (not fwd or op.module != module):
+            out.append(Layer(module, start, op.id, conv))
+            start = -1
+        if fwd:
+            if start < 0:
+                start, module, conv = op.id, op.module, False
+            conv = conv or _is_conv(op.target)
+    if start >= 0:
+        out.append(Layer(module, start, trace.n_ops, conv))
+    return out
+
+
+def _last_forward_access(trace: Trace, forward: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(last forward access, the access right after it) per buffer; -1 where none."""
+    bptr, ops = trace.buffer_accesses
+    nb = trace.n_buffers
+    counts = np.diff(bptr)
+    owner = np.repeat(np.arange(nb, dtype=np.int64), counts)
+    pos = np.full(nb, -1, np.int64)
+    fwd_pos = np.flatnonzero(forward[ops])
+    np.maximum.at(pos, owner[fwd_pos], fwd_pos)
+    last = np.where(pos >= 0, ops[np.maximum(pos, 0)], -1)
+    has_next = (pos >= 0) & (pos + 1 < bptr[1:])
+    nxt = np.where(has_next, ops[np.minimum(pos + 1, len(ops) - 1)], -1) if len(ops) else pos
+    return last, nxt
+
+
+def vdnn_plan(trace: Trace, options: VdnnOptions | None = None) -> Plan:
+    """The vDNN plan of one trace: a `SwapOut` after the last forward access of
+    each offloaded feature map and a `SwapIn` before its first backward access."""
+    opts = options or VdnnOptions()
+    backward = np.fromiter((op.phase is Phase.BACKWARD for op in trace.ops), bool, trace.n_ops)
+    forward = np.fromiter((op.phase is Phase.FORWARD for op in trace.ops), bool, trace.n_ops)
+    layers = layers_of(trace)
+    last_fwd, next_acc = _last_forward_access(trace, forward)
+    kinds = trace.kind_index
+    fm_kinds = {
+        list(BufferKind).index(BufferKind.ACTIVATION),
+        list(BufferKind).index(BufferKind.INPUT),
+    }
+    eligible = ~trace.persistent & np.isin(kinds, list(fm_kinds)) & (next_acc >= 0)
+    eligible &= backward[np.maximum(next_acc, 0)]
+
+    # backward ops per module, ascending; forward layers per module
+    bwd_by_module: dict[str, list[int]] = defaultdict(list)
+    for op in trace.ops:
+        if op.phase is Phase.BACKWARD:
+            bwd_by_module[op.module].append(op.id)
+    bwd = {m: np.asarray(v, np.int64) for m, v in bwd_by_module.items()}
+    layers_by_module: dict[str, list[int]] = defaultdict(list)
+    for li, layer in enumerate(layers):
+        layers_by_module[layer.module].append(li)
+
+    rp, rb = trace.reads_csr
+    wp, wb = trace.writes_csr
+    chosen: dict[int, int] = {}  # buffer -> index of a layer it is an input of
+    for li, layer in enumerate(layers):
+        if opts.layers is VdnnLayers.CONV and not layer.conv:
+            continue
+        reads = rb[rp[layer.start] : rp[layer.stop]]
+        written = wb[wp[layer.start] : wp[layer.stop]]
+        for b in np.setdiff1d(reads, written).tolist():
+            if eligible[b] and b not in chosen:
+                chosen[b] = li
+
+    starts = [layer.start for layer in layers]
+    after_forward = layers[-1].stop if layers else trace.n_ops
+    events: list[SwapOut | SwapIn] = []
+    for b in sorted(chosen):
+        out_after, before = int(last_fwd[b]), int(next_acc[b])
+        trigger = _prefetch_trigger(trace, layers, layers_by_module, bwd, out_after, before)
+        li = bisect.bisect_right(starts, out_after) - 1  # the layer the copy starts after
+        sync = min(starts[li + 2] if li + 2 < len(layers) else after_forward, trigger - 1)
+        if sync <= out_after + 1:
+            # no op for the copy to overlap before it is due (this includes a
+            # prefetch triggered by the swap-out's own op): it would only stall
+            continue
+        events.append(SwapOut(b, out_after, before_op=sync))
+        events.append(SwapIn(b, trigger - 1, before))
+    events.sort(key=lambda ev: (ev.after_op, isinstance(ev, SwapIn), ev.buffer))
+    return Plan(fingerprint_of(trace), tuple(events), trace.meta.model)
+
+
+def _prefetch_trigger(
+    trace: Trace,
+    layers: list[Layer],
+    layers_by_module: dict[str, list[int]],
+    bwd: dict[str, np.ndarray],
+    out_after: int,
+    before: int,
+) -> int:
+    """The op whose start triggers the prefetch of a buffer offloaded after
+    `out_after` and first needed by backward op `before`."""
+    calls = layers_by_module.get(trace.ops[before].module, [])
+    k = bisect.bisect_right(calls, out_after, key=lambda li: layers[li].start)
+    if k == 0:
+        return before
+    first = calls[k - 1] + 1
+    for li in range(first, min(first + MAX_SCAN, len(layers))):
+        ops = bwd.get(layers[li].module)
+        if ops is None:
+            continue
+        lo = int(np.searchsorted(ops, out_after, side="right"))
+        hi = int(np.searchsorted(ops, before, side="left"))
+        if hi > lo:
+            j = hi - 1
+            while j > lo and ops[j - 1] == ops[j] - 1:
+                j -= 1
+            return int(ops[j])
+    return before
+
+
+_OFF, _DEV, _QUEUED, _COPYING, _ARRIVING = range(5)
+
+
+def _replay_peak(trace: Trace, tl: Timeline, plan: Plan, hw: Hardware, iterations: int = 3) -> int:
+    """The predicted peak (bytes) of a vDNN plan (NOTE [ vDNN predicted peak ])."""
+    n, nb = trace.n_ops, trace.n_buffers
+    nbytes = trace.nbytes.tolist()
+    dur = tl.duration_us.tolist()
+    d2h = transfer_us(hw, trace.nbytes, "d2h").tolist()
+    h2d = transfer_us(hw, trace.nbytes, "h2d").tolist()
+    persistent = trace.persistent.tolist()
+    created: list[list[int]] = [[] for _ in range(n)]
+    frees: list[list[int]] = [[] for _ in range(n)]
+    for b, c in enumerate(trace.created_at.tolist()):
+        if c >= 0:
+            created[c].append(b)
+    for b, f in enumerate(trace.freed_after.tolist()):
+        if not persistent[b] and n:
+            frees[min(f, n - 1)].append(b)
+    inputs = [b for b in range(nb) if trace.exists_at_start[b] and not persistent[b]]
+    triggers: dict[int, list[SwapOut | SwapIn]] = defaultdict(list)
+    for ev in plan.events:
+        triggers[ev.after_op].append(ev)  # type: ignore[union-attr]
+
+    where = [_OFF] * nb
+    keep = [False] * nb
+    epoch = [0] * nb
+    used = sum(nbytes[b] for b in range(nb) if persistent[b])
+    peak = used
+    for b in range(nb):
+        if persistent[b]:
+            where[b] = _DEV
+    lane: deque[tuple[int, int, bool]] = deque()  # (buffer, epoch, swap-in?)
+    copy_end = math.inf  # when the copy on the lane ends
+    copying: tuple[int, int, bool] | None = None
+    arriving: dict[int, int] = {}  # buffer -> op waiting for it
+    out_due: dict[int, list[tuple[int, int]]] = defaultdict(list)  # op -> (buffer, epoch)
+
+    def take(nbytes_: int) -> None:
+        nonlocal used, peak
+        used += nbytes_
+        peak = max(peak, used)
+
+    def pump(now: float) -> None:
+        nonlocal copy_end, copying, used
+        while copying is None and lane:
+            b, ep, is_in = lane.popleft()
+            if ep != epoch[b]:
+                continue
+            if not is_in and keep[b]:  # needed back before the copy began
+                where[b], keep[b] = _DEV, False
+                continue
+            copying = (b, ep, is_in)
+            if is_in:
+                take(nbytes[b])
+                copy_end = now + h2d[b]
+            else:
+                where[b] = _COPYING
+                copy_end = now + d2h[b]
+
+    def finish_copy() -> float:
+        nonlocal copy_end, copying, used
+        assert copying is not None
+        now, (b, ep, is_in) = copy_end, copying
+        copying, copy_end = None, math.inf
+        if is_in:
+            if ep == epoch[b]:
+                where[b] = _DEV
+                arriving.pop(b, None)
+            else:
+                used -= nbytes[b]
+        elif ep != epoch[b]:
+            used -= nbytes[b]  # freed by the framework during the copy
+        elif keep[b]:
+            where[b], keep[b] = _DEV, False
+        else:
+            where[b] = _OFF
+            used -= nbytes[b]
+        pump(now)
+        return now
+
+    now = 0.0
+    for _ in range(iterations):
+        for b in inputs:
+            where[b] = _DEV
+            take(nbytes[b])
+        for i in range(n):
+            while any(op == i for op in arriving.values()):
+                now = max(now, finish_copy())
+            for b, ep in out_due.pop(i, ()):
+                while epoch[b] == ep and where[b] in (_QUEUED, _COPYING):
+                    now = max(now, finish_copy())
+            while copy_end <= now:
+                finish_copy()
+            for b in created[i]:
+                where[b] = _DEV
+                take(nbytes[b])
+            end = now + dur[i]
+            while copy_end <= end:
+                finish_copy()
+            now = end
+            for b in frees[i]:
+                if where[b] == _DEV or where[b] == _QUEUED:
+                    used -= nbytes[b]
+                where[b] = _OFF
+                keep[b] = False
+                epoch[b] += 1
+                arriving.pop(b, None)
+            for ev in triggers.get(i, ()):
+                b = ev.buffer
+                if isinstance(ev, SwapOut):
+                    if where[b] == _DEV:
+                        where[b] = _QUEUED
+                        lane.append((b, epoch[b], False))
+                        if ev.before_op >= 0:
+                            out_due[ev.before_op].append((b, epoch[b]))
+                elif where[b] in (_QUEUED, _COPYING):
+                    keep[b] = True
+                elif where[b] == _OFF:
+                    where[b] = _ARRIVING
+                    arriving[b] = ev.before_op
+                    lane.append((b, epoch[b], True))
+            pump(now)
+    return int(peak)
+
+
+def vdnn(
+    traces: Sequence[Trace],
+    hw: Hardware,
+    latency: LatencyModel,
+    *,
+    budget_bytes: int | None = None,
+    **options: Any,
+) -> PlanResult:
+    """vDNN on every job alone (options: see `VdnnOptions`). The plan does
+    not depend on the budget; feasible when none is given or the predicted
+    peaks of all jobs together fit it."""
+    t0 = time.perf_counter()
+    jobs = as_traces(traces)
+    budget = check_budget(budget_bytes)
+    opts = make_options(PlannerSpec("vdnn", vdnn, VdnnOptions), options)
+    timelines = predict_timelines(jobs, hw, latency)
+    plans = [vdnn_plan(t, opts) for t in jobs]
+    peaks = [_replay_peak(t, tl, p, hw) for t, tl, p in zip(jobs, timelines, plans, strict=True)]
+    return PlanResult(
+        planner="vdnn",
+        feasible=budget is None or sum(peaks) <= budget,
+        plans=tuple(plans),
+        solve_time_s=time.perf_counter() - t0,
+        options=options_dict(opts),
+        stats={
+            "peak_bytes": sum(peaks),
+            "job_peak_bytes": peaks,
+            "swapped_buffers": [p.counts()["swap_out"] for p in plans],
+        },
+    )

@@ -1,0 +1,478 @@
+"""Replay a trace op by op with real tensors, optionally applying a plan.
+
+`replay(trace, ...)` materialises the iteration's starting state on a device
+(NOTE [ Initial values ] in `validate/replay/initial.py`), calls every op through
+`torch.ops` with its recorded arguments over views of the live buffers,
+frees buffers where the framework did (`Buffer.freed_after`), and applies the
+plan's swaps, releases and recomputes on the way. It measures op and
+iteration times and device bytes, and returns the final persistent state so
+that `compare_results` can check a plan changed nothing computed.
+
+# NOTE [ Iterations and randomness ]
+Every iteration replays the same recorded step: parameters, optimizer state
+and module buffers carry over; inputs are re-materialised from the seed with
+the same bytes each time; every other buffer is made by its op. Before each
+iteration the default generator of the run device is seeded from
+(seed, iteration), so dropout masks differ between iterations but not
+between runs. The caller's generator state is restored when the replay ends.
+
+# NOTE [ Applying a plan ]
+Semantics are the simulator's (NOTE [ Event semantics ] in `sim/model.py`),
+so that a replay measures what a simulation predicts:
+- Events with `after_op = i` fire when op i ends (-1: when the iteration
+  starts), in plan order, before the framework's own frees after op i (a
+  checked plan has no event on a buffer freed there, so the order is moot).
+- `SwapOut` queues a copy to the host pool; the device copy is freed when
+  the copy ends (NOTE [ Device bytes ]). The buffer stays usable until then;
+  needing it again keeps it (NOTE [ Keep ] in `validate/replay/pool.py`). A
+  swap-out of a buffer whose host copy is still valid moves no bytes. One of
+  a buffer already leaving or arriving does nothing, as in the simulator.
+  Its `before_op`, if set, waits until the transfer is over (planners.core.plan
+  NOTE [ Swap-out deadlines ]), counted in `wait_seconds`.
+- `SwapIn` queues a copy back; its device bytes are taken when the copy
+  starts. `before_op` (of the next iteration if `next_iteration`) waits for
+  it, and so does any op that needs the buffer: both count in
+  `wait_seconds`. A swap-in of a buffer on the device does nothing; of one
+  still leaving, it keeps it (no copy either way); of one arriving, it
+  waits for that copy. The host copy stays valid until the buffer is
+  written, so a `Release` followed by another `SwapIn` needs no second
+  `SwapOut`. In the last iteration a `next_iteration` swap-in is not started.
+- `Release` frees the device copy at once; of a leaving buffer it undoes a
+  keep; of an arriving one it does nothing; of one not on the device it is
+  an error.
+- Each op first waits for the swap-ins due before it and the swap-outs
+  with it as deadline, then makes every buffer it needs present, in buffer
+  order: leaving is present (and kept), arriving is waited for, absent is
+  recomputed by a `Recompute` for that buffer and op (NOTE [ Recompute ])
+  -- else the replay stops with a `ValidationError` naming the op and the
+  buffer.
+- Lanes (NOTE [ Throttled copies ] in `validate/replay/lanes.py`): with one lane
+  every copy shares it, in order of ready time; with two, swap-outs use
+  lane 0 and swap-ins lane 1.
+
+# NOTE [ Recompute ]
+A `Recompute` runs on demand: only when `before_op` needs its buffer and it
+is absent. Its ops are re-run in order, each after its sources are made
+present as an op's inputs are (waiting for a swap-in, or another
+`Recompute` of the source before the same op); outputs for buffers that are
+absent are bound (the chain's intermediates are freed again when the chain
+ends, only `buffer` stays), outputs for buffers still present are dropped
+at once. An op of the chain that writes in place a
+buffer the chain did not bring back (BatchNorm's running statistics, see
+NOTE [ Hidden mutations ]) writes a scratch copy instead: a recompute never
+changes live data. RNG ops run with the generator state saved before their
+first run in this iteration, then the current state is put back. The replay
+checks the chain reproduces the data that was dropped: every buffer it reads
+has the version it had at the original run, and every buffer it brings back
+is written by the same ops, in order, as the dropped copy was.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe
+from memplan.traces.model import Trace
+from memplan.validate.errors import ValidationError
+from memplan.validate.replay.device import (
+    CudaTimer,
+    cuda_event,
+    deterministic,
+    get_rng,
+    iteration_seed,
+    no_gc,
+    run_device,
+    seed_rng,
+    swap_rng,
+)
+from memplan.validate.replay.initial import initial_bytes
+from memplan.validate.replay.invoke import Invoker
+from memplan.validate.replay.lanes import Direction, Lane, LaneSync, Mover, Transfer
+from memplan.validate.replay.pool import DevicePool
+from memplan.validate.replay.program import Program, compile_trace
+from memplan.validate.replay.result import ReplayResult
+from memplan.validate.replay.schedule import Schedule, Triggered, build_schedule
+
+NOTHING: frozenset[int] = frozenset()
+
+
+class ReplaySync(LaneSync, Protocol):
+    """NOTE [ Test synchronisation ] in `validate/replay/lanes.py`: also called on
+    the compute thread when op `op` of `iteration` has ended and its events
+    have fired."""
+
+    def op_done(self, iteration: int, op: int) -> None: ...
+
+
+class Executor:
+    """One replay: a compiled trace, a plan schedule, a pool and copy lanes."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        device: torch.device,
+        schedule: Schedule,
+        seed: int,
+        iterations: int,
+        bandwidth_bytes_per_s: float | None,
+        lanes: int,
+        sync: ReplaySync | None = None,
+    ):
+        self.trace = trace
+        self.dev = device
+        self.cuda = device.type == "cuda"
+        self.program: Program = compile_trace(trace, device)
+        self.steps = self.program.steps
+        self.schedule = schedule
+        self.seed = seed
+        self.iterations = iterations
+        self.pool = DevicePool(trace, device, self.program.buffer_dtype)
+        self.invoker = Invoker(trace, self.pool, device)
+        self.start_bytes = initial_bytes(trace, self.program.buffer_dtype, seed)
+        self.t0 = time.perf_counter()
+        mover = Mover(self.pool, lanes)
+        self.sync = sync
+        self.lanes = [Lane(k, mover, bandwidth_bytes_per_s, self.t0, sync) for k in range(lanes)]
+        n_it, n_ops = iterations, trace.n_ops
+        self.op_seconds = np.zeros((n_it, n_ops))
+        self.memory_curve = np.zeros((n_it, n_ops), np.int64)
+        self.losses = np.zeros((n_it, len(self.program.loss_views)))
+        self.wait_seconds = np.zeros(n_it)
+        self.recompute_seconds = np.zeros(n_it)
+        self.recomputes = np.zeros(n_it, np.int64)
+        self.iteration_seconds = np.zeros(n_it)
+        self.deadlines: dict[tuple[int, int], list[Transfer]] = {}
+        self.rng_state: dict[int, torch.Tensor] = {}
+        self.recompute_spans: list[tuple[Any, Any]] = []  # CUDA events of this iteration
+        self.read_versions: dict[int, dict[int, int]] = {}
+        self.recomputing: set[int] = set()  # buffers whose recompute is running
+        self.rebuilding: set[int] = set()  # buffers those recomputes have brought back
+        self.it = 0
+
+    # ---- the run ------------------------------------------------------------------
+    def run(self) -> ReplayResult:
+        base = torch.cuda.memory_allocated(self.dev) if self.cuda else 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.dev)
+        for lane in self.lanes:
+            lane.start()
+        try:
+            with deterministic(self.dev), no_gc():
+                for it in range(self.iterations):
+                    self._iteration(it)
+        finally:
+            for lane in self.lanes:
+                lane.close()
+            for lane in self.lanes:
+                lane.join()
+        self._raise_lane_errors()
+        persistent = [b.id for b in self.trace.buffers if b.persistent]
+        for b in persistent:
+            if not self.pool.on_device(b) and not self.pool.host_valid(b):
+                raise ValidationError(
+                    f"{self.invoker.name(b)} has no valid copy after the last iteration"
+                )
+        records = sorted((r for lane in self.lanes for r in lane.records), key=lambda r: r.start_s)
+        return ReplayResult(
+            model=self.trace.meta.model,
+            device=str(self.dev),
+            seed=self.seed,
+            state={b: self.pool.typed(b) for b in persistent},
+            names={b.id: b.name for b in self.trace.buffers if b.name},
+            losses=self.losses,
+            op_seconds=self.op_seconds,
+            iteration_seconds=self.iteration_seconds,
+            wait_seconds=self.wait_seconds,
+            recompute_seconds=self.recompute_seconds,
+            recomputes=self.recomputes,
+            memory_curve=self.memory_curve,
+            peak_bytes=max(self.pool.iteration_peaks),
+            iteration_peak_bytes=np.asarray(self.pool.iteration_peaks, np.int64),
+            host_peak_bytes=self.pool.host_peak_bytes,
+            allocator_peak_bytes=(torch.cuda.max_memory_allocated(self.dev) - base)
+            if self.cuda
+            else None,
+            transfers=tuple(records),
+            size_mismatches=dict(sorted(self.invoker.size_mismatches.items())),
+        )
+
+    def _iteration(self, it: int) -> None:
+        self.it = it
+        pool = self.pool
+        self.rng_state.clear()
+        self.read_versions.clear()
+        seed_rng(self.dev, iteration_seed(self.seed, it))
+        pool.start_iteration()
+        for b, raw in self.start_bytes.items():
+            if it == 0 or not self.trace.buffers[b].persistent:
+                pool.created(b, -1)
+                pool.bind(b, raw.to(self.dev, copy=True).untyped_storage())
+        timer = CudaTimer(self.trace.n_ops) if self.cuda else None
+        start = time.perf_counter()
+        steps, n = self.steps, len(self.steps)
+        last = it + 1 == self.iterations
+        # NOTE [ Keep ]: an op pins what it accesses from the end of the op
+        # before it (when the simulator's job process moves on) to its own end
+        with pool.lock:
+            pool.pinned = steps[0].accesses
+        self._trigger(self.schedule.after[0])
+        for step in steps:
+            i = step.op
+            for t in self.deadlines.pop((it, i), ()):
+                self._wait(t)
+            for b in step.needs:
+                self._ensure(b, i, self.invoker.op(i))
+            if i == self.program.loss_op:
+                self._record_loss()
+            if i in self.schedule.recompute_ops:
+                self.read_versions[i] = {b: int(pool.version[b]) for b in step.needs}
+            if i in self.schedule.rng_ops:
+                self.rng_state[i] = get_rng(self.dev)
+            self.op_seconds[it, i] = self.invoker.call(step, timer)
+            self.memory_curve[it, i] = pool.current_bytes
+            with pool.lock:
+                pool.pinned = (
+                    steps[i + 1].accesses if i + 1 < n else NOTHING if last else steps[0].accesses
+                )
+            if i + 1 == self.program.loss_op:  # no backward: the loss is the last op's output
+                self._record_loss()
+            self._trigger(self.schedule.after[i + 1])
+            for b in step.frees:
+                pool.kill(b)
+            self._raise_lane_errors()
+            if self.sync is not None:
+                self.sync.op_done(it, i)
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+        self.iteration_seconds[it] = time.perf_counter() - start
+        if timer is not None:
+            self.op_seconds[it] = timer.seconds()
+            spans, self.recompute_spans = self.recompute_spans, []
+            self.recompute_seconds[it] = sum(a.elapsed_time(b) * 1e-3 for a, b in spans)
+        left = [
+            b
+            for b in range(self.trace.n_buffers)
+            if pool.on_device(b) and not self.trace.buffers[b].persistent
+        ]
+        if left:  # only a plan can do that: a recompute of a buffer the framework had freed
+            raise ValidationError(
+                f"iteration {it}: {self.invoker.name(left[0])} is on the device after the framework "
+                f"freed it (after op {self.trace.buffers[left[0]].freed_after})"
+            )
+
+    # ---- one op -------------------------------------------------------------------
+    def _ensure(self, b: int, i: int, who: str) -> None:
+        """Make `b`, which op `i` (or a recompute for it) needs, usable
+        (NOTE [ Applying a plan ])."""
+        pool = self.pool
+        while True:
+            with pool.lock:
+                if b in pool.leaving:
+                    pool.keep.add(b)  # NOTE [ Keep ]
+                    return
+                t = pool.arriving.get(b)
+                if t is None and pool.on_device(b):
+                    return
+            if t is not None:
+                self._wait(t)
+                continue
+            ev = self.schedule.recompute.get((b, i))
+            if ev is None or b in self.recomputing:
+                raise ValidationError(f"{who} needs {self.invoker.gone(b)}")
+            self._recompute(ev)
+
+    def _wait(self, t: Transfer) -> None:
+        if not t.done.is_set():
+            t0 = time.perf_counter()
+            t.done.wait()
+            self.wait_seconds[self.it] += time.perf_counter() - t0
+        self._raise_lane_errors()
+
+    # ---- plan events ----------------------------------------------------------------
+    def _trigger(self, events: tuple[Triggered, ...]) -> None:
+        for ev in events:
+            if isinstance(ev, Release):
+                self._release(ev)
+            elif isinstance(ev, SwapOut):
+                self._swap_out(ev)
+            else:
+                self._swap_in(ev)
+
+    def _release(self, ev: Release) -> None:
+        pool, b = self.pool, ev.buffer
+        with pool.lock:
+            if b in pool.leaving:
+                pool.keep.discard(b)  # the swap-out frees it after all
+                return
+            if b in pool.arriving:
+                return  # as the simulator: a skip
+            if not pool.on_device(b):
+                raise ValidationError(
+                    f"{describe(ev)} after op {ev.after_op}: it is not on the device"
+                )
+            pool.drop(b)
+
+    def _swap_out(self, ev: SwapOut) -> None:
+        pool, b = self.pool, ev.buffer
+        with pool.lock:
+            if b in pool.leaving or b in pool.arriving:
+                return  # as the simulator: a skip
+            if not pool.on_device(b):
+                raise ValidationError(
+                    f"{describe(ev)} after op {ev.after_op}: it is not on the device"
+                )
+            pool.keep.discard(b)
+            if not ev.delay_us and pool.host_valid(b):
+                pool.drop(b)  # a discard (NOTE [ Keep ]), at once as in the simulator
+                return
+            t = self._transfer(Direction.D2H, ev, b)
+            pool.leaving[b] = t
+        if ev.before_op >= 0:  # planners.core.plan NOTE [ Swap-out deadlines ]
+            self.deadlines.setdefault((self.it, ev.before_op), []).append(t)
+        self.lanes[0].submit(t)
+
+    def _swap_in(self, ev: SwapIn) -> None:
+        pool, b = self.pool, ev.buffer
+        if ev.next_iteration and self.it + 1 == self.iterations:
+            return  # no next iteration to serve (planners.core.plan NOTE [ Cross-iteration swaps ])
+        due = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
+        with pool.lock:
+            t = pool.arriving.get(b)
+            if t is None:
+                if b in pool.leaving:
+                    pool.keep.add(b)  # NOTE [ Keep ]: no copy either way
+                    return
+                if pool.on_device(b):
+                    return  # resident already (a periodic plan's first iteration)
+                t = pool.arriving[b] = self._transfer(Direction.H2D, ev, b)
+                submit = True
+            else:
+                submit = False  # the copy in flight serves this one too
+        self.deadlines.setdefault(due, []).append(t)
+        if submit:
+            self.lanes[-1].submit(t)
+
+    def _transfer(self, direction: Direction, ev: SwapOut | SwapIn, b: int) -> Transfer:
+        now = time.perf_counter()
+        return Transfer(
+            direction,
+            b,
+            self.it,
+            label=f"{describe(ev)} after op {ev.after_op} of iteration {self.it}",
+            nbytes=int(self.pool.nbytes[b]),
+            queued_s=now,
+            ready_s=now + ev.delay_us * 1e-6,
+            lifetime=int(self.pool.lifetime[b]),
+            compute_ready=cuda_event() if self.cuda else None,
+        )
+
+    def _recompute(self, ev: Recompute) -> None:
+        """NOTE [ Recompute ]: `ev.buffer` is absent and `ev.before_op` needs it."""
+        pool = self.pool
+        who = f"recompute of {self.invoker.name(ev.buffer)} before op {ev.before_op}"
+        t0 = time.perf_counter()
+        span = (cuda_event(timing=True), None) if self.cuda else None
+        restored: set[int] = set()
+        writers: dict[int, list[int]] = {}
+        pinned = pool.pinned
+        outer = not self.recomputing  # a nested chain's time is in the outer one's
+        self.recomputing.add(ev.buffer)
+        for k in ev.ops:
+            step = self.steps[k]
+            with pool.lock:
+                pool.pinned = pinned | step.accesses
+            read = [b for b in step.needs if b not in restored]
+            for b in read:
+                self._ensure(b, ev.before_op, f"{who}: op {k}")
+            scratch = {b for b in step.writes if b not in restored}
+            versions = self.read_versions.get(k)
+            if versions is None:
+                raise ValidationError(f"{who}: op {k} has not run in this iteration")
+            for b in read:
+                if b in self.rebuilding:  # an enclosing chain's, checked by that chain
+                    continue
+                if b not in scratch and pool.version[b] != versions[b]:
+                    raise ValidationError(
+                        f"{who}: op {k} reads {self.invoker.name(b)}, which op "
+                        f"{pool.writers[b][-1]} modified after op {k} first ran"
+                    )
+            absent = {b for b in step.creates if not pool.on_device(b) and b not in pool.arriving}
+            saved = swap_rng(self.dev, self.rng_state[k]) if step.rng else None
+            self.invoker.call(step, None, frozenset(scratch), frozenset(absent))
+            if saved is not None:
+                swap_rng(self.dev, saved)
+            restored |= absent
+            self.rebuilding |= absent
+            for b in absent:
+                writers[b] = [k]
+            for b in step.writes:
+                if b in restored and b not in absent:
+                    writers[b].append(k)
+        self.rebuilding -= restored
+        for b in sorted(restored):
+            if tuple(writers[b]) != pool.dropped_writers.get(b):
+                raise ValidationError(
+                    f"{who}: brings back {self.invoker.name(b)} from ops {writers[b]}, but the "
+                    f"dropped copy was written by ops {list(pool.dropped_writers.get(b, ()))}"
+                )
+            pool.restored(b)
+            if b != ev.buffer:
+                pool.drop(b)
+        with pool.lock:
+            pool.pinned = pinned
+        self.recomputing.discard(ev.buffer)
+        if outer and span is not None:  # device time, read when the iteration synchronises
+            self.recompute_spans.append((span[0], cuda_event(timing=True)))
+        elif outer:
+            self.recompute_seconds[self.it] += time.perf_counter() - t0
+        self.recomputes[self.it] += 1
+
+    # ---- helpers -------------------------------------------------------------------
+    def _record_loss(self) -> None:
+        with self.pool.lock:
+            values = [self.pool.view(v).item() for v in self.program.loss_views]
+        self.losses[self.it, : len(values)] = values
+
+    def _raise_lane_errors(self) -> None:
+        if self.pool.errors:
+            raise ValidationError(self.pool.errors[0])
+
+
+def replay(
+    trace: Trace,
+    *,
+    device: str = "cpu",
+    iterations: int = 2,
+    seed: int = 0,
+    plan: Plan | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+    lanes: int = 1,
+    sync: ReplaySync | None = None,
+) -> ReplayResult:
+    """Run `iterations` training steps of `trace` with real tensors on
+    `device`, applying `plan` (None: the framework's own frees only).
+
+    Transfers run on `lanes` copy lanes (1: one lane shared by both
+    directions; 2: swap-outs on one, swap-ins on the other), throttled to
+    `bandwidth_bytes_per_s` if given (NOTE [ Throttled copies ]). The same
+    trace and seed give bit-identical results with any valid plan; check with
+    `compare_results`. Raises `ValidationError` if the plan cannot run (a
+    read of a buffer that is gone, a stale host copy, a recompute that does
+    not reproduce its buffer) and `PlanError` if it does not fit the trace.
+    `sync`: for tests, NOTE [ Test synchronisation ] in `validate/replay/lanes.py`.
+    """
+    if iterations < 1:
+        raise ValidationError(f"iterations={iterations} must be >= 1")
+    if lanes not in (1, 2):
+        raise ValidationError(f"lanes={lanes} must be 1 or 2")
+    if bandwidth_bytes_per_s is not None and not bandwidth_bytes_per_s > 0:
+        raise ValidationError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s} must be > 0")
+    if trace.n_ops == 0:
+        raise ValidationError(f"trace {trace.meta.model!r} has no ops to replay")
+    dev = run_device(device)
+    schedule = build_schedule(plan, trace)
+    ex = Executor(trace, dev, schedule, seed, iterations, bandwidth_bytes_per_s, lanes, sync)
+    return ex.run()
