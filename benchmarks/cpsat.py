@@ -36,6 +36,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from memplan.hwmodels.device import DeviceModel
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -98,7 +100,7 @@ def run_instance(
     b = bounds(trace, hw, latency, budget_bytes=budget)
     opts = {"cpsat": [f"time_limit_s={args.time_limit}", f"num_workers={args.workers}"]}
     t0 = time.perf_counter()
-    c = compare_planners([trace], hw, latency, planners, budget=budget, options=opts)
+    c = compare_planners([trace], DeviceModel(hw, latency), planners, budget=budget, options=opts)
     wall = time.perf_counter() - t0
     label = f"{name} {'@lb+' if between else '@'}{frac:.2f}"
     row = {"instance": label, "ops": trace.n_ops, "bound_ms": b.time.seconds * 1e3}

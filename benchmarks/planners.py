@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from memplan.hwmodels.device import DeviceModel
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -44,7 +46,7 @@ def main() -> None:
         trace = io.load(ROOT / "traces" / "data" / f"{model}_b16_adam.json.gz")
         for n in (int(x) for x in args.jobs.split(",")):
             t0 = time.perf_counter()
-            c = compare_planners([trace] * n, hw, latency, PLANNERS)
+            c = compare_planners([trace] * n, DeviceModel(hw, latency), PLANNERS)
             print(f"== {model} x{n} (whole comparison {time.perf_counter() - t0:.1f} s)")
             print(text_table(c))
             print()

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from memplan.hwmodels.device import DeviceModel
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -66,12 +68,14 @@ def main() -> None:
     print(f"release_only: {len(plan.events)} releases")
 
     t0 = time.perf_counter()
-    r = simulate([Job(trace, plan)], hw, latency, iterations=1, check=False)
+    r = simulate([Job(trace, plan)], DeviceModel(hw, latency), iterations=1, check=False)
     print(
         f"first call (compiles latencies, caches trace arrays): {(time.perf_counter() - t0) * 1e3:.1f} ms"
     )
 
-    wall, r = best_of(lambda: simulate([Job(trace, plan)], hw, latency, iterations=ITERATIONS))
+    wall, r = best_of(
+        lambda: simulate([Job(trace, plan)], DeviceModel(hw, latency), iterations=ITERATIONS)
+    )
     report("release_only, 3 iterations", wall, r, ITERATIONS)
     per_it, ev_s = wall / ITERATIONS, r.n_events / wall
     print(
@@ -80,21 +84,22 @@ def main() -> None:
         f"{'met' if ev_s >= TARGET_EVENTS_PER_S else 'MISSED'}"
     )
     wall, r = best_of(
-        lambda: simulate([Job(trace, plan)], hw, latency, iterations=ITERATIONS, check=False)
+        lambda: simulate(
+            [Job(trace, plan)], DeviceModel(hw, latency), iterations=ITERATIONS, check=False
+        )
     )
     report("  same without planners.core.check", wall, r, ITERATIONS)
 
-    wall, r = best_of(lambda: simulate([trace], hw, latency, iterations=ITERATIONS))
+    wall, r = best_of(lambda: simulate([trace], DeviceModel(hw, latency), iterations=ITERATIONS))
     report("vanilla, 3 iterations", wall, r, ITERATIONS)
 
     jobs = [Job(trace, plan), Job(trace, plan, arrival_s=0.001)]
-    wall, r = best_of(lambda: simulate(jobs, hw, latency, iterations=ITERATIONS))
+    wall, r = best_of(lambda: simulate(jobs, DeviceModel(hw, latency), iterations=ITERATIONS))
     report("two jobs, release_only", wall, r, 2 * ITERATIONS)
 
     budget = int(trace.peak("liveness")[0] * 0.6)
     wall, r = best_of(
-        lambda: simulate([Job(trace, plan)], hw, latency, iterations=ITERATIONS, budget=budget,
-                         oom="passive"),
+        lambda: simulate([Job(trace, plan)], DeviceModel(hw, latency), iterations=ITERATIONS, budget=budget, oom="passive"),
         repeats=1,
     )  # fmt: skip
     report("passive, budget 60% of liveness", wall, r, ITERATIONS)
@@ -110,7 +115,7 @@ def main() -> None:
     for name, t in cases:
         p = release_only_plan(t)
         wall, r = best_of(
-            lambda t=t, p=p: simulate([Job(t, p)], hw, latency, iterations=ITERATIONS)
+            lambda t=t, p=p: simulate([Job(t, p)], DeviceModel(hw, latency), iterations=ITERATIONS)
         )
         report(f"  {name} ({t.n_ops} ops)", wall, r, ITERATIONS)
 

@@ -7,6 +7,7 @@
 Nothing here imports torch until a model is trained, saved or loaded.
 """
 
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.hwmodels.errors import LatencyError
 from memplan.hwmodels.latency import EWMA, Fixed, LatencyModel, Measured, Roofline, RooflineOptions
 from memplan.hwmodels.mlp import MLPLatency
@@ -14,6 +15,9 @@ from memplan.hwmodels.opclass import OpClass, classify
 from memplan.hwmodels.profile import Hardware, list_profiles, load_hardware
 
 __all__ = [
+    "DeviceModel",
+    "Direction",
+    "TimeUnit",
     "EWMA",
     "Fixed",
     "Hardware",

@@ -49,17 +49,6 @@ class Hardware:
     description: str = ""
     roofline_efficiency: dict[str, float] = field(default_factory=dict)
 
-    def transfer_s(self, nbytes: int, direction: str) -> float:
-        """Seconds one copy of `nbytes` holds its lane: fixed cost + bytes/bandwidth.
-        `direction` is "h2d" or "d2h"."""
-        if direction == "h2d":
-            bw = self.h2d_bytes_per_s
-        elif direction == "d2h":
-            bw = self.d2h_bytes_per_s
-        else:
-            raise ValueError(f"direction={direction!r} must be 'h2d' or 'd2h'")
-        return self.transfer_fixed_s + nbytes / bw
-
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for `dtype`; float32's figure for dtypes the profile
         does not list (integer and bool ops count no FLOPs anyway)."""

@@ -26,8 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners import registry
 from memplan.planners.analysis.bounds import gap_to_bound, joint_bounds
 from memplan.planners.core.check import check
@@ -125,20 +124,18 @@ def _jobs(traces: Sequence[Trace], plans: Sequence[Any]) -> list[Job]:
 def run_planner(
     name: str,
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     vanilla: SimResult,
     *,
     budget: int | None,
-    lanes: int = 1,
     iterations: int = 3,
     options: object = None,
 ) -> Row:
     """Plan with `name`, check, simulate under the budget, score against `vanilla`."""
-    sim_budget = budget if budget is not None else hw.memory_bytes
+    sim_budget = budget if budget is not None else device.hw.memory_bytes
     t0 = time.perf_counter()
     try:
-        result = registry.run(name, traces, hw, latency, budget_bytes=budget, options=options)
+        result = registry.run(name, traces, device, budget_bytes=budget, options=options)
     except MemplanError as e:
         return _failed(name, budget, f"planner error: {e}", time.perf_counter() - t0)
     plan_time = time.perf_counter() - t0
@@ -147,8 +144,7 @@ def run_planner(
         for k, n in p.counts().items():
             events[k] = events.get(k, 0) + n
     if not result.plans:
-        reason = str(result.stats.get("reason", "the planner found no plan"))
-        return _failed(name, budget, reason, plan_time, result)
+        return _failed(name, budget, result.explain(), plan_time, result)
     try:
         for p, t in zip(result.plans, traces, strict=True):
             check(p, t)
@@ -156,10 +152,8 @@ def run_planner(
         return _failed(name, budget, f"check: {e}", plan_time, result)
     sim = simulate(
         _jobs(traces, result.plans),
-        hw,
-        latency,
+        device,
         iterations=iterations,
-        lanes=lanes,
         budget=sim_budget,
         oom="fail",
         check=False,
@@ -167,7 +161,7 @@ def run_planner(
     metrics = compare(vanilla, sim).total
     reasons = []
     if not result.feasible:
-        reasons.append(str(result.stats.get("reason", "the planner says infeasible")))
+        reasons.append(result.explain())
     if sim.oom:
         reasons.append(f"out of memory in simulation (budget {sim_budget} bytes)")
     return Row(
@@ -216,12 +210,10 @@ def _failed(
 
 def compare_planners(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     planners: Sequence[str],
     *,
     budget: int | None = None,
-    lanes: int = 1,
     iterations: int = 3,
     options: dict[str, Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -237,10 +229,8 @@ def compare_planners(
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
     vanilla = simulate(
         _jobs(traces, [vanilla_plan(t) for t in traces]),
-        hw,
-        latency,
+        device,
         iterations=iterations,
-        lanes=lanes,
         budget=UNLIMITED_BYTES,
         check=False,
     )
@@ -256,11 +246,9 @@ def compare_planners(
                 tensile = run_planner(
                     "tensile",
                     traces,
-                    hw,
-                    latency,
+                    device,
                     vanilla,
                     budget=None,
-                    lanes=lanes,
                     iterations=iterations,
                     options=options.get("tensile"),
                 )
@@ -270,22 +258,18 @@ def compare_planners(
         rows[name] = run_planner(
             name,
             traces,
-            hw,
-            latency,
+            device,
             vanilla,
             budget=own_budget,
-            lanes=lanes,
             iterations=iterations,
             options=options.get(name),
         )
     ordered = [rows[n] for n in planners]
-    ordered = [_with_gap(r, traces, hw, latency, lanes) for r in ordered]
+    ordered = [_with_gap(r, traces, device) for r in ordered]
     return Comparison(vanilla, tuple(ordered))
 
 
-def _with_gap(
-    row: Row, traces: Sequence[Trace], hw: Hardware, latency: LatencyModel, lanes: int
-) -> Row:
+def _with_gap(row: Row, traces: Sequence[Trace], device: DeviceModel) -> Row:
     """NOTE [ Gap to the bound ]: (simulated iteration time - bound) / bound,
     with the analytic lower bound at the same budget (`planners.analysis.bounds`). For
     one job it holds for every plan. For several jobs it is the bound on the
@@ -293,9 +277,9 @@ def _with_gap(
     a run that keeps them in step; none when their op counts differ."""
     if not row.feasible:
         return row
-    budget = row.budget_bytes if row.budget_bytes is not None else hw.memory_bytes
+    budget = row.budget_bytes if row.budget_bytes is not None else device.hw.memory_bytes
     try:
-        b = joint_bounds(traces, hw, latency, budget_bytes=budget, lanes=lanes)
+        b = joint_bounds(traces, device, budget_bytes=budget)
     except PlanError:  # jobs that cannot be in step: no bound to compare with
         return row
     return dataclasses.replace(row, gap=gap_to_bound(row.iteration_time_s, b.best_time_s))

@@ -2,17 +2,18 @@
 
 All planners share one signature (the seam the app shell and sweeps use)::
 
-    planner(traces, hw, latency, *, budget_bytes=None, **options) -> PlanResult
+    planner(traces, device, *, budget_bytes=None, options=None) -> PlanResult
 
 `traces` is a sequence of `Trace` (one per job; `analysis.as_traces` also
-takes `sim.Job`s), `budget_bytes` the device bytes all jobs together may use
-(None: no budget, the planner does what it does best), and `options` the
-fields of the planner's options dataclass as keywords. Infeasible is a
-result (`feasible=False`), never an exception.
+takes `sim.Job`s), `device` the `hwmodels.device.DeviceModel` they run on,
+`budget_bytes` the device bytes all jobs together may use (None: no budget,
+the planner does what it does best), and `options` an instance of the
+planner's options dataclass (None: its defaults). Not fitting is a result
+(`PlanResult.status`), never an exception.
 
-`get(name)` returns a `PlannerSpec`; `run(name, ...)` builds the options
-(from a dataclass, a mapping, or ``key=value`` strings as the CLI passes
-them) and calls the planner. Planner modules are imported when first asked
+`get(name)` returns a `PlannerSpec`; `run(name, ...)` and calling a spec
+parse the options once, here (from a dataclass, a mapping, or ``key=value``
+strings as the CLI passes them), and call the planner. Planner modules are imported when first asked
 for, so a broken or missing one does not break the others.
 """
 
@@ -22,22 +23,28 @@ import dataclasses
 import enum
 import importlib
 import importlib.util
-import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.options import NoOptions, options_dict
 from memplan.planners.core.plan import PlanResult
 
-
-@dataclass(frozen=True, slots=True)
-class NoOptions:
-    """The options of a planner that has none."""
+__all__ = [
+    "NoOptions",
+    "PlannerSpec",
+    "get",
+    "make_options",
+    "names",
+    "option_fields",
+    "options_dict",
+    "register",
+    "run",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,22 +62,15 @@ class PlannerSpec:
     def __call__(
         self,
         traces: Sequence[Any],
-        hw: Hardware,
-        latency: LatencyModel,
+        device: DeviceModel,
         *,
         budget_bytes: int | None = None,
-        budget: int | None = None,
-        **options: Any,
+        options: object = None,
     ) -> PlanResult:
-        """Run the planner; `options` are its options' fields (strings are
-        parsed). `budget` is an alias of `budget_bytes` for callers written
-        before the name was settled."""
-        if budget is not None:
-            if budget_bytes is not None and budget_bytes != budget:
-                raise PlanError(f"{self.name}: budget={budget} and budget_bytes={budget_bytes}")
-            budget_bytes = budget
-        opts = make_options(self, options)
-        return _call(self, traces, hw, latency, budget_bytes, opts)
+        """Run the planner with `options` parsed by `make_options`."""
+        return self.fn(
+            traces, device, budget_bytes=budget_bytes, options=make_options(self, options)
+        )
 
 
 # name -> (module, function, options class or None, summary); imported lazily.
@@ -204,23 +204,6 @@ def make_options(spec: PlannerSpec | str, given: object = None) -> Any:
         raise PlanError(f"{spec.name}: {e}") from None
 
 
-def options_dict(options: Any) -> dict[str, Any]:
-    """An options dataclass as JSON values (enums by value), for `PlanResult.options`."""
-    out = {}
-    for f in dataclasses.fields(options):
-        v = getattr(options, f.name)
-        out[f.name] = _json(v)
-    return out
-
-
-def _json(v: Any) -> Any:
-    if isinstance(v, enum.Enum):
-        return v.value
-    if isinstance(v, tuple | list):
-        return [_json(x) for x in v]
-    return v
-
-
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -301,28 +284,10 @@ def _coerce(planner: str, key: str, tp: Any, value: Any) -> Any:
 def run(
     name: str,
     traces: Sequence[Any],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
     options: object = None,
 ) -> PlanResult:
     """Run planner `name` with `options` (see `make_options`)."""
-    spec = get(name)
-    return _call(spec, traces, hw, latency, budget_bytes, make_options(spec, options))
-
-
-def _call(
-    spec: PlannerSpec,
-    traces: Sequence[Any],
-    hw: Hardware,
-    latency: LatencyModel,
-    budget_bytes: int | None,
-    opts: Any,
-) -> PlanResult:
-    kwargs = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-    params = inspect.signature(spec.fn).parameters
-    if "budget_bytes" not in params and "budget" in params:
-        # a planner still spelling the shared keyword `budget` (cpsat)
-        return spec.fn(traces, hw, latency, budget=budget_bytes, **kwargs)
-    return spec.fn(traces, hw, latency, budget_bytes=budget_bytes, **kwargs)
+    return get(name)(traces, device, budget_bytes=budget_bytes, options=options)

@@ -1,27 +1,19 @@
 """A job (trace + plan + arrival + iterations) and its compiled form.
 
-`compile_job` turns a job into flat per-op Python tuples built once from the
-trace's numpy arrays -- which buffers each op needs present, creates, writes
-and frees, which plan events its end triggers -- so the simulator's hot loop
-indexes lists instead of rebuilding objects per op.
+`CompiledJob` gives the simulator flat per-op Python tuples -- which buffers
+each op needs present, creates, writes and frees (`OpTable`, built once per
+trace), which plan events its end triggers (`IndexedPlan`) -- so its hot loop
+indexes tuples instead of rebuilding objects per op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-from memplan.hwmodels.latency import LatencyModel, queued_usage
-from memplan.hwmodels.profile import Hardware
-from memplan.planners.core.plan import (
-    Plan,
-    Recompute,
-    Release,
-    SwapIn,
-    SwapOut,
-    empty_plan,
-    recompute_sources,
-)
+from memplan.hwmodels.device import DeviceModel, TimeUnit
+from memplan.hwmodels.errors import LatencyError
+from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, empty_plan
+from memplan.planners.core.semantics import IndexedPlan, OpTable, Triggered
 from memplan.sim.errors import SimError
 from memplan.traces.model import Trace
 
@@ -43,9 +35,12 @@ class Job:
 
 
 class CompiledJob:
-    """Read-only per-job data for the model. Per-op fields are lists indexed by
-    op id; `triggers[i + 1]` are the events that the end of op i starts
-    (`triggers[0]`: the start of the iteration)."""
+    """Read-only per-job data for the model. Per-op fields are tuples indexed
+    by op id (the trace's `OpTable`); `triggers[i + 1]` are the events that
+    the end of op i starts (`triggers[0]`: the start of the iteration), as
+    (code, buffer, delay_us, before_op, next_iteration, event index,
+    after_op); `recompute[(buffer, op)]` is (buffer, its chain's
+    `recompute_sources`, event index)."""
 
     __slots__ = (
         "index",
@@ -69,12 +64,10 @@ class CompiledJob:
         "input_bytes",
         "triggers",
         "recompute",
-        "_latency",
-        "_hw",
-        "_durations",
+        "durations",
     )
 
-    def __init__(self, index: int, job: Job, iterations: int, latency: LatencyModel, hw: Hardware):
+    def __init__(self, index: int, job: Job, iterations: int, device: DeviceModel):
         t = job.trace
         plan = job.plan if job.plan is not None else empty_plan(t)
         n = t.n_ops
@@ -87,83 +80,47 @@ class CompiledJob:
         self.n_ops = n
         self.nbytes: list[int] = t.nbytes.tolist()
         self.kind: list[int] = t.kind_index.tolist()
-        self._latency, self._hw = latency, hw
-        self._durations: dict[int, list[float]] = {}
 
-        ap, ab = (a.tolist() for a in t.access_csr)
-        wp, wb = (a.tolist() for a in t.writes_csr)
-        start = t.exists_at_start.tolist()
-        create: list[list[int]] = [[] for _ in range(n)]
-        for b, c in enumerate(t.created_at.tolist()):
-            if c >= 0 and not start[b]:
-                create[c].append(b)
-        self.accs = [tuple(ab[ap[i] : ap[i + 1]]) for i in range(n)]
-        self.create = [tuple(c) for c in create]
-        self.need = [
-            tuple(b for b in self.accs[i] if b not in create[i]) if create[i] else self.accs[i]
-            for i in range(n)
-        ]
-        self.create_bytes = [sum(self.nbytes[b] for b in c) for c in create]
-        self.writes = [tuple(wb[wp[i] : wp[i + 1]]) for i in range(n)]
-        frees: list[list[int]] = [[] for _ in range(n)]
-        persistent = t.persistent.tolist()
-        for b, f in enumerate(t.freed_after.tolist()):
-            if not persistent[b] and n:
-                frees[min(f, n - 1)].append(b)
-        self.frees = [tuple(f) for f in frees]
-        self.persistent = tuple(b for b in range(t.n_buffers) if persistent[b])
+        table = OpTable.of(t)
+        ip = IndexedPlan.of(plan, t, table)
+        self.accs = table.accesses
+        self.need = table.need
+        self.create = table.creates
+        self.create_bytes = table.create_bytes
+        self.writes = table.writes
+        self.frees = table.frees
+        self.persistent = table.persistent
         self.persistent_bytes = sum(self.nbytes[b] for b in self.persistent)
-
-        # Plan events, grouped by trigger, in plan order. An input released at
-        # the start of the iteration is never loaded (NOTE [ Iteration boundary ]).
-        triggers: list[list[tuple]] = [[] for _ in range(n + 1)]
-        self.recompute: dict[tuple[int, int], tuple] = {}
-        unloaded: set[int] = set()
-        for e, ev in enumerate(plan.events):
-            if isinstance(ev, Release):
-                if ev.after_op == -1 and start[ev.buffer] and not persistent[ev.buffer]:
-                    unloaded.add(ev.buffer)
-                    continue
-                triggers[ev.after_op + 1].append((REL, ev.buffer, 0.0, -1, False, e, ev.after_op))
-            elif isinstance(ev, SwapOut):
-                triggers[ev.after_op + 1].append(
-                    (OUT, ev.buffer, float(ev.delay_us), ev.before_op, False, e, ev.after_op)
-                )
-            elif isinstance(ev, SwapIn):
-                triggers[ev.after_op + 1].append(
-                    (
-                        IN,
-                        ev.buffer,
-                        float(ev.delay_us),
-                        ev.before_op,
-                        ev.next_iteration,
-                        e,
-                        ev.after_op,
-                    )
-                )
-            elif isinstance(ev, Recompute):
-                self.recompute[(ev.buffer, ev.before_op)] = (
-                    ev.buffer,
-                    recompute_sources(ev, t),
-                    e,
-                )
-        self.triggers = [tuple(tr) for tr in triggers]
-        self.inputs = tuple(
-            b for b in range(t.n_buffers) if start[b] and not persistent[b] and b not in unloaded
-        )
+        # Plan events by trigger, in plan order; inputs released at the start
+        # are never loaded (NOTE [ Duplicate events ] in planners/core/semantics.py).
+        self.triggers = tuple(tuple(_compiled(e, ev) for e, ev in g) for g in ip.triggered)
+        self.recompute = {
+            key: (r.event.buffer, r.sources, r.index) for key, r in ip.recompute.items()
+        }
+        self.inputs = ip.inputs
         self.input_bytes = sum(self.nbytes[b] for b in self.inputs)
+        self.durations = self._durations(device, plan)
 
-    def durations(self, n_active: int) -> list[float]:
-        """Op durations in microseconds (rounded to 1 ns) while `n_active` jobs
-        share the device; see NOTE [ Usage ]."""
-        d = self._durations.get(n_active)
-        if d is None:
-            usage = queued_usage(n_active)
-            s = np.asarray(self._latency.predict_all(self.trace, self._hw, usage), np.float64)
-            if s.shape != (self.n_ops,) or not np.isfinite(s).all() or (s < 0).any():
-                raise SimError(
-                    f"job {self.index} ({self.name}): latency model {self._latency.name!r} "
-                    f"returned bad durations (need {self.n_ops} finite values >= 0)"
-                )
-            d = self._durations[n_active] = np.round(s * 1e6, 3).tolist()
-        return d
+    def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
+        """Op durations in microseconds (NOTE [ Usage ] in sim/model.py), each
+        op that triggers planned copies longer by the device's compute-stream
+        cost per copy (the iteration's start charges op 0)."""
+        try:
+            d = device.op_durations(self.trace, TimeUnit.US)
+        except LatencyError as e:
+            raise SimError(f"job {self.index} ({self.name}): {e}") from None
+        extra = device.transfer_cost(TimeUnit.US)
+        if extra and self.n_ops:
+            for ev in plan.events:
+                if isinstance(ev, SwapOut | SwapIn):
+                    d[max(ev.after_op, 0)] += extra
+        return d.tolist()
+
+
+def _compiled(e: int, ev: Triggered) -> tuple:
+    """(code, buffer, delay_us, before_op, next_iteration, event index, after_op)."""
+    if isinstance(ev, Release):
+        return (REL, ev.buffer, 0.0, -1, False, e, ev.after_op)
+    if isinstance(ev, SwapOut):
+        return (OUT, ev.buffer, ev.delay_us, ev.before_op, False, e, ev.after_op)
+    return (IN, ev.buffer, ev.delay_us, ev.before_op, ev.next_iteration, e, ev.after_op)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import simpy
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel
 from memplan.sim.errors import SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
 from memplan.sim.log import LogEntry, LogKind
@@ -115,12 +115,12 @@ K = LogKind
 # cleared only by the process that set it).
 #
 # NOTE [ Usage ]
-# An op's latency is `predict_all(trace, hw, queued_usage(n_active))`,
-# n_active counting jobs that have arrived and not ended, read at the op's
-# start. Kernels of different jobs queue FIFO on one compute resource: that
-# queue is the time-slicing, so the usage a kernel is predicted at is the one
-# it sees while it holds the device (hwmodels NOTE [ Usage under a compute
-# queue ]: none), not the share the other jobs take.
+# An op lasts what `DeviceModel.op_durations` predicts at usage 0, however
+# many jobs are active. Kernels of different jobs queue FIFO on one compute
+# resource: that queue is the time-slicing, so the usage a kernel is
+# predicted at is the one it sees while it holds the device (hwmodels
+# NOTE [ Usage under a compute queue ]: none), not the share the other jobs
+# take. Each job's durations are therefore computed once, when it is compiled.
 #
 # NOTE [ Out of memory ]
 # An allocation that does not fit the budget: `fail` logs `oom`, stops the
@@ -145,8 +145,7 @@ class GpuModel(Transfers):
     def __init__(
         self,
         jobs: Sequence[CompiledJob],
-        hw: Hardware,
-        lanes: int,
+        device: DeviceModel,
         budget_bytes: int,
         oom: OomPolicy,
     ):
@@ -154,7 +153,7 @@ class GpuModel(Transfers):
         self.n_events = 0
         self.compute = simpy.Resource(env, capacity=1)
         self.shared = len(jobs) > 1  # alone, a job never queues for compute
-        self.pcie = Pcie(env, hw, lanes)
+        self.pcie = Pcie(env, device)
         self.mem = MemoryPool(env, budget_bytes)
         self.policy = oom
         self.passive = oom is OomPolicy.PASSIVE
@@ -431,8 +430,6 @@ class GpuModel(Transfers):
             self.active.append(s)
         else:
             self.active.remove(s)
-        for a in self.active:
-            a.dur = a.c.durations(len(self.active))
 
     # ---- plan events ---------------------------------------------------------------
     def _trigger(self, s: JobState, events: tuple, it: int) -> None:

@@ -10,30 +10,25 @@ the H2D bandwidth. A copy holds its lane for `fixed cost + nbytes / bandwidth`
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Generator
 from typing import Any
 
 import simpy
-from memplan.hwmodels.profile import Hardware
-
-
-class Direction(enum.Enum):
-    H2D = "h2d"
-    D2H = "d2h"
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 
 
 class Pcie:
     """The lanes of one GPU. Times are microseconds of simulated time."""
 
-    def __init__(self, env: simpy.Environment, hw: Hardware, lanes: int):
+    def __init__(self, env: simpy.Environment, device: DeviceModel):
         self.env = env
-        self.fixed_us = hw.transfer_fixed_s * 1e6
-        self.bw = {Direction.H2D: hw.h2d_bytes_per_s, Direction.D2H: hw.d2h_bytes_per_s}
+        self.device = device
+        lanes = device.lanes
+        self.fixed_us = device.copy_time(0, Direction.H2D, TimeUnit.US)
         self.resources = tuple(simpy.Resource(env, capacity=1) for _ in range(lanes))
         self.names = ("pcie",) if lanes == 1 else ("h2d", "d2h")
         self.index = {Direction.H2D: 0, Direction.D2H: 0 if lanes == 1 else 1}
-        self.duplex_factor = hw.h2d_duplex_factor if lanes == 2 else 1.0
+        self.duplex_factor = device.hw.h2d_duplex_factor if lanes == 2 else 1.0
         self._d2h_busy = False
         self._d2h_changed: simpy.Event | None = None
 
@@ -42,7 +37,7 @@ class Pcie:
 
     def full_speed_us(self, nbytes: int, direction: Direction) -> float:
         """Microseconds a copy holds its lane when nothing slows it."""
-        return self.fixed_us + nbytes * 1e6 / self.bw[direction]
+        return self.device.copy_time(nbytes, direction, TimeUnit.US)
 
     def transfer(self, nbytes: int, direction: Direction) -> Generator[simpy.Event, Any, None]:
         """Move `nbytes` on the lane the caller already holds."""
@@ -63,7 +58,7 @@ class Pcie:
         # counted in microseconds at full speed.
         if self.fixed_us:
             yield env.timeout(self.fixed_us)
-        left = nbytes * 1e6 / self.bw[direction]
+        left = nbytes * 1e6 / self.device.bandwidth(direction)
         while left > 1e-9:
             factor = self.duplex_factor if self._d2h_busy else 1.0
             if self._d2h_changed is None:

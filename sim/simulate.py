@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.check import check as check_plan
 from memplan.planners.core.plan import validate
 from memplan.sim.errors import SimError
@@ -19,23 +18,23 @@ from memplan.traces.model import Trace
 
 def simulate(
     jobs: Sequence[Job | Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     iterations: int = 3,
-    lanes: int = 1,
     budget: int | None = None,
     oom: OomPolicy | str = OomPolicy.FAIL,
     seed: int = 0,
     check: bool = True,
 ) -> SimResult:
     """Run `jobs` (a bare `Trace` is a vanilla job arriving at 0) together on
-    `hw` and return what happened.
+    `device` and return what happened.
 
+    - `device`: op durations, copy times and lanes (`DeviceModel`): 1 lane
+      is one PCIe lane shared by both directions and all jobs; 2 is one lane
+      per direction with the profile's H2D duplex slowdown.
     - `iterations`: per job, unless the job says otherwise.
-    - `lanes`: 1 = one PCIe lane shared by both directions and all jobs;
-      2 = one lane per direction with the profile's H2D duplex slowdown.
-    - `budget`: device bytes the jobs may use (default: `hw.memory_bytes`).
+    - `budget`: device bytes the jobs may use (default: the profile's
+      `memory_bytes`).
     - `oom`: what an allocation that does not fit does -- "fail", "stall" or
       "passive" (NOTE [ Out of memory ] in `sim/model.py`).
     - `seed`: recorded in the result; the model itself is deterministic (ties
@@ -51,9 +50,8 @@ def simulate(
         raise SimError("simulate: no jobs")
     if not isinstance(iterations, int) or iterations < 1:
         raise SimError(f"iterations={iterations!r} must be an integer >= 1")
-    if lanes not in (1, 2):
-        raise SimError(f"lanes={lanes!r} must be 1 (shared) or 2 (one per direction)")
-    if lanes == 2 and hw.copy_engines < 2:
+    hw = device.hw
+    if device.lanes == 2 and hw.copy_engines < 2:
         raise SimError(f"lanes=2 needs two copy engines; {hw.name} has {hw.copy_engines}")
     if budget is None:
         budget = hw.memory_bytes
@@ -69,8 +67,8 @@ def simulate(
             raise SimError(f"jobs[{j}]: iterations={n_it!r} must be an integer >= 1")
         if job.plan is not None:
             (check_plan if check else validate)(job.plan, job.trace)
-        compiled.append(CompiledJob(j, job, n_it, latency, hw))
-    model = GpuModel(compiled, hw, lanes, budget, policy)
+        compiled.append(CompiledJob(j, job, n_it, device))
+    model = GpuModel(compiled, device, budget, policy)
     model.run()
     return build_result(model, hw.name, seed)
 

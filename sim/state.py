@@ -51,7 +51,7 @@ class JobState:
         self.in_ev: dict[int, simpy.Event] = {}
         self.pinned: tuple[int, ...] = ()
         self.deadlines: dict[tuple[int, int], list[tuple[int, simpy.Event]]] = {}
-        self.dur: list[float] = []
+        self.dur: list[float] = c.durations
         self.iteration = 0
         self.stopped = False
         self.oom: tuple[int, int, int] | None = None  # (iteration, op, buffer)

@@ -216,6 +216,24 @@ def from_dict(doc: Any) -> Trace:
         raise TraceError(f"schema: missing (expected {SCHEMA!r})")
     if doc["schema"] != SCHEMA:
         raise TraceError(f"schema: expected {SCHEMA!r}, got {doc['schema']!r}")
+    meta = _meta(doc)
+    raw_buffers = _need(doc, "buffers", list, "trace")
+    raw_views = _need(doc, "views", list, "trace")
+    raw_ops = _need(doc, "ops", list, "trace")
+    raw_saved = doc.get("saved", [])
+    _check_ids(raw_buffers, "buffers")
+    _check_ids(raw_views, "views")
+    _check_ids(raw_ops, "ops")
+    buffers = _buffers(raw_buffers, len(raw_ops))
+    views = _views(raw_views, buffers)
+    ops = _ops(raw_ops, len(views))
+    saved = _saved(raw_saved, len(views))
+    trace = Trace(meta, tuple(buffers), tuple(views), tuple(ops), tuple(saved))
+    _check_dataflow(trace)
+    return trace
+
+
+def _meta(doc: dict[str, Any]) -> TraceMeta:
     md = _need(doc, "meta", dict, "trace")
     meta = TraceMeta(
         model=_need(md, "model", str, "meta"),
@@ -226,15 +244,10 @@ def from_dict(doc: Any) -> Trace:
         torch_version=md.get("torch_version", ""),
         extra=md.get("extra", {}) or {},
     )
-    raw_buffers = _need(doc, "buffers", list, "trace")
-    raw_views = _need(doc, "views", list, "trace")
-    raw_ops = _need(doc, "ops", list, "trace")
-    raw_saved = doc.get("saved", [])
-    _check_ids(raw_buffers, "buffers")
-    _check_ids(raw_views, "views")
-    _check_ids(raw_ops, "ops")
-    n_ops = len(raw_ops)
+    return meta
 
+
+def _buffers(raw_buffers: list[Any], n_ops: int) -> list[Buffer]:
     buffers = []
     for i, b in enumerate(raw_buffers):
         w = f"buffers[{i}]"
@@ -257,7 +270,10 @@ def from_dict(doc: Any) -> Trace:
                 freed_after=freed,
             )
         )
+    return buffers
 
+
+def _views(raw_views: list[Any], buffers: list[Buffer]) -> list[View]:
     views = []
     for i, v in enumerate(raw_views):
         w = f"views[{i}]"
@@ -280,16 +296,19 @@ def from_dict(doc: Any) -> Trace:
                 f"{w}: spans {span} bytes but buffer {buf} has {buffers[buf].nbytes} bytes"
             )
         views.append(View(i, buf, shape, stride, offset, dtype))
+    return views
 
+
+def _ops(raw_ops: list[Any], n_views: int) -> list[Op]:
     ops = []
     for i, o in enumerate(raw_ops):
         w = f"ops[{i}]"
-        reads = _view_list(o, "reads", w, len(views))
-        writes = _view_list(o, "writes", w, len(views))
+        reads = _view_list(o, "reads", w, n_views)
+        writes = _view_list(o, "writes", w, n_views)
         args = o.get("args", {})
         if not isinstance(args, dict):
             raise TraceError(f"{w}.args: expected an object")
-        _check_arg_views(args, f"{w}.args", len(views))
+        _check_arg_views(args, f"{w}.args", n_views)
         duration = o.get("duration_us")
         if duration is not None and (not isinstance(duration, int | float) or duration < 0):
             raise TraceError(f"{w}.duration_us: expected a non-negative number, got {duration!r}")
@@ -308,18 +327,18 @@ def from_dict(doc: Any) -> Trace:
                 rng=bool(o.get("rng", False)),
             )
         )
+    return ops
 
+
+def _saved(raw_saved: Any, n_views: int) -> list[SavedTensor]:
     saved = []
     for i, s in enumerate(raw_saved):
         w = f"saved[{i}]"
         view = _need(s, "view", int, w)
-        if not 0 <= view < len(views):
+        if not 0 <= view < n_views:
             raise TraceError(f"{w}.view: unknown view {view}")
         saved.append(SavedTensor(_need(s, "index", int, w), view, str(s.get("module", ""))))
-
-    trace = Trace(meta, tuple(buffers), tuple(views), tuple(ops), tuple(saved))
-    _check_dataflow(trace)
-    return trace
+    return saved
 
 
 def _span_bytes(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, item: int) -> int:

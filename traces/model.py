@@ -311,9 +311,3 @@ class Trace:
         for op in self.ops:
             counts[op.phase] += 1
         return counts
-
-    def fingerprint(self) -> str:
-        """sha256 of the canonical JSON content: plans name their trace by it."""
-        from memplan.traces.io import fingerprint
-
-        return fingerprint(self)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from memplan.commands import machine
+from memplan.hwmodels.device import DeviceModel
 from memplan.traces import io
 from memplan.traces.errors import MemplanError
 from memplan.traces.model import Trace
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.time_limit <= 0:
         raise MemplanError(f"--time-limit={args.time_limit} must be > 0")
     if "cpsat" in names:
-        extra = [f"time_limit_s={args.time_limit}"] + (["lanes=2"] if args.lanes == 2 else [])
+        extra = [f"time_limit_s={args.time_limit}"]
         options["cpsat"] = extra + options.get("cpsat", [])
     traces = parse_jobs(args.traces)
     tty = sys.stderr.isatty()
@@ -130,11 +131,9 @@ def run(args: argparse.Namespace) -> int:
 
     c = compare_planners(
         traces,
-        hw,
-        latency,
+        DeviceModel(hw, latency, lanes=args.lanes),
         names,
         budget=budget,
-        lanes=args.lanes,
         iterations=args.iterations,
         options=options,
         progress=progress,

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from memplan.traces import io
+from memplan.traces.io import fingerprint
 from memplan.traces.model import BUFFER_KINDS, Phase, Trace
 from memplan.units import format_bytes
 
@@ -39,7 +40,7 @@ def summary(trace: Trace, top: int = 10) -> dict:
         "batch_size": trace.meta.batch_size,
         "optimizer": trace.meta.optimizer,
         "device": trace.meta.device,
-        "fingerprint": trace.fingerprint(),
+        "fingerprint": fingerprint(trace),
         "ops": trace.n_ops,
         "ops_by_phase": {p.value: n for p, n in trace.ops_by_phase().items()},
         "buffers": trace.n_buffers,

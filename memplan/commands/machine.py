@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from memplan.units import parse_size
 
 if TYPE_CHECKING:
+    from memplan.hwmodels.device import DeviceModel
     from memplan.hwmodels.latency import LatencyModel
     from memplan.hwmodels.profile import Hardware
 
@@ -62,6 +63,14 @@ def hardware(args: argparse.Namespace) -> Hardware:
     from memplan.hwmodels.profile import load_hardware
 
     return load_hardware(args.gpu)
+
+
+def device(args: argparse.Namespace) -> DeviceModel:
+    """`--gpu`, `--latency` and `--lanes` (1 when the command has none) as the
+    `DeviceModel` planners and the simulator cost with."""
+    from memplan.hwmodels.device import DeviceModel
+
+    return DeviceModel(hardware(args), latency_model(args.latency), getattr(args, "lanes", 1))
 
 
 def budget(args: argparse.Namespace) -> int | None:

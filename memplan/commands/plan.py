@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     machine.add_gpu(p)
     machine.add_budget(p, "none")
     machine.add_latency(p)
+    machine.add_lanes(p)
     p.add_argument(
         "--option",
         action="append",
@@ -38,20 +39,19 @@ def run(args: argparse.Namespace) -> int:
     from memplan.planners.core import io as plan_io
     from memplan.planners.core.check import check
 
-    hw = machine.hardware(args)
-    latency = machine.latency_model(args.latency)
+    device = machine.device(args)
     budget = machine.budget(args)
     traces = parse_jobs(args.traces)
-    result = registry.run(
-        args.planner, traces, hw, latency, budget_bytes=budget, options=args.option
-    )
+    result = registry.run(args.planner, traces, device, budget_bytes=budget, options=args.option)
     for p, t in zip(result.plans, traces, strict=False):
         check(p, t)
     if args.out and result.plans:
         plan_io.save(result, args.out)
     summary = {
         "planner": result.planner,
-        "feasible": result.feasible,
+        "status": result.status.value,
+        "reason": result.reason.value,
+        "detail": result.detail,
         "solve_time_s": result.solve_time_s,
         "events": [p.counts() for p in result.plans],
         "options": result.options,
@@ -60,16 +60,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    state = "feasible" if result.feasible else "INFEASIBLE"
     print(
-        f"{result.planner}: {state}, planned in {result.solve_time_s:.2f} s"
+        f"{result.planner}: {result.explain()}, planned in {result.solve_time_s:.2f} s"
         + (f" for a budget of {format_bytes(budget)}" if budget else "")
     )
     for i, p in enumerate(result.plans):
         counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in p.counts().items() if n)
         print(f"  job {i} ({traces[i].meta.model}): {counts or 'no events'}")
-    if result.stats.get("reason"):
-        print(f"  reason: {result.stats['reason']}")
     if args.out:
         print(f"wrote {args.out}" if result.plans else "no plan to write")
     return 0

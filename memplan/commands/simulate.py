@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memplan.commands import machine
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core import io as plan_io
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
@@ -104,10 +105,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     result = simulate(
         jobs,
-        hw,
-        latency,
+        DeviceModel(hw, latency, lanes=args.lanes),
         iterations=args.iterations,
-        lanes=args.lanes,
         budget=budget,
         oom=args.oom,
     )

@@ -7,7 +7,7 @@ this module re-exports their public names, so planners import from one place:
 
 - `planners.core.jobs`: `as_traces`, `check_budget` -- a planner's arguments.
 - `planners.analysis.optimes`: `Timeline`, `predict_timeline(s)`, `op_durations_us`,
-  `job_usage`, `transfer_us`, `EPS_US` -- when each op runs (NOTE [ Jobs on
+  `EPS_US` -- when each op runs (NOTE [ Jobs on
   one GPU ]) and what a copy costs.
 - `planners.analysis.accesses`: `AccessTable`, `access_table` -- per-buffer access
   lists with write flags, and the gap between two accesses around an op.
@@ -34,7 +34,6 @@ from memplan.planners.analysis.opgrid import (
 from memplan.planners.analysis.optimes import (
     EPS_US,
     Timeline,
-    job_usage,
     op_durations_us,
     predict_timeline,
     predict_timelines,
@@ -55,7 +54,6 @@ __all__ = [
     "access_table",
     "as_traces",
     "check_budget",
-    "job_usage",
     "memory_of_plan",
     "op_durations_us",
     "peak_analysis",

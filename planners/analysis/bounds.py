@@ -8,9 +8,10 @@ below, and the iteration time no plan can beat under a budget.
 # loads before any plan event can act (persistent buffers are allocated when
 # the job arrives, inputs when the iteration starts): peak >= that too.
 #
-# Time: ops run one after another, so T >= sum(d), with each d rounded to
-# 1 ns as the simulator rounds it (4000 unrounded durations can differ from
-# the simulated sum by microseconds). Under a budget B, an op k
+# Time: ops run one after another, so T >= sum(d), with each d the
+# `DeviceModel`'s, rounded to 1 ns as the simulator rounds it (NOTE [ One
+# rounding rule ] in hwmodels/device.py; 4000 unrounded durations can differ
+# from the simulated sum by microseconds). Under a budget B, an op k
 # whose release-only memory M_k exceeds B needs M_k - B bytes of buffers that
 # are alive but not accessed at k to be off the device while it runs. Each
 # such buffer leaves either by a swap, which costs its H2D copy and -- unless
@@ -22,8 +23,11 @@ below, and the iteration time no plan can beat under a budget.
 # by both means at once relaxes this to two fractional knapsacks: T is at
 # least the smallest T with
 #     lane_bytes(T) + recompute_bytes(T - sum(d)) >= M_k - B,
-# for every k. With two lanes a byte costs half its round trip (the busier
-# direction is at least the average), with H2D at full speed.
+# for every k, copies costed by `DeviceModel.copy_time`. With two lanes
+# (`device.lanes == 2`) a byte costs half its round trip (the busier
+# direction is at least the average), with H2D at full speed (not the
+# duplex rate, which is never faster). The compute a copy costs to issue
+# (`extra_per_transfer_s`) is left out: it only adds time.
 #
 # The CP-SAT planner's best bound is a bound over the plans its model can
 # express (NOTE [ CP-SAT semantics ] lists its rules); it is reported beside
@@ -37,8 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
 
@@ -158,12 +161,8 @@ def _by_ratio(cost: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndar
     return cost[order], nbytes[order]
 
 
-def _durations_s(trace: Trace, hw: Hardware, latency: LatencyModel) -> np.ndarray:
-    """Op durations as the simulator runs them: rounded to 1 ns."""
-    return np.round(np.asarray(latency.predict_all(trace, hw, 0.0), np.float64) * 1e6, 3) * 1e-6
-
-
 def _compute_s(d: np.ndarray) -> float:
+    """Seconds of `d` (seconds per op) in series, summed in whole ns."""
     return float(np.round(d * 1e9).sum()) * 1e-9
 
 
@@ -180,16 +179,17 @@ class _Costs:
     rec: np.ndarray
 
 
-def _costs(trace: Trace, hw: Hardware, d: np.ndarray, lanes: int) -> _Costs:
+def _costs(trace: Trace, device: DeviceModel, d: np.ndarray) -> _Costs:
     start, end = trace.lifetimes("liveness")
     nb = trace.nbytes
     writes_any = np.zeros(trace.n_buffers, bool)
     writes_any[trace.writes_csr[1]] = True
-    d2h = np.array([hw.transfer_s(int(x), "d2h") for x in nb])
-    h2d = np.array([hw.transfer_s(int(x), "h2d") for x in nb])
+    d2h = np.asarray(device.copy_time(nb, Direction.D2H, TimeUnit.S), np.float64)
+    # H2D at full speed, never the (slower) duplex rate: a lower bound
+    h2d = np.asarray(device.copy_time(nb, Direction.H2D, TimeUnit.S, duplex=False), np.float64)
     needs_out = ~trace.persistent | writes_any
     lane_cost = h2d + np.where(needs_out, d2h, 0.0)
-    if lanes == 2:
+    if device.lanes == 2:
         lane_cost = lane_cost / 2
     producer = trace.created_at
     rng = np.fromiter((op.rng for op in trace.ops), bool, trace.n_ops)
@@ -201,18 +201,12 @@ def _costs(trace: Trace, hw: Hardware, d: np.ndarray, lanes: int) -> _Costs:
 
 
 def time_lower_bound(
-    trace: Trace,
-    hw: Hardware,
-    latency: LatencyModel,
-    budget: int,
-    *,
-    lanes: int = 1,
-    workspace: bool = True,
+    trace: Trace, device: DeviceModel, budget: int, *, workspace: bool = True
 ) -> TimeBound:
-    """No plan runs one iteration of `trace` under `budget` bytes faster: the
-    one-job case of `joint_time_lower_bound` (its order is the op order and
-    its peak bound `peak_lower_bound`)."""
-    return joint_time_lower_bound([trace], hw, latency, budget, lanes=lanes, workspace=workspace)
+    """No plan runs one iteration of `trace` on `device` under `budget` bytes
+    faster: the one-job case of `joint_time_lower_bound` (its order is the op
+    order and its peak bound `peak_lower_bound`)."""
+    return joint_time_lower_bound([trace], device, budget, workspace=workspace)
 
 
 def _row_time(
@@ -251,20 +245,23 @@ def _smallest_time(
 
 def bounds(
     trace: Trace,
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
-    lanes: int = 1,
     workspace: bool = True,
 ) -> Bounds:
     """Both bounds at `budget_bytes` (default: the device's memory)."""
-    budget = hw.memory_bytes if budget_bytes is None else budget_bytes
+    budget = _budget(device, budget_bytes)
+    peak = peak_lower_bound(trace, workspace=workspace)
+    time = time_lower_bound(trace, device, budget, workspace=workspace)
+    return Bounds(budget, peak, time)
+
+
+def _budget(device: DeviceModel, budget_bytes: int | None) -> int:
+    budget = device.hw.memory_bytes if budget_bytes is None else budget_bytes
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
         raise PlanError(f"bounds: budget={budget!r} must be a positive number of bytes")
-    peak = peak_lower_bound(trace, workspace=workspace)
-    time = time_lower_bound(trace, hw, latency, budget, lanes=lanes, workspace=workspace)
-    return Bounds(budget, peak, time)
+    return budget
 
 
 # ---- several jobs ----------------------------------------------------------------------
@@ -355,19 +352,16 @@ def joint_peak_lower_bound(traces: Sequence[Trace], *, workspace: bool = True) -
 
 def joint_time_lower_bound(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     budget: int,
     *,
-    lanes: int = 1,
     workspace: bool = True,
 ) -> TimeBound:
-    """No in-step run of `traces` under `budget` bytes has a shorter period
-    (NOTE [ Jobs in step ]). `op` is a position of `in_step_order`."""
-    if lanes not in (1, 2):
-        raise PlanError(f"bounds: lanes={lanes!r} must be 1 or 2")
+    """No in-step run of `traces` on `device` under `budget` bytes has a
+    shorter period (NOTE [ Jobs in step ]). `op` is a position of
+    `in_step_order`. Op durations are the device's, alone on it (usage 0)."""
     order = in_step_order(traces)
-    ds = [_durations_s(t, hw, latency) for t in traces]
+    ds = [device.op_durations(t, TimeUnit.S) for t in traces]
     compute = sum(_compute_s(d) for d in ds)
     if budget < joint_peak_lower_bound(traces, workspace=workspace).nbytes:
         return TimeBound(math.inf, compute, math.inf, -1, False)
@@ -375,7 +369,7 @@ def joint_time_lower_bound(
     hot = np.flatnonzero(mem0 > budget)
     if len(hot) == 0:
         return TimeBound(compute, compute, 0.0, -1, True)
-    costs = [_costs(t, hw, d, lanes) for t, d in zip(traces, ds, strict=True)]
+    costs = [_costs(t, device, d) for t, d in zip(traces, ds, strict=True)]
     windows = [order.window_ops(j) for j in range(len(traces))]
     best, best_p = compute, -1
     for p in hot.tolist():
@@ -407,20 +401,15 @@ def joint_time_lower_bound(
 
 def joint_bounds(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
-    lanes: int = 1,
     workspace: bool = True,
 ) -> Bounds:
     """`bounds` for several jobs run together (one job: `bounds` itself)."""
     if len(traces) == 1:
-        return bounds(traces[0], hw, latency, budget_bytes=budget_bytes, lanes=lanes,
-                      workspace=workspace)  # fmt: skip
-    budget = hw.memory_bytes if budget_bytes is None else budget_bytes
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise PlanError(f"bounds: budget={budget!r} must be a positive number of bytes")
+        return bounds(traces[0], device, budget_bytes=budget_bytes, workspace=workspace)
+    budget = _budget(device, budget_bytes)
     peak = joint_peak_lower_bound(traces, workspace=workspace)
-    time = joint_time_lower_bound(traces, hw, latency, budget, lanes=lanes, workspace=workspace)
+    time = joint_time_lower_bound(traces, device, budget, workspace=workspace)
     return Bounds(budget, peak, time)

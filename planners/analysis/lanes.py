@@ -11,6 +11,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
+from memplan.hwmodels.device import Direction
 from memplan.planners.analysis.optimes import EPS_US, Timeline
 
 # NOTE [ Lane timelines ]
@@ -23,7 +24,10 @@ from memplan.planners.analysis.optimes import EPS_US, Timeline
 # replicas), so a slot is free for it only if every replica is. With
 # `per_job_lane=True` each job gets its own circle of its own period -- the
 # authors' simplification, which lets two jobs' copies collide at run time.
-# Transfers of both directions share the lane (the paper's single channel).
+# Transfers of both directions share the lane (the paper's single channel)
+# unless the device has two lanes (`DeviceModel.lanes == 2`): then every
+# circle is doubled, one per `Direction`, as the simulator's `lanes=2` gives
+# each direction its own copy engine.
 
 
 # Intervals that overlap by less than this (us) only touch: rounding in the
@@ -121,33 +125,43 @@ class LaneSet:
     times are job-local unrolled microseconds (iteration r of job j at
     r * timelines[j].period_us)."""
 
-    def __init__(self, timelines: Sequence[Timeline], *, per_job_lane: bool = False):
+    def __init__(
+        self, timelines: Sequence[Timeline], *, lanes: int = 1, per_job_lane: bool = False
+    ):
+        if lanes not in (1, 2):
+            raise ValueError(f"lanes={lanes!r} must be 1 or 2")
         periods = [max(t.period_us, EPS_US) for t in timelines]
         self.per_job_lane = per_job_lane
         self.periods = periods
+        self.lanes = lanes
         if per_job_lane or len(timelines) == 1:
-            self.circles = [_Circle(p) for p in periods]
+            circle_periods = periods
             self.lane_of = list(range(len(timelines)))
             self.offsets = [[0.0] for _ in periods]
         else:
             big = max(periods)
-            self.circles = [_Circle(big)]
+            circle_periods = [big]
             self.lane_of = [0] * len(timelines)
             self.offsets = [
                 [r * p for r in range(max(1, math.ceil(big / p - 1e-9)))] for p in periods
             ]
-        self.bookings: list[tuple[int, float, float]] = []
+        # circle of lane l, direction d: circles[l * lanes + (d is D2H when two lanes)]
+        self.circles = [_Circle(p) for p in circle_periods for _ in range(lanes)]
+        self.bookings: list[tuple[int, float, float, Direction]] = []
 
-    def _circle(self, job: int) -> _Circle:
-        return self.circles[self.lane_of[job]]
+    def _circle(self, job: int, direction: Direction) -> _Circle:
+        k = self.lane_of[job] * self.lanes
+        return self.circles[k + 1 if self.lanes == 2 and direction is Direction.D2H else k]
 
-    def is_free(self, job: int, start: float, dur: float) -> bool:
-        c = self._circle(job)
+    def is_free(self, job: int, start: float, dur: float, direction: Direction) -> bool:
+        c = self._circle(job, direction)
         return all(c.conflict(start + o, start + o + dur) is None for o in self.offsets[job])
 
-    def earliest(self, job: int, lo: float, hi: float, dur: float) -> float | None:
+    def earliest(
+        self, job: int, lo: float, hi: float, dur: float, direction: Direction
+    ) -> float | None:
         """The earliest start s >= lo with [s, s + dur) free and s + dur <= hi."""
-        c, offs = self._circle(job), self.offsets[job]
+        c, offs = self._circle(job, direction), self.offsets[job]
         if dur >= c.period:
             return None
         s = lo
@@ -162,9 +176,11 @@ class LaneSet:
                 return s
         return None
 
-    def latest(self, job: int, lo: float, hi: float, dur: float) -> float | None:
+    def latest(
+        self, job: int, lo: float, hi: float, dur: float, direction: Direction
+    ) -> float | None:
         """The latest start s >= lo with [s, s + dur) free and s + dur <= hi."""
-        c, offs = self._circle(job), self.offsets[job]
+        c, offs = self._circle(job, direction), self.offsets[job]
         if dur >= c.period:
             return None
         s = hi - dur
@@ -179,17 +195,19 @@ class LaneSet:
                 return max(s, lo)
         return None
 
-    def book(self, job: int, start: float, dur: float) -> None:
+    def book(self, job: int, start: float, dur: float, direction: Direction) -> None:
         """Hold the lane for [start, start + dur) in every replica."""
-        c = self._circle(job)
+        c = self._circle(job, direction)
         for o in self.offsets[job]:
             c.add(start + o, start + o + dur)
-        self.bookings.append((job, start, dur))
+        self.bookings.append((job, start, dur, direction))
 
-    def free_intervals(self, job: int, lo: float, hi: float) -> list[tuple[float, float]]:
+    def free_intervals(
+        self, job: int, lo: float, hi: float, direction: Direction
+    ) -> list[tuple[float, float]]:
         """TENSILE's feasible intervals: the maximal free stretches of [lo, hi)
         for `job` (free in every replica), ascending."""
-        c = self._circle(job)
+        c = self._circle(job, direction)
         busy: list[tuple[float, float]] = []
         for o in self.offsets[job]:
             busy.extend((a - o, b - o) for a, b in c.busy_in(lo + o, hi + o))

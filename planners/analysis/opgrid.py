@@ -9,7 +9,7 @@ TENSILE's peak analysis (§IV-B Algorithm 1) on the op grid
 - `peak_analysis(states, timelines)`: Algorithm 1 over all jobs: the global
   peak, each job's peak op and time, the buffers resident there and the last
   op reading inputs before it.
-- `memory_of_plan(trace, timeline, plan, hw)`: the `MemoryState` a finished
+- `memory_of_plan(trace, timeline, plan, device)`: the `MemoryState` a finished
   plan predicts (for planners that build plans another way, and for tests).
 
 Sizes are bytes, times microseconds.
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.hwmodels.profile import Hardware
-from memplan.planners.analysis.optimes import EPS_US, Timeline, transfer_us
-from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+from memplan.planners.analysis.optimes import EPS_US, Timeline
+from memplan.planners.core.plan import Event, Plan, Recompute, Release, SwapIn, SwapOut
+from memplan.planners.core.semantics import IndexedPlan
 from memplan.traces.model import MemoryPolicy, Trace
 
 # ---- memory on the op grid -----------------------------------------------------------
@@ -49,6 +50,8 @@ from memplan.traces.model import MemoryPolicy, Trace
 
 # Which curves a hole lowers.
 FIRST, STEADY, BOTH = 1, 2, 3
+
+D2H, US = Direction.D2H, TimeUnit.US
 
 
 class MemoryState:
@@ -180,72 +183,82 @@ def memory_of_plan(
     trace: Trace,
     timeline: Timeline,
     plan: Plan,
-    hw: Hardware,
+    device: DeviceModel,
     *,
     policy: MemoryPolicy = "framework",
     count_first_iteration: bool = True,
 ) -> MemoryState:
     """The op-grid residency `plan` predicts for one job, every copy starting
-    at its trigger (lane queueing is not modelled): a SwapOut frees after its
-    copy ends (at the latest when its `before_op` is ready), a Release at
-    once, a SwapIn takes the bytes when its copy starts (at the latest when
-    `before_op` starts), a Recompute just before
-    its op (its chain's temporaries counted at that op: every other buffer
-    its ops write, also for a single op with several outputs, such as batch
-    norm's statistics). The base lifetimes
-    are `policy`'s (the framework's frees by default, so a plan must carry
-    its own Releases). Iteration 0 starts with every persistent buffer
-    resident; later iterations with what the previous one left."""
+    at its trigger (lane queueing is not modelled: `planners.analysis.queued`
+    does that): a SwapOut frees after its copy ends (`device.copy_time`, D2H;
+    at the latest when its `before_op` is ready), a Release at once (an input
+    released at the start is never loaded), a SwapIn takes the bytes when its
+    copy starts (at the latest when `before_op` starts), a Recompute just
+    before its op (its chain's temporaries counted at that op: every other
+    buffer its ops write, also for a single op with several outputs, such as
+    batch norm's statistics). The base lifetimes are `policy`'s (the
+    framework's frees by default, so a plan must carry its own Releases).
+    Iteration 0 starts with every persistent buffer resident; later
+    iterations with what the previous one left. `plan` is indexed as the
+    simulator indexes it (`IndexedPlan`: `PlanError` for a second Recompute
+    of one buffer before one op)."""
     st = MemoryState(trace, policy, count_first_iteration=count_first_iteration)
     if trace.n_ops == 0:
         return st
-    per_buf: dict[int, list] = {}
-    for ev in plan.events:
-        per_buf.setdefault(ev.buffer, []).append(ev)
+    ip = IndexedPlan.of(plan, trace)
+    per_buf: dict[int, list[Event]] = {}
+    for group in (ip.start_events(), *ip.triggered[1:]):
+        for _e, ev in group:
+            per_buf.setdefault(ev.buffer, []).append(ev)
+    for (b, _op), r in ip.recompute.items():
+        per_buf.setdefault(b, []).append(r.event)
     for b, evs in per_buf.items():
-        d_out = float(transfer_us(hw, int(trace.nbytes[b]), "d2h"))
-        persistent = bool(trace.persistent[b])
-        marks: list[tuple[float, int]] = []  # (unrolled time, -1 off / +1 on)
-        # a non-persistent buffer is born again every iteration: one is enough
-        for r in (0, 1) if persistent else (0,):
-            for ev in evs:
-                if isinstance(ev, Recompute):
-                    marks.append((timeline.unrolled_start(ev.before_op, r), +1))
-                    continue
-                if isinstance(ev, SwapIn) and ev.next_iteration and not persistent:
-                    continue
-                t = (
-                    timeline.iteration_start(r)
-                    if ev.after_op < 0
-                    else timeline.unrolled_end(ev.after_op, r)
-                )
-                # copies are widened by EPS_US: the simulator may order a copy's
-                # end and an op's start at the same instant either way
-                if isinstance(ev, SwapOut):
-                    off = t + ev.delay_us + d_out + EPS_US
-                    if ev.before_op >= 0:  # its deadline waits for the copy
-                        off = min(off, timeline.unrolled_ready(ev.before_op, r))
-                    marks.append((off, -1))
-                elif isinstance(ev, Release):
-                    marks.append((t, -1))
-                else:
-                    due = timeline.unrolled_ready(ev.before_op, r + int(ev.next_iteration))
-                    marks.append((min(t + ev.delay_us, due) - EPS_US, +1))
-        marks.sort(key=lambda m: (m[0], -m[1]))
-        present, off_at = True, 0.0
-        for t, kind in marks:
-            if kind < 0 and present:
-                present, off_at = False, t
-            elif kind > 0 and not present:
-                present = True
-                _cut(st, timeline, b, off_at, t)
-        if not present:
-            _cut(st, timeline, b, off_at, math.inf if persistent else timeline.period_us)
-    for ev in plan.events:
-        if isinstance(ev, Recompute):
-            temps = {int(w) for k in ev.ops for w in trace.op_writes(k)} - {ev.buffer}
-            st.add_bytes(ev.before_op, int(sum(int(trace.nbytes[w]) for w in temps)))
+        _holes(st, timeline, b, evs, float(device.copy_time(int(trace.nbytes[b]), D2H, US)))
+    for r in ip.recompute.values():
+        nbytes = sum(int(trace.nbytes[w]) for w in r.temporaries)
+        st.add_bytes(r.event.before_op, nbytes)
     return st
+
+
+def _holes(st: MemoryState, timeline: Timeline, b: int, evs: list[Event], d_out: float) -> None:
+    """Cut the holes that events `evs` (all of buffer `b`) make into `st`."""
+    persistent = bool(st.trace.persistent[b])
+    marks: list[tuple[float, int]] = []  # (unrolled time, -1 off / +1 on)
+    # a non-persistent buffer is born again every iteration: one is enough
+    for r in (0, 1) if persistent else (0,):
+        for ev in evs:
+            if isinstance(ev, Recompute):
+                marks.append((timeline.unrolled_start(ev.before_op, r), +1))
+                continue
+            if isinstance(ev, SwapIn) and ev.next_iteration and not persistent:
+                continue
+            t = (
+                timeline.iteration_start(r)
+                if ev.after_op < 0
+                else timeline.unrolled_end(ev.after_op, r)
+            )
+            # copies are widened by EPS_US: the simulator may order a copy's
+            # end and an op's start at the same instant either way
+            if isinstance(ev, SwapOut):
+                off = t + ev.delay_us + d_out + EPS_US
+                if ev.before_op >= 0:  # its deadline waits for the copy
+                    off = min(off, timeline.unrolled_ready(ev.before_op, r))
+                marks.append((off, -1))
+            elif isinstance(ev, Release):
+                marks.append((t, -1))
+            else:
+                due = timeline.unrolled_ready(ev.before_op, r + int(ev.next_iteration))
+                marks.append((min(t + ev.delay_us, due) - EPS_US, +1))
+    marks.sort(key=lambda m: (m[0], -m[1]))
+    present, off_at = True, 0.0
+    for t, kind in marks:
+        if kind < 0 and present:
+            present, off_at = False, t
+        elif kind > 0 and not present:
+            present = True
+            _cut(st, timeline, b, off_at, t)
+    if not present:
+        _cut(st, timeline, b, off_at, math.inf if persistent else timeline.period_us)
 
 
 def _cut(st: MemoryState, tl: Timeline, b: int, t0: float, t1: float) -> None:

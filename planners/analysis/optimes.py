@@ -3,7 +3,7 @@
 TENSILE's time model (§III-A), shared by every planner; numpy over the
 trace's cached arrays:
 
-- `predict_timelines(traces, hw, latency)`: per job a `Timeline` of op start
+- `predict_timelines(traces, device)`: per job a `Timeline` of op start
   and end times (microseconds) as the simulator will run them together
   (NOTE [ Jobs on one GPU ]); `predict_timeline` for one job alone.
 - `Timeline.trigger`: the (after_op, delay_us, iteration) a plan event uses
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from memplan.hwmodels.latency import LatencyModel, queued_usage
+from memplan.hwmodels.device import DeviceModel, TimeUnit
+from memplan.hwmodels.errors import LatencyError
 from memplan.hwmodels.profile import Hardware
 from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
@@ -150,25 +151,19 @@ class Timeline:
         raise ValueError(f"no trigger at or before t={t_us} us and after {not_before_us} us")
 
 
-def op_durations_us(
-    trace: Trace, hw: Hardware, latency: LatencyModel, usage: float = 0.0
-) -> np.ndarray:
-    """float64[n_ops]: predicted durations in microseconds, rounded to 1 ns
-    as the simulator rounds them."""
-    s = np.asarray(latency.predict_all(trace, hw, usage), np.float64)
-    if s.shape != (trace.n_ops,) or not np.isfinite(s).all() or (s < 0).any():
-        raise PlanError(
-            f"latency model {latency.name!r} returned bad durations for {trace.meta.model} "
-            f"(need {trace.n_ops} finite values >= 0)"
-        )
-    return np.round(s * 1e6, 3)
+def op_durations_us(trace: Trace, device: DeviceModel, usage: float = 0.0) -> np.ndarray:
+    """float64[n_ops]: predicted durations in microseconds, rounded as the
+    simulator rounds them (`DeviceModel.op_durations`). PlanError if the
+    latency model returns bad values."""
+    try:
+        return device.op_durations(trace, TimeUnit.US, usage=usage)
+    except LatencyError as e:
+        raise PlanError(str(e)) from None
 
 
-def predict_timeline(
-    trace: Trace, hw: Hardware, latency: LatencyModel, *, usage: float = 0.0
-) -> Timeline:
+def predict_timeline(trace: Trace, device: DeviceModel, *, usage: float = 0.0) -> Timeline:
     """One job alone on the device (or at a given `usage`): ops back to back."""
-    return _timeline_from_durations(op_durations_us(trace, hw, latency, usage))
+    return _timeline_from_durations(op_durations_us(trace, device, usage))
 
 
 def _timeline_from_durations(d: np.ndarray) -> Timeline:
@@ -179,18 +174,11 @@ def _timeline_from_durations(d: np.ndarray) -> Timeline:
     return Timeline(start, end, float(end[-1]) if len(end) else 0.0)
 
 
-def job_usage(n_jobs: int) -> float:
-    """The usage each op is predicted at while `n_jobs` run, as the simulator
-    does (hwmodels NOTE [ Usage under a compute queue ])."""
-    return queued_usage(n_jobs)
-
-
-def predict_timelines(
-    traces: Sequence[Trace], hw: Hardware, latency: LatencyModel
-) -> tuple[Timeline, ...]:
-    """Per job, iteration 0 as the jobs run together (NOTE [ Jobs on one GPU ])."""
-    usage = job_usage(len(traces))
-    durs = [op_durations_us(t, hw, latency, usage) for t in traces]
+def predict_timelines(traces: Sequence[Trace], device: DeviceModel) -> tuple[Timeline, ...]:
+    """Per job, iteration 0 as the jobs run together (NOTE [ Jobs on one GPU ]):
+    every kernel predicted at usage 0 (hwmodels NOTE [ Usage under a compute
+    queue ]), the jobs interleaved on the FIFO compute queue."""
+    durs = [op_durations_us(t, device) for t in traces]
     if len(traces) == 1:
         return (_timeline_from_durations(durs[0]),)
     return tuple(_interleave(durs))

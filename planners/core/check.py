@@ -18,29 +18,22 @@ compute, it is not an error. What `check` rejects would corrupt or lose data:
 - a SwapOut or Release of a buffer that is not on the device, or dead;
 - a Recompute whose sources are absent when it runs (unless recomputed before
   the same op), were overwritten since the chain first ran, or that consumes
-  RNG state without restoring it.
+  RNG state without restoring it;
+- a second Recompute of one buffer before one op (NOTE [ Duplicate events ]
+  in `planners/core/semantics.py`, raised by `IndexedPlan`).
 
 Lane occupancy is timing too: the simulator queues copies FIFO on their lane,
 so `check` does not look for a double-booked lane. See NOTE [ Event
-semantics ] in `sim/model.py` for the run-time semantics this mirrors.
+semantics ] in `sim/model.py` for the run-time semantics this mirrors; the
+per-op tables and the plan's index are the simulator's (`OpTable`,
+`IndexedPlan`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import (
-    Event,
-    Plan,
-    Recompute,
-    Release,
-    SwapIn,
-    SwapOut,
-    describe,
-    recompute_sources,
-    validate,
-)
+from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, describe, validate
+from memplan.planners.core.semantics import IndexedPlan, OpTable, Recomputation, Triggered
 from memplan.traces.model import Trace
 
 MAX_ITERATIONS = 16
@@ -56,38 +49,14 @@ def check(plan: Plan, trace: Trace) -> None:
 class _Replay:
     def __init__(self, plan: Plan, trace: Trace):
         self.trace = trace
-        n, nb = trace.n_ops, trace.n_buffers
-        ap, ab = (a.tolist() for a in trace.access_csr)
-        wp, wb = (a.tolist() for a in trace.writes_csr)
-        created = trace.created_at.tolist()
-        self.created: list[list[int]] = [[] for _ in range(n)]
-        for b, c in enumerate(created):
-            if c >= 0 and not trace.buffers[b].exists_at_start:
-                self.created[c].append(b)
-        self.need = [
-            [b for b in ab[ap[i] : ap[i + 1]] if b not in self.created[i]] for i in range(n)
-        ]
-        self.writes = [wb[wp[i] : wp[i + 1]] for i in range(n)]
-        self.frees: list[list[int]] = [[] for _ in range(n)]
-        for b, f in enumerate(trace.freed_after.tolist()):
-            if not trace.buffers[b].persistent and n:
-                self.frees[min(f, n - 1)].append(b)
-        self.persistent = [b.id for b in trace.buffers if b.persistent]
-        self.inputs = [b.id for b in trace.buffers if b.exists_at_start and not b.persistent]
-        self.triggers: dict[int, list[tuple[int, Event]]] = defaultdict(list)
-        self.recompute: dict[tuple[int, int], tuple[int, Recompute]] = {}
-        for e, ev in enumerate(plan.events):
-            if isinstance(ev, Recompute):
-                key = (ev.buffer, ev.before_op)
-                if key in self.recompute:
-                    raise PlanError(
-                        f"events[{e}] ({describe(ev)}): a second recompute of buffer "
-                        f"{ev.buffer} before op {ev.before_op} (also events[{self.recompute[key][0]}])"
-                    )
-                self.recompute[key] = (e, ev)
-                self._check_chain(e, ev)
-            else:
-                self.triggers[ev.after_op].append((e, ev))
+        nb = trace.n_buffers
+        table = self.table = OpTable.of(trace)
+        ip = self.ip = IndexedPlan.of(plan, trace, table)
+        for r in ip.recompute.values():
+            self._check_chain(r)
+        # a static replay loads every input and applies the start's releases
+        # (the same as never loading them: NOTE [ Duplicate events ])
+        self.start = ip.start_events()
         self.alive = [False] * nb
         self.present = [False] * nb
         self.host = [False] * nb
@@ -95,8 +64,8 @@ class _Replay:
         self.it = 0
 
     # ---- static properties of a recompute chain ----------------------------------
-    def _check_chain(self, e: int, ev: Recompute) -> None:
-        t = self.trace
+    def _check_chain(self, r: Recomputation) -> None:
+        t, e, ev = self.trace, r.index, r.event
         w = f"events[{e}] ({describe(ev)} before op {ev.before_op})"
         rng = [k for k in ev.ops if t.ops[k].rng]
         if rng and not ev.restore_rng:
@@ -112,7 +81,7 @@ class _Replay:
                 f"({t.buffers[b].name or t.buffers[b].kind.value}); re-running it would "
                 f"update it twice"
             )
-        for k, srcs in recompute_sources(ev, t):
+        for k, srcs in r.sources:
             for s in srcs:
                 later = [m for m in t.accesses_of(s).tolist() if k < m < ev.before_op]
                 over = [m for m in later if s in t.op_writes(m)]
@@ -125,11 +94,12 @@ class _Replay:
 
     # ---- replay ----------------------------------------------------------------
     def run(self) -> None:
-        for b in self.persistent:
+        persistent = self.table.persistent
+        for b in persistent:
             self.alive[b] = self.present[b] = True
         seen: set[tuple[tuple[bool, bool], ...]] = set()
         for it in range(MAX_ITERATIONS):
-            state = tuple((self.present[b], self.host[b]) for b in self.persistent)
+            state = tuple((self.present[b], self.host[b]) for b in persistent)
             if it >= 2 and state in seen:
                 return
             seen.add(state)
@@ -137,27 +107,28 @@ class _Replay:
             self._iteration()
 
     def _iteration(self) -> None:
-        alive, present, host = self.alive, self.present, self.host
-        for b in self.inputs:
+        alive, present, host, tab = self.alive, self.present, self.host, self.table
+        for b in tab.inputs:
             alive[b] = present[b] = True
             host[b] = False
-        self._events(-1)
-        for i in range(self.trace.n_ops):
-            for b in self.need[i]:
+        self._events(self.start, -1)
+        triggered = self.ip.triggered
+        for i in range(tab.n_ops):
+            for b in tab.need[i]:
                 if not present[b]:
                     self._resolve(b, i, ())
-            for b in self.created[i]:
+            for b in tab.creates[i]:
                 alive[b] = present[b] = True
                 host[b] = False
-            for b in self.writes[i]:
+            for b in tab.writes[i]:
                 host[b] = False
-            for b in self.frees[i]:
+            for b in tab.frees[i]:
                 alive[b] = present[b] = host[b] = False
-            self._events(i)
+            self._events(triggered[i + 1], i)
 
     def _resolve(self, b: int, i: int, chain: tuple[int, ...]) -> None:
         """Make absent `b` present before op `i` by its Recompute, or fail."""
-        hit = self.recompute.get((b, i))
+        hit = self.ip.recompute.get((b, i))
         op = self.trace.ops[i]
         if hit is None:
             if chain:
@@ -169,10 +140,11 @@ class _Replay:
                 f"iteration {self.it}, op {i} ({op.target}): reads buffer {b}, which is absent "
                 f"({self._why(b)}) and not swapped in or recomputed before it"
             )
-        e, ev = hit
         if b in chain:
-            raise PlanError(f"events[{e}] ({describe(ev)}): recompute chain is cyclic via {chain}")
-        for _k, srcs in recompute_sources(ev, self.trace):
+            raise PlanError(
+                f"events[{hit.index}] ({describe(hit.event)}): recompute chain is cyclic via {chain}"
+            )
+        for _k, srcs in hit.sources:
             for s in srcs:
                 if not self.present[s]:
                     self._resolve(s, i, (*chain, b))
@@ -184,11 +156,11 @@ class _Replay:
             return f"freed by the framework after op {f}"
         return self.why[b] or "never on the device"
 
-    def _events(self, k: int) -> None:
-        for e, ev in self.triggers.get(k, ()):
+    def _events(self, events: tuple[tuple[int, Triggered], ...], k: int) -> None:
+        for e, ev in events:
             self._apply(e, ev, k)
 
-    def _apply(self, e: int, ev: Event, k: int) -> None:
+    def _apply(self, e: int, ev: Triggered, k: int) -> None:
         b = ev.buffer
         when = "the start of the iteration" if k < 0 else f"op {k}"
         w = f"iteration {self.it}, after {when}: events[{e}] ({describe(ev)})"

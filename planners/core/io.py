@@ -1,10 +1,13 @@
 """Plan files: JSON (or .json.gz) with ``"schema": "memplan.plan/1"``.
 
 The only place where a plan is a dict. A file holds one `PlanResult`: the
-planner, its options, `feasible`, the solve time, its stats and one plan per
-job, each naming its trace by fingerprint::
+planner, its options, its outcome (`status`, `reason`, `detail`: NOTE
+[ Planner outcomes ]; `feasible` is written too, for readers of older
+files), the solve time, its stats and one plan per job, each naming its
+trace by fingerprint::
 
-    {"schema": "memplan.plan/1", "planner": "release_only", "feasible": true,
+    {"schema": "memplan.plan/1", "planner": "release_only", "status": "planned",
+     "reason": "none", "detail": "", "feasible": true,
      "solve_time_s": 0.01, "options": {}, "stats": {},
      "plans": [{"trace": "3f9c...", "model": "resnet50",
                 "events": [{"type": "swap_out", "buffer": 7, "after_op": 12, "delay_us": 0.0,
@@ -35,7 +38,9 @@ from memplan.planners.core.plan import (
     Event,
     Plan,
     PlanResult,
+    Reason,
     Release,
+    Status,
     SwapIn,
     SwapOut,
     validate,
@@ -79,6 +84,9 @@ def to_dict(result: PlanResult) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "planner": result.planner,
+        "status": result.status.value,
+        "reason": result.reason.value,
+        "detail": result.detail,
         "feasible": result.feasible,
         "solve_time_s": result.solve_time_s,
         "options": result.options,
@@ -177,10 +185,13 @@ def from_dict(doc: Any, traces: Sequence[Trace] | None = None) -> PlanResult:
     options, stats = doc.get("options", {}), doc.get("stats", {})
     if not isinstance(options, dict) or not isinstance(stats, dict):
         raise PlanError("options/stats: expected objects")
+    status, reason, detail = _outcome(doc)
     result = PlanResult(
         planner=_field(doc, "planner", str, "plan"),
-        feasible=_field(doc, "feasible", bool, "plan"),
+        status=status,
         plans=plans,
+        reason=reason,
+        detail=detail,
         solve_time_s=float(_field(doc, "solve_time_s", (int, float), "plan")),
         options=options,
         stats=stats,
@@ -191,6 +202,36 @@ def from_dict(doc: Any, traces: Sequence[Trace] | None = None) -> PlanResult:
         for i, (plan, trace) in enumerate(zip(plans, traces, strict=True)):
             validate(plan, trace, f"plans[{i}]")
     return result
+
+
+def _outcome(doc: dict[str, Any]) -> tuple[Status, Reason, str]:
+    """(status, reason, detail) of a file; a file older than `status` has
+    only `feasible`: false reads as stopped with no move left."""
+    if "status" not in doc:
+        feasible = _field(doc, "feasible", bool, "plan")
+        return (
+            (Status.PLANNED, Reason.NONE, "")
+            if feasible
+            else (
+                Status.STOPPED,
+                Reason.NO_MOVE_LEFT,
+                "",
+            )
+        )
+    status = _enum(Status, _field(doc, "status", str, "plan"), "plan.status")
+    reason = _enum(Reason, _field(doc, "reason", str, "plan"), "plan.reason")
+    detail = _field(doc, "detail", str, "plan") if "detail" in doc else ""
+    if (status is Status.PLANNED) != (reason is Reason.NONE):
+        raise PlanError(f"plan.reason: {reason.value!r} does not go with status {status.value!r}")
+    return status, reason, detail
+
+
+def _enum(cls: Any, value: str, where: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise PlanError(f"{where}: {value!r} is not one of {allowed}") from None
 
 
 def load(path: str | os.PathLike[str], traces: Sequence[Trace] | None = None) -> PlanResult:

@@ -24,13 +24,17 @@ field relations); `planners.core.check.check` goes further and replays the plan.
 
 from __future__ import annotations
 
+import enum
 import math
 import operator
+import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from memplan.planners.core.errors import PlanError
+from memplan.traces.io import fingerprint
 from memplan.traces.model import Trace
 
 
@@ -146,7 +150,7 @@ def describe(event: Event) -> str:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The events of one job, in the order they are applied when several share
-    a trigger. `trace_fingerprint` binds the plan to `Trace.fingerprint()`."""
+    a trigger. `trace_fingerprint` binds the plan to `fingerprint(Trace)`."""
 
     trace_fingerprint: str
     events: tuple[Event, ...] = ()
@@ -164,16 +168,50 @@ class Plan:
         return out
 
 
+class Status(enum.Enum):
+    """What a planner's run came to (NOTE [ Planner outcomes ])."""
+
+    PLANNED = "planned"
+    INFEASIBLE = "infeasible"
+    STOPPED = "stopped"
+
+
+class Reason(enum.Enum):
+    """Why a run is not `Status.PLANNED` (NOTE [ Planner outcomes ])."""
+
+    NONE = "none"
+    BELOW_BOUND = "budget below a proven bound"
+    NO_BUDGET = "no budget given"
+    NO_MOVE_LEFT = "no move left"
+    TIME_LIMIT = "time limit"
+    MODEL_INFEASIBLE = "no plan within the model's moves"
+
+
+# NOTE [ Planner outcomes ]
+# A planner's run ends in one of three ways. PLANNED: it returns plans that
+# it predicts fit the budget (or there is no budget). INFEASIBLE is said of
+# the problem, and only when it is proven: the budget is below a proven
+# lower bound (`Reason.BELOW_BOUND`), so no planner can fit it. STOPPED: the
+# planner gave up short of a fitting plan, in its own words -- it had no
+# move left (`NO_MOVE_LEFT`, the plans so far are returned), ran out of time
+# (`TIME_LIMIT`), needs a budget to act (`NO_BUDGET`), or its model has no
+# plan (`MODEL_INFEASIBLE`: CP-SAT's moves are a subset of all plans). The
+# `detail` says it with the numbers; `stats` holds figures only.
+
+
 @dataclass(frozen=True, slots=True)
 class PlanResult:
-    """What every planner returns. Infeasible is a result (`feasible=False`,
-    plans may be empty), never an exception. `options` holds the planner's
-    options as JSON values (`dataclasses.asdict` of its options dataclass);
-    `stats` its figures (peak estimates, iterations, solver status)."""
+    """What every planner returns. Not fitting is a result (a `status` other
+    than PLANNED, with its `reason` and `detail`; plans may be empty), never
+    an exception. `options` holds the planner's options as JSON values
+    (`options_dict` of its options dataclass); `stats` its figures (peak
+    estimates, iterations, solver status)."""
 
     planner: str
-    feasible: bool
+    status: Status
     plans: tuple[Plan, ...]
+    reason: Reason = Reason.NONE
+    detail: str = ""
     solve_time_s: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -181,6 +219,50 @@ class PlanResult:
     def __post_init__(self) -> None:
         if not isinstance(self.plans, tuple):
             object.__setattr__(self, "plans", tuple(self.plans))
+        if not isinstance(self.status, Status):
+            raise PlanError(f"{self.planner}: status={self.status!r} is not a Status")
+        if (self.status is Status.PLANNED) != (self.reason is Reason.NONE):
+            raise PlanError(
+                f"{self.planner}: status {self.status.value} with reason {self.reason.value!r}"
+            )
+
+    @property
+    def feasible(self) -> bool:
+        """The planner returned plans it predicts fit."""
+        return self.status is Status.PLANNED
+
+    def explain(self) -> str:
+        """`planned`, or `stopped: no move left (peak 12 MiB over ...)`."""
+        if self.status is Status.PLANNED:
+            return "planned"
+        tail = f" ({self.detail})" if self.detail else ""
+        return f"{self.status.value}: {self.reason.value}{tail}"
+
+
+def fit_result(
+    planner: str,
+    plans: Sequence[Plan],
+    peak_bytes: int,
+    budget_bytes: int | None,
+    t0: float,
+    *,
+    options: dict[str, Any] | None = None,
+    stats: dict[str, Any] | None = None,
+) -> PlanResult:
+    """The result of a heuristic that predicts `peak_bytes` for its plans:
+    PLANNED when there is no budget or the peak fits it, else STOPPED with no
+    move left. `t0` is the planner's `time.perf_counter()` at its start."""
+    fits = budget_bytes is None or peak_bytes <= budget_bytes
+    return PlanResult(
+        planner=planner,
+        status=Status.PLANNED if fits else Status.STOPPED,
+        plans=tuple(plans),
+        reason=Reason.NONE if fits else Reason.NO_MOVE_LEFT,
+        detail="" if fits else f"predicted peak {peak_bytes} B is over the budget {budget_bytes} B",
+        solve_time_s=time.perf_counter() - t0,
+        options=options or {},
+        stats=stats or {},
+    )
 
 
 # ---- binding a plan to its trace ---------------------------------------------
@@ -188,11 +270,11 @@ _FINGERPRINTS: weakref.WeakKeyDictionary[Trace, str] = weakref.WeakKeyDictionary
 
 
 def fingerprint_of(trace: Trace) -> str:
-    """`trace.fingerprint()`, computed once per trace object (it hashes the
+    """`fingerprint(trace)`, computed once per trace object (it hashes the
     whole trace, and every plan check needs it)."""
     fp = _FINGERPRINTS.get(trace)
     if fp is None:
-        fp = _FINGERPRINTS[trace] = trace.fingerprint()
+        fp = _FINGERPRINTS[trace] = fingerprint(trace)
     return fp
 
 
@@ -265,14 +347,3 @@ def _validate_event(ev: Event, trace: Trace, where: str) -> None:
 def _op_index(value: Any, lo: int, n_ops: int, where: str, name: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value < n_ops:
         raise PlanError(f"{where}: {name} {value!r} is not an op of the trace ({lo}..{n_ops - 1})")
-
-
-def recompute_sources(ev: Recompute, trace: Trace) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """Per chain op, the buffers it reads that no earlier op of the chain
-    writes: what must be on the device when that op is re-run."""
-    made: set[int] = set()
-    out = []
-    for k in ev.ops:
-        out.append((k, tuple(int(b) for b in trace.op_reads(k) if int(b) not in made)))
-        made.update(int(b) for b in trace.op_writes(k))
-    return tuple(out)

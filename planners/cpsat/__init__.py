@@ -1,4 +1,6 @@
 """The exact baseline, built in the sections of an OR-Tools CP-SAT model:
-data (`data`), variables and constraints (`model`), redundant cuts (`cuts`),
-solutions as integers (`solution`), their read-out as plans (`readout`), the
-large-neighbourhood search (`lns`) and the planner entry point (`planner`)."""
+data (`data`), records (`spec`), variables and constraints (`model`, with
+`memory` and the redundant `cuts`), solving one model (`solve`), solutions as
+integers (`solution`) and as plans (`readout`), a run (`search`, with the
+large-neighbourhood search `lns`), its result (`outcome`), the options
+(`options`) and the planner entry point (`planner`)."""

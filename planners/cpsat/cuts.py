@@ -26,13 +26,9 @@ constraints, stated so that the LP relaxation sees them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from memplan.planners.cpsat.data import CpsatData, GapKind
+from memplan.planners.cpsat.spec import BuiltModel
 from ortools.sat.python import cp_model
-
-if TYPE_CHECKING:
-    from memplan.planners.cpsat.model import BuiltModel
 
 WINDOW_TERMS_MAX = 60_000
 

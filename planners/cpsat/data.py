@@ -1,6 +1,6 @@
 """The data section of the CP-SAT planner: everything the model needs, in
-integer ticks and bytes, derived once from a trace, the hardware and the
-latency model.
+integer ticks and bytes, derived once from the traces and the
+`DeviceModel` (op durations, copy times, lanes).
 
 A *gap* is a stretch of ops during which a buffer is alive but not accessed:
 between two consecutive accesses (`WITHIN`), from the start of the iteration
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+from memplan.hwmodels.errors import LatencyError
 from memplan.planners.analysis.bounds import StepOrder, in_step_order, joint_memory_curve
 from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
@@ -33,7 +33,7 @@ TICKS_PER_S = 1_000_000_000
 INEXACT_MARGIN = 64  # ticks
 
 # NOTE [ Inexact copy times ]
-# The simulator times a copy as fixed + bytes / bandwidth without rounding;
+# The simulator times a copy as `DeviceModel.copy_time` does, without rounding;
 # the model rounds each copy up to whole ns, so in the simulator a copy ends
 # up to 1 ns earlier than planned. Everything pinned after it (an op that
 # waited for a swap-in, the copies triggered after that op) then runs that
@@ -167,26 +167,25 @@ class CpsatData:
         return out
 
 
-def op_ticks(trace: Trace, hw: Hardware, latency: LatencyModel) -> np.ndarray:
-    """Op durations in ns, rounded exactly as the simulator rounds them (1 ns)
-    for one job alone on the device (usage 0)."""
-    s = np.asarray(latency.predict_all(trace, hw, 0.0), np.float64)
-    if s.shape != (trace.n_ops,) or not np.isfinite(s).all() or (s < 0).any():
-        raise PlanError(
-            f"cpsat: latency model {latency.name!r} returned bad durations "
-            f"(need {trace.n_ops} finite values >= 0)"
-        )
-    return np.rint(np.round(s * 1e6, 3) * TICKS_PER_US).astype(np.int64)
+def op_ticks(trace: Trace, device: DeviceModel) -> np.ndarray:
+    """int64[n_ops]: op durations in ns, rounded as the simulator rounds them
+    (NOTE [ One rounding rule ] in hwmodels/device.py), for one job alone on
+    the device (usage 0)."""
+    try:
+        return device.op_durations(trace, TimeUnit.NS).astype(np.int64)
+    except LatencyError as e:
+        raise PlanError(f"cpsat: {e}") from None
 
 
-def copy_ticks(hw: Hardware, nbytes: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(D2H ticks, H2D ticks, exact) per buffer: copy times rounded up to whole
-    ns (never shorter than the simulator's). With two lanes H2D is costed at
-    the duplex rate (NOTE [ Two lanes ] in `cpsat/model.py`)."""
-    fixed_ns = hw.transfer_fixed_s * 1e9
-    h2d_bw = hw.h2d_bytes_per_s * (hw.h2d_duplex_factor if lanes == 2 else 1.0)
-    out_ns = fixed_ns + nbytes * 1e9 / hw.d2h_bytes_per_s
-    in_ns = fixed_ns + nbytes * 1e9 / h2d_bw
+def copy_ticks(device: DeviceModel, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(D2H ticks, H2D ticks, exact) per buffer: the device's copy times
+    rounded up to whole ns (never shorter than the simulator's). With two
+    lanes H2D is costed at the duplex rate (NOTE [ Two lanes ] in
+    `cpsat/model.py`)."""
+    out_ns = np.asarray(device.copy_time(nbytes, Direction.D2H, TimeUnit.NS), np.float64)
+    in_ns = np.asarray(
+        device.copy_time(nbytes, Direction.H2D, TimeUnit.NS, duplex=True), np.float64
+    )
     out_t = np.ceil(out_ns - 1e-6).astype(np.int64)
     in_t = np.ceil(in_ns - 1e-6).astype(np.int64)
     exact = bool(np.allclose(out_t, out_ns, rtol=0, atol=1e-6)) and bool(
@@ -197,17 +196,14 @@ def copy_ticks(hw: Hardware, nbytes: np.ndarray, lanes: int) -> tuple[np.ndarray
 
 def build_data(
     traces: Trace | Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     threshold: int,
     *,
-    lanes: int = 1,
     margin: int = 1,
 ) -> CpsatData:
     """The model's data for one job, or for several in step (NOTE [ Several
-    jobs ]); positions whose keep-all memory exceeds `threshold` bytes are hot."""
-    if lanes not in (1, 2):
-        raise PlanError(f"cpsat: lanes={lanes!r} must be 1 (shared) or 2 (one per direction)")
+    jobs ]), on `device` (its lanes too); positions whose keep-all memory
+    exceeds `threshold` bytes are hot."""
     jobs = (traces,) if isinstance(traces, Trace) else tuple(traces)
     if any(t.n_ops == 0 for t in jobs):
         raise PlanError("cpsat: the trace has no ops")
@@ -217,10 +213,10 @@ def build_data(
         raise PlanError(f"cpsat: {e}") from None
     dur = np.zeros(len(order.job), np.int64)
     for j, t in enumerate(jobs):
-        dur[order.pos[j]] = op_ticks(t, hw, latency)
+        dur[order.pos[j]] = op_ticks(t, device)
     nbytes = np.concatenate([t.nbytes for t in jobs]).astype(np.int64)
     buf0 = np.concatenate([[0], np.cumsum([t.n_buffers for t in jobs])]).astype(np.int64)
-    out_t, in_t, exact = copy_ticks(hw, nbytes, lanes)
+    out_t, in_t, exact = copy_ticks(device, nbytes)
     if not exact:  # NOTE [ Inexact copy times ]
         margin = max(margin, INEXACT_MARGIN)
     mem0 = joint_memory_curve(jobs, order)
@@ -239,7 +235,7 @@ def build_data(
         threshold=int(threshold),
         hot=hot,
         gaps=gaps,
-        lanes=lanes,
+        lanes=device.lanes,
         margin=margin,
         exact_transfers=exact,
     )

@@ -22,7 +22,7 @@ from memplan.planners.core.plan import (
     fingerprint_of,
 )
 from memplan.planners.cpsat.data import TICKS_PER_US, CpsatData, GapKind
-from memplan.planners.cpsat.solution import KEEP, RECOMPUTE, SWAP, Solution
+from memplan.planners.cpsat.spec import KEEP, RECOMPUTE, SWAP, Solution
 from memplan.planners.heuristics.vanilla import release_only_plan
 
 _RANK = {Release: 0, SwapOut: 1, SwapIn: 2}

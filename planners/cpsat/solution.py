@@ -1,41 +1,15 @@
-"""CP-SAT solutions as plain integers: the read-out of a solver's values,
-hints from a solution, the keep-everything start, and the memory a solution
-accounts for (NOTE [ CP-SAT semantics ] in `cpsat/model.py`)."""
+"""CP-SAT solutions (`spec.Solution`, plain integers): the read-out of a
+solver's values, hints from a solution, the keep-everything start, and the
+memory a solution accounts for (NOTE [ CP-SAT semantics ] in `cpsat/model.py`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 import numpy as np
 from memplan.planners.cpsat.data import CpsatData
+from memplan.planners.cpsat.spec import KEEP, RECOMPUTE, SWAP, BuiltModel, Solution
 from ortools.sat.python import cp_model
-
-if TYPE_CHECKING:
-    from memplan.planners.cpsat.model import BuiltModel
-
-KEEP, SWAP, RECOMPUTE = 0, 1, 2
-MODE_NAMES = ("keep", "swap", "recompute")
-
-
-@dataclass(frozen=True, slots=True)
-class Solution:
-    """A model solution in ticks. Per gap: `mode`, `copy` (a D2H copy is made),
-    `out_start` / `in_start` (-1 when unused), `absent` = (first, last) hot
-    position it is absent over, (-1, -1) when kept. Per op: `ready`, `end`."""
-
-    mode: tuple[int, ...]
-    copy: tuple[bool, ...]
-    out_start: tuple[int, ...]
-    in_start: tuple[int, ...]
-    absent: tuple[tuple[int, int], ...]
-    ready: tuple[int, ...]
-    end: tuple[int, ...]
-    peak_bytes: int
-
-    @property
-    def iteration_ticks(self) -> int:
-        return self.end[-1]
 
 
 # ---- hints and read-out -----------------------------------------------------------------------

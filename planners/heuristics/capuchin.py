@@ -9,9 +9,53 @@ after that each step compares the cheapest swap with the cheapest recompute
 less overhead, until the memory to save is reached.
 
 Capuchin needs a budget (it saves `peak - budget` and nothing more): called
-without one it returns `feasible=False`, no plans, and the reason in
-`stats["reason"]` -- it is a result, not an error, so a sweep goes on. (The
+without one it stops with `Reason.NO_BUDGET` and no plans -- it is a result, not an error, so a sweep goes on. (The
 comparison defaults the budget to the peak TENSILE reached.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container, Sequence
+from typing import Any
+
+import numpy as np
+from memplan.hwmodels.device import DeviceModel, Direction
+from memplan.planners.analysis import (
+    EPS_US,
+    LaneSet,
+    Timeline,
+    access_table,
+    as_traces,
+    check_budget,
+    memory_of_plan,
+    msps,
+    predict_timelines,
+)
+from memplan.planners.core.options import options_dict
+from memplan.planners.core.plan import (
+    Event,
+    Plan,
+    PlanResult,
+    Reason,
+    Recompute,
+    Release,
+    Status,
+    SwapIn,
+    SwapOut,
+    empty_plan,
+    fingerprint_of,
+    fit_result,
+)
+from memplan.planners.heuristics.capuchin_hybrid import Hybrid
+from memplan.planners.heuristics.capuchin_options import (
+    NO_BUDGET,
+    Candidate,
+    CapuchinOptions,
+    Choice,
+    SwapSlots,
+)
+from memplan.traces.model import Trace
 
 # NOTE [ Capuchin candidates and rounds ]
 # - The "measured execution" is our predicted one: the timeline of
@@ -26,7 +70,7 @@ comparison defaults the budget to the peak TENSILE reached.)
 #   rounds: when the saving is reached the plan's memory is predicted again,
 #   and if the peak moved to another op still over budget, Algorithm 1 runs
 #   again around that op. No candidate left with the peak over budget:
-#   `feasible=False` (the plan so far is returned).
+#   it stops with no move left (the plan so far is returned).
 # - Several jobs: each is planned alone against a share of the budget
 #   proportional to its vanilla peak.
 #
@@ -58,159 +102,31 @@ comparison defaults the budget to the peak TENSILE reached.)
 #   the CPU replay: +4.6% iteration time on mlp, +8.2% on linear_chain,
 #   nothing on the three others); without it those plans ran with more
 #   memory than the planner counted at the ops it checked.
-#
-# NOTE [ Capuchin recompute ]
-# - Recompute frees the buffer after the evicted access (`Release`) and
-#   re-runs its lineage on demand before the back access (`Recompute`),
-#   §4.4. The lineage is `planners.analysis.msps.chain`: the buffer's producer and,
-#   recursively, the producers of inputs not on the device then -- freed by
-#   the framework, or evicted by this plan over the back access -- up to
-#   `max_recompute_ops` ops (NOTE [ What can be recomputed ] in msps.py).
-# - MSPS = bytes / (rp_time + ext_time) with Algorithm 2's iterative update:
-#   first every candidate's sources are taken to be on the device; when t is
-#   chosen, a candidate that recomputes from t recomputes from t's sources
-#   instead (rp_time += t.rp_time), and a candidate that chosen recomputes
-#   read as a source carries their repeated work in ext_time. We apply a
-#   replacement only when t is really absent over that candidate's back
-#   access (its evicted gap contains it), and treat a swapped candidate the
-#   same way for the others' lineages (Algorithm 2 only knows recomputes).
-# - Chains are rebuilt from the final evictions when the plan is assembled:
-#   a later eviction of a source lengthens an earlier chain. A recompute
-#   whose chain can no longer be built is dropped and not tried again.
-# - Recompute overhead = the chain's predicted time (+ ext_time); it is not
-#   fed back into the timeline (Capuchin measures it in the next iteration).
-"""
-
-from __future__ import annotations
-
-import heapq
-import math
-import time
-from collections.abc import Container, Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
-from memplan.planners.analysis import (
-    EPS_US,
-    LaneSet,
-    Timeline,
-    access_table,
-    as_traces,
-    check_budget,
-    memory_of_plan,
-    msps,
-    predict_timelines,
-    transfer_us,
-)
-from memplan.planners.core.plan import (
-    Event,
-    Plan,
-    PlanResult,
-    Recompute,
-    Release,
-    SwapIn,
-    SwapOut,
-    empty_plan,
-    fingerprint_of,
-)
-from memplan.planners.registry import PlannerSpec, make_options, options_dict
-from memplan.traces.model import Trace
-
-NO_BUDGET = "capuchin saves only what a budget needs: give budget_bytes"
 
 
-@dataclass(frozen=True, slots=True)
-class CapuchinOptions:
-    """- `recompute`: consider recomputation (False: swap only).
-    - `max_recompute_ops`: longest recompute chain (lineage) in ops.
-    - `max_rounds`: cap on Algorithm 1 rounds per job (NOTE [ Capuchin
-      candidates and rounds ])."""
-
-    recompute: bool = True
-    max_recompute_ops: int = 32
-    max_rounds: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.max_recompute_ops < 1:
-            raise ValueError(f"max_recompute_ops={self.max_recompute_ops!r} must be >= 1")
-        if self.max_rounds < 1:
-            raise ValueError(f"max_rounds={self.max_rounds!r} must be >= 1")
-
-
-@dataclass(slots=True)
-class _Cand:
-    """One access pair of one buffer: evicted after op `evict`, needed again
-    by op `back`. Swap and Algorithm 2 state."""
-
-    buffer: int
-    evict: int
-    back: int
-    nbytes: int
-    ft_us: float
-    srcs: set[int] = field(default_factory=set)
-    rp_us: float = math.inf  # inf: not recomputable
-    ext_us: float = 0.0
-    version: int = 0
-
-    @property
-    def recompute_us(self) -> float:
-        return self.rp_us + self.ext_us
-
-    @property
-    def msps(self) -> float:
-        t = self.recompute_us
-        if math.isinf(t):
-            return 0.0
-        return math.inf if t <= 0 else self.nbytes / (t * 1e-6)
-
-    def covers(self, op: int) -> bool:
-        """Whether the buffer is off the device while `op` runs, once evicted."""
-        return self.evict < op < self.back
-
-
-@dataclass(frozen=True, slots=True)
-class _Swap:
-    overhead_us: float
-    out_start: float
-    in_start: float
-    in_after: int
-    in_delay: float
-
-
-@dataclass(slots=True)
-class _Choice:
-    cand: _Cand
-    swap: _Swap | None = None  # None: recompute
-    ops: tuple[int, ...] = ()
-    rng: bool = False
-
-
-class _JobPlanner:
+class JobPlanner:
     """Capuchin for one job against `budget` bytes."""
 
     def __init__(
-        self, trace: Trace, tl: Timeline, hw: Hardware, budget: int, opts: CapuchinOptions
+        self, trace: Trace, tl: Timeline, device: DeviceModel, budget: int, opts: CapuchinOptions
     ):
-        self.trace, self.tl, self.hw = trace, tl, hw
+        self.trace, self.tl, self.device = trace, tl, device
         self.budget, self.opts = budget, opts
         self.table = access_table(trace)
         self.dur = tl.duration_us
         self.start_us, self.end_us = tl.start_us, tl.end_us
-        self.lane = LaneSet([tl])
+        self.lane = LaneSet([tl], lanes=device.lanes)
         self.lane_version = 0
-        self.choices: list[_Choice] = []
-        self.gaps: dict[int, list[_Cand]] = {}  # buffer -> chosen evictions
+        self.choices: list[Choice] = []
+        self.gaps: dict[int, list[Candidate]] = {}  # buffer -> chosen evictions
         self.failed: set[tuple[int, int]] = set()  # (buffer, evict) not to try again
         life_start, life_end = trace.lifetimes("framework")
         self.life_start, self.life_end = life_start.tolist(), life_end.tolist()
         self.persistent = trace.persistent.tolist()
         self.rounds = 0
         self.plan = empty_plan(trace)
-        self.state = memory_of_plan(trace, tl, self.plan, hw)
-        self._swap_cache: dict[int, tuple[int, _Swap | None]] = {}
+        self.state = memory_of_plan(trace, tl, self.plan, device)
+        self._swap_cache: dict[int, tuple[int, SwapSlots | None]] = {}
 
     # ---- availability ------------------------------------------------------------
     def _evicted_at(self, s: int, x: int) -> bool:
@@ -229,7 +145,7 @@ class _JobPlanner:
             return True
         return not self._evicted_at(s, x)
 
-    def _lineage(
+    def lineage(
         self, b: int, x: int, assumed: Container[int] | None
     ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         return msps.chain(
@@ -252,8 +168,8 @@ class _JobPlanner:
                 return
             self._assemble()
 
-    def _candidates(self, p: int) -> list[_Cand]:
-        t, hw = self.trace, self.hw
+    def _candidates(self, p: int) -> list[Candidate]:
+        t = self.trace
         out = []
         for b in self.state.resident_at(p).tolist():
             if self.persistent[b] or t.nbytes[b] == 0:
@@ -266,10 +182,10 @@ class _JobPlanner:
             if (b, evict) in self.failed or any(c.evict == evict for c in self.gaps.get(b, ())):
                 continue
             nb = int(t.nbytes[b])
-            ft = (self.start_us[back] - transfer_us(hw, nb, "h2d")) - (
-                self.end_us[evict] + transfer_us(hw, nb, "d2h")
+            ft = (self.start_us[back] - self._copy_us(nb, Direction.H2D)) - (
+                self.end_us[evict] + self._copy_us(nb, Direction.D2H)
             )
-            out.append(_Cand(b, evict, back, nb, float(ft)))
+            out.append(Candidate(b, evict, back, nb, float(ft)))
         out.sort(key=lambda c: (-c.ft_us, c.buffer))
         return out
 
@@ -284,124 +200,18 @@ class _JobPlanner:
         i = 0
         while i < len(pool) and mem_saving > 0:
             c = pool[i]
-            sw = self._swap_try(c, p)
+            sw = self.swap_try(c, p)
             if sw is None or sw.overhead_us > 0:
                 break
-            self._choose_swap(c, sw)
+            self.choose_swap(c, sw)
             mem_saving -= c.nbytes
             i += 1
         if mem_saving > 0 and i < len(pool):
-            self._hybrid(pool[i:], p, mem_saving)
+            Hybrid(self, pool[i:], p).run(mem_saving)
         return len(self.choices) > chosen_before
 
-    def _hybrid(self, pool: list[_Cand], p: int, mem_saving: int) -> None:
-        """Phase 2: the cheapest swap against the best-MSPS recompute."""
-        by_buf = {c.buffer: c for c in pool}
-        users: dict[int, set[int]] = {}
-        heap: list[tuple[float, int, int, int]] = []
-        if self.opts.recompute:
-            for c in pool:
-                found = self._lineage(c.buffer, c.back, by_buf)
-                if found is None:
-                    continue
-                ops, sources = found
-                c.rp_us = float(self.dur[list(ops)].sum())
-                c.srcs = {s for s in sources if not self.persistent[s]}
-                for s in c.srcs:
-                    users.setdefault(s, set()).add(c.buffer)
-                heapq.heappush(heap, (-c.msps, c.buffer, c.version, c.buffer))
-        swap_order = sorted(pool, key=lambda c: (-c.ft_us, c.buffer))
-        no_swap: set[int] = set()
-        recomps: set[int] = set()
-        alive = set(by_buf)
-
-        def best_recompute() -> _Cand | None:
-            while heap:
-                _neg, _tie, ver, b = heap[0]
-                c = by_buf[b]
-                if b not in alive or ver != c.version or math.isinf(c.rp_us):
-                    heapq.heappop(heap)
-                    continue
-                return c
-            return None
-
-        def best_swap() -> tuple[_Cand, _Swap] | None:
-            for c in swap_order:
-                if c.buffer not in alive or c.buffer in no_swap:
-                    continue
-                sw = self._swap_try(c, p)
-                if sw is None:
-                    no_swap.add(c.buffer)
-                    continue
-                return c, sw
-            return None
-
-        def touch(c: _Cand) -> None:
-            c.version += 1
-            if not math.isinf(c.rp_us):
-                heapq.heappush(heap, (-c.msps, c.buffer, c.version, c.buffer))
-
-        def replace_source(t: _Cand) -> None:
-            """Candidates reading t over its gap now recompute from t's sources."""
-            for b in list(users.get(t.buffer, ())):
-                cand = by_buf[b]
-                if b not in alive or not t.covers(cand.back):
-                    continue
-                cand.srcs.discard(t.buffer)
-                users[t.buffer].discard(b)
-                if math.isinf(t.rp_us):
-                    cand.rp_us = math.inf
-                else:
-                    cand.srcs |= t.srcs
-                    for s in t.srcs:
-                        users.setdefault(s, set()).add(b)
-                    cand.rp_us += t.rp_us
-                    cand.ext_us = cand.rp_us * len(users.get(b, set()) & recomps)
-                touch(cand)
-
-        while mem_saving > 0:
-            s = best_swap()
-            r = best_recompute()
-            if s is None and r is None:
-                return
-            if s is not None and (r is None or s[1].overhead_us <= r.recompute_us):
-                c, sw = s
-                self._choose_swap(c, sw)
-                alive.discard(c.buffer)
-                replace_source(c)
-                mem_saving -= c.nbytes
-                continue
-            assert r is not None
-            found = self._lineage(r.buffer, r.back, alive)  # the others are still there
-            if found is None:
-                r.rp_us = math.inf
-                touch(r)
-                continue
-            # Algorithm 2, lines 5-15: chosen recomputes that read t now read t's sources
-            ext_ct = 1
-            for b in list(users.get(r.buffer, ())):
-                if b in recomps and r.covers(by_buf[b].back):
-                    rp = by_buf[b]
-                    rp.srcs.discard(r.buffer)
-                    rp.srcs |= r.srcs
-                    users[r.buffer].discard(b)
-                    for x in r.srcs:
-                        users.setdefault(x, set()).add(b)
-                    ext_ct += 1
-            recomps.add(r.buffer)
-            alive.discard(r.buffer)
-            self._choose_recompute(r, found)
-            mem_saving -= r.nbytes
-            # lines 17-35: update the MSPS of the candidates left
-            replace_source(r)
-            for x in r.srcs:
-                cand = by_buf.get(x)
-                if cand is not None and x in alive and cand.covers(r.back):
-                    cand.ext_us = ext_ct * cand.rp_us if not math.isinf(cand.rp_us) else 0.0
-                    touch(cand)
-
     # ---- swaps ---------------------------------------------------------------------
-    def _swap_try(self, c: _Cand, p: int) -> _Swap | None:
+    def swap_try(self, c: Candidate, p: int) -> SwapSlots | None:
         """The lane slots and in-trigger of swapping `c` around peak op `p`
         (NOTE [ Capuchin swaps ]); None if the swap-out cannot end before p."""
         hit = self._swap_cache.get(c.buffer)
@@ -411,51 +221,58 @@ class _JobPlanner:
         self._swap_cache[c.buffer] = (self.lane_version, sw)
         return sw
 
-    def _swap_slots(self, c: _Cand, p: int) -> _Swap | None:
-        hw, lane = self.hw, self.lane
-        d_out = float(transfer_us(hw, c.nbytes, "d2h"))
-        d_in = float(transfer_us(hw, c.nbytes, "h2d"))
+    def _copy_us(self, nbytes: int, direction: Direction) -> float:
+        """Microseconds a copy holds its lane (H2D at the duplex rate when
+        the device has two lanes, as CP-SAT costs it)."""
+        return float(self.device.copy_time(nbytes, direction, duplex=True))
+
+    def _swap_slots(self, c: Candidate, p: int) -> SwapSlots | None:
+        lane = self.lane
+        d_out = self._copy_us(c.nbytes, Direction.D2H)
+        d_in = self._copy_us(c.nbytes, Direction.H2D)
         lo = float(self.end_us[c.evict])
-        s_out = lane.earliest(0, lo, float(self.start_us[p]) - EPS_US, d_out)
+        s_out = lane.earliest(0, lo, float(self.start_us[p]) - EPS_US, d_out, Direction.D2H)
         if s_out is None:
             return None
         lo_in = max(s_out + d_out, float(self.end_us[p])) + EPS_US
         due = float(self.start_us[c.back]) - EPS_US
-        s_in = lane.latest(0, lo_in, due, d_in)
+        s_in = lane.latest(0, lo_in, due, d_in, Direction.H2D)
         overhead = 0.0
         if s_in is None:
-            s_in = lane.earliest(0, lo_in, lo_in + self.tl.period_us, d_in)
+            s_in = lane.earliest(0, lo_in, lo_in + self.tl.period_us, d_in, Direction.H2D)
             if s_in is None:
                 return None
             overhead = max(0.0, s_in + d_in - due)
         after = int(np.searchsorted(self.end_us, s_in + 1e-9, "right")) - 1
         after = min(max(after, p), c.back - 1)
         delay = max(0.0, s_in - float(self.end_us[after]))
-        return _Swap(overhead, s_out, s_in, after, delay)
+        return SwapSlots(overhead, s_out, s_in, after, delay)
 
-    def _choose_swap(self, c: _Cand, sw: _Swap) -> None:
-        hw = self.hw
-        self.lane.book(0, sw.out_start, float(transfer_us(hw, c.nbytes, "d2h")))
-        self.lane.book(0, sw.in_start, float(transfer_us(hw, c.nbytes, "h2d")))
+    def choose_swap(self, c: Candidate, sw: SwapSlots) -> None:
+        d_out = self._copy_us(c.nbytes, Direction.D2H)
+        self.lane.book(0, sw.out_start, d_out, Direction.D2H)
+        self.lane.book(0, sw.in_start, self._copy_us(c.nbytes, Direction.H2D), Direction.H2D)
         self.lane_version += 1
-        self.choices.append(_Choice(c, sw))
+        self.choices.append(Choice(c, sw))
         self.gaps.setdefault(c.buffer, []).append(c)
 
-    def _choose_recompute(self, c: _Cand, found: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    def choose_recompute(
+        self, c: Candidate, found: tuple[tuple[int, ...], tuple[int, ...]]
+    ) -> None:
         ops = found[0]
         rng = any(self.trace.ops[k].rng for k in ops)
-        self.choices.append(_Choice(c, None, ops, rng))
+        self.choices.append(Choice(c, None, ops, rng))
         self.gaps.setdefault(c.buffer, []).append(c)
 
     # ---- the plan --------------------------------------------------------------------
     def _assemble(self) -> None:
         """Rebuild recompute chains against all evictions, then the plan and
         its predicted memory."""
-        kept: list[_Choice] = []
+        kept: list[Choice] = []
         for ch in self.choices:
             if ch.swap is None:
                 c = ch.cand
-                found = self._lineage(c.buffer, c.back, None)
+                found = self.lineage(c.buffer, c.back, None)
                 if found is None:
                     self.failed.add((c.buffer, c.evict))
                     self.gaps[c.buffer].remove(c)
@@ -471,7 +288,7 @@ class _JobPlanner:
                 out_delay = max(0.0, sw.out_start - float(self.end_us[c.evict]))
                 # the first op the plan counts the buffer gone for is the
                 # copy's deadline (planners.core.plan NOTE [ Swap-out deadlines ])
-                out_end = sw.out_start + float(transfer_us(self.hw, c.nbytes, "d2h"))
+                out_end = sw.out_start + self._copy_us(c.nbytes, Direction.D2H)
                 due = int(np.searchsorted(self.tl.ready_us, out_end + EPS_US, "left"))
                 due = due if c.evict < due < c.back else -1
                 events.append(SwapOut(c.buffer, c.evict, out_delay, before_op=due))
@@ -480,7 +297,7 @@ class _JobPlanner:
                 events.append(Release(c.buffer, c.evict))
                 events.append(Recompute(c.buffer, c.back, ch.ops, ch.rng))
         self.plan = Plan(fingerprint_of(self.trace), tuple(events), self.trace.meta.model)
-        self.state = memory_of_plan(self.trace, self.tl, self.plan, self.hw)
+        self.state = memory_of_plan(self.trace, self.tl, self.plan, self.device)
 
     def stats(self) -> dict[str, Any]:
         swaps = [ch for ch in self.choices if ch.swap is not None]
@@ -498,46 +315,47 @@ class _JobPlanner:
 
 def capuchin(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
-    **options: Any,
+    options: CapuchinOptions | None = None,
 ) -> PlanResult:
-    """Capuchin on every job alone (options: see `CapuchinOptions`), saving
-    what `budget_bytes` needs. Without a budget: `feasible=False`, no plans,
-    `stats["reason"]`."""
+    """Capuchin on every job alone, saving what `budget_bytes` needs. Without
+    a budget it stops with `Reason.NO_BUDGET` and no plans."""
     t0 = time.perf_counter()
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)
-    opts = make_options(PlannerSpec("capuchin", capuchin, CapuchinOptions), options)
+    opts = options or CapuchinOptions()
     if budget is None:
         return PlanResult(
             planner="capuchin",
-            feasible=False,
+            status=Status.STOPPED,
             plans=(),
+            reason=Reason.NO_BUDGET,
+            detail=NO_BUDGET,
             solve_time_s=time.perf_counter() - t0,
             options=options_dict(opts),
-            stats={"reason": NO_BUDGET},
         )
-    timelines = predict_timelines(jobs, hw, latency)
+    timelines = predict_timelines(jobs, device)
     vanilla = [t.peak("framework")[0] for t in jobs]
     total = sum(vanilla)
     plans, stats, peaks = [], [], []
     for t, tl, v in zip(jobs, timelines, vanilla, strict=True):
         share = budget if len(jobs) == 1 else (budget * v) // max(total, 1)
-        jp = _JobPlanner(t, tl, hw, share, opts)
+        jp = JobPlanner(t, tl, device, share, opts)
         jp.run()
         plans.append(jp.plan)
         st = jp.stats()
         stats.append(st)
         peaks.append(st["peak_bytes"])
-    feasible = all(s["peak_bytes"] <= s["budget_bytes"] for s in stats)
-    return PlanResult(
-        planner="capuchin",
-        feasible=feasible,
-        plans=tuple(plans),
-        solve_time_s=time.perf_counter() - t0,
+    # each job against its share: one over its share has no move left
+    over = next((s for s in stats if s["peak_bytes"] > s["budget_bytes"]), None)
+    return fit_result(
+        "capuchin",
+        plans,
+        over["peak_bytes"] if over else sum(peaks),
+        over["budget_bytes"] if over else None,
+        t0,
         options=options_dict(opts),
         stats={"peak_bytes": sum(peaks), "job_peak_bytes": peaks, "jobs": stats},
     )

@@ -74,8 +74,7 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.analysis import (
     Timeline,
     as_traces,
@@ -84,6 +83,7 @@ from memplan.planners.analysis import (
     predict_timelines,
 )
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
     Plan,
     PlanResult,
@@ -91,8 +91,8 @@ from memplan.planners.core.plan import (
     Release,
     empty_plan,
     fingerprint_of,
+    fit_result,
 )
-from memplan.planners.registry import PlannerSpec, make_options, options_dict
 from memplan.traces.model import BufferKind, Phase, Trace
 
 _S, _T = "S", "T"
@@ -352,32 +352,30 @@ def _first_access_after(trace: Trace, after: dict[int, int]) -> dict[int, int]:
     return out
 
 
-def predicted_peak(trace: Trace, timeline: Timeline, plan: Plan, hw: Hardware) -> int:
+def predicted_peak(trace: Trace, timeline: Timeline, plan: Plan, device: DeviceModel) -> int:
     """Bytes at the op-grid peak `plan` predicts (`analysis.memory_of_plan`,
     recompute temporaries included)."""
-    return memory_of_plan(trace, timeline, plan, hw).peak()[0]
+    return memory_of_plan(trace, timeline, plan, device).peak()[0]
 
 
 def checkpoint(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
-    **options: Any,
+    options: CheckpointOptions | None = None,
 ) -> PlanResult:
-    """Chen et al.'s checkpointing of every job alone (options: see
-    `CheckpointOptions`). Feasible when no budget is given or the predicted
-    peaks of all jobs together fit it."""
+    """Chen et al.'s checkpointing of every job alone. Planned when no budget
+    is given or the predicted peaks of all jobs together fit it."""
     t0 = time.perf_counter()
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)
-    opts = make_options(PlannerSpec("checkpoint", checkpoint, CheckpointOptions), options)
-    timelines = predict_timelines(jobs, hw, latency)
+    opts = options or CheckpointOptions()
+    timelines = predict_timelines(jobs, device)
     plans, peaks, stats = [], [], []
     for t, tl in zip(jobs, timelines, strict=True):
         plan, st = checkpoint_plan(t, opts)
-        peak = predicted_peak(t, tl, plan, hw)
+        peak = predicted_peak(t, tl, plan, device)
         vanilla = t.peak("framework")[0]
         st["fallback"] = peak > vanilla
         if st["fallback"]:
@@ -385,11 +383,12 @@ def checkpoint(
         plans.append(plan)
         peaks.append(peak)
         stats.append(st)
-    return PlanResult(
-        planner="checkpoint",
-        feasible=budget is None or sum(peaks) <= budget,
-        plans=tuple(plans),
-        solve_time_s=time.perf_counter() - t0,
+    return fit_result(
+        "checkpoint",
+        plans,
+        sum(peaks),
+        budget,
+        t0,
         options=options_dict(opts),
         stats={"peak_bytes": sum(peaks), "job_peak_bytes": peaks, "jobs": stats},
     )

@@ -18,7 +18,7 @@ Algorithm 3 in order:
 
 Without a budget TENSILE lowers the peak as far as hidden swaps go and never
 recomputes (recompute always costs time); with one it stops as soon as the
-peak fits and reports `feasible=False` if it cannot get there.
+peak fits and reports that it stopped (no move left) if it cannot get there.
 """
 
 from __future__ import annotations
@@ -26,84 +26,32 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
+from memplan.hwmodels.device import DeviceModel, Direction
 from memplan.planners.analysis import (
     BOTH,
     EPS_US,
     STEADY,
     LaneSet,
-    MemoryState,
-    Timeline,
-    access_table,
     as_traces,
     check_budget,
     msps,
     peak_analysis,
     predict_timelines,
-    transfer_us,
 )
+from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
-    Event,
     Plan,
     PlanResult,
-    Recompute,
-    Release,
     SwapIn,
     SwapOut,
     fingerprint_of,
+    fit_result,
 )
-from memplan.planners.heuristics.vanilla import release_only_plan
-from memplan.planners.registry import PlannerSpec, make_options, options_dict
+from memplan.planners.heuristics.tensile_job import JobState, event_order, us
+from memplan.planners.heuristics.tensile_options import TensileOptions
 from memplan.traces.model import Trace
-
-
-@dataclass(frozen=True, slots=True)
-class TensileOptions:
-    """TENSILE's knobs. See the NOTE blocks in this module for each choice.
-
-    - `per_job_lane`: one lane timeline per job (the authors' simplification)
-      instead of one shared by all jobs (NOTE [ Lane timelines ]).
-    - `max_swap_rate`: each job's cap on its share of all swapped tensors
-      (NOTE [ Max swapping rate ]); 1 = no cap.
-    - `swap_rest`: after a swap succeeds, also swap the buffer in before its
-      later accesses (Algorithm 2 line 43; NOTE [ Which gap is swapped ]).
-    - `recompute`: MSPS recompute when swapping leaves the peak over budget.
-    - `max_recompute_ops`: longest recompute chain.
-    - `count_first_iteration`: the peak of iteration 0 counts, as in the
-      simulator (NOTE [ Peak analysis on the op grid ]).
-    - `margin_us`: slack left between a swap-in's end and the op needing it.
-    - `stop_after`, `stop_window`, `stop_min_gain`: the paper's stopping rule
-      (NOTE [ Stopping rule ]); `max_iterations` a hard cap on swap rounds.
-    """
-
-    per_job_lane: bool = False
-    max_swap_rate: float = 1.0
-    swap_rest: bool = True
-    recompute: bool = True
-    max_recompute_ops: int = 1
-    count_first_iteration: bool = True
-    margin_us: float = 0.0
-    stop_after: int = 100
-    stop_window: int = 3
-    stop_min_gain: float = 0.0005
-    max_iterations: int = 100_000
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.max_swap_rate <= 1.0:
-            raise ValueError(f"max_swap_rate={self.max_swap_rate!r} must be in (0, 1]")
-        if self.max_recompute_ops < 1:
-            raise ValueError(f"max_recompute_ops={self.max_recompute_ops!r} must be >= 1")
-        if not (math.isfinite(self.margin_us) and self.margin_us >= 0):
-            raise ValueError(f"margin_us={self.margin_us!r} must be a number >= 0")
-        if self.stop_window < 1 or self.stop_after < 0 or self.max_iterations < 1:
-            raise ValueError("stop_window >= 1, stop_after >= 0 and max_iterations >= 1 required")
-        if not self.stop_min_gain >= 0:
-            raise ValueError(f"stop_min_gain={self.stop_min_gain!r} must be >= 0")
-
 
 # NOTE [ Which gap is swapped ]
 # A buffer's accesses cut its life into gaps; a swap (or a release, when a
@@ -147,24 +95,6 @@ class TensileOptions:
 # iteration times still within 6% of the simulation. A swap-out that moves
 # no bytes (a discard) needs none.
 
-# NOTE [ Max swapping rate ]
-# The paper caps, per job, "the rate of tensors swapped in a job to tensors
-# swapped in the whole system" and tests SON[job] <= MSR[job] before a swap
-# (Algorithm 2 line 36). We do the same with SON counting the job's swapped
-# gaps and MSR[job] = max_swap_rate * (gaps swapped by all jobs): with one
-# job or a rate of 1 there is no cap, with two jobs at 0.5 they take turns.
-# As in the paper the cap does not apply to cross-iteration swaps of updated
-# parameters (line 33).
-#
-# NOTE [ Stopping rule ]
-# Algorithm 3 stops when no swap and no recompute succeeds, and also when
-# "the average MP of the jobs corresponding to the selected tensors in the
-# past 3 iterations reduces less than 0.05% and iter > 100". We take MP as
-# the global peak: after `stop_after` rounds, swapping stops once the peak of
-# `stop_window` rounds ago is less than `stop_min_gain` (relative) above the
-# current one. Recompute rounds stop when the peak fits or no candidate is
-# left.
-#
 # NOTE [ Recompute candidates ]
 # §IV-D recomputes only "tensor accesses which have never been released" so
 # that a recompute never disturbs the swap plan: a candidate is a buffer
@@ -185,79 +115,36 @@ class TensileOptions:
 
 def tensile(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
-    **options: object,
+    options: TensileOptions | None = None,
 ) -> PlanResult:
-    """Plan `traces` (one per job, run together on `hw`) with TENSILE. Options
-    are the fields of `TensileOptions`."""
+    """Plan `traces` (one per job, run together on `device`) with TENSILE."""
     t0 = time.perf_counter()
-    opts = make_options(PlannerSpec("tensile", tensile, TensileOptions), options)
+    opts = options or TensileOptions()
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)
-    planner = _Tensile(jobs, hw, latency, budget, opts)
+    planner = _Tensile(jobs, device, budget, opts)
     planner.run()
-    return planner.result(time.perf_counter() - t0)
-
-
-class _Job:
-    """Per-job planning state."""
-
-    def __init__(self, j: int, trace: Trace, tl: Timeline, hw: Hardware, opts: TensileOptions):
-        self.j = j
-        self.trace = trace
-        self.tl = tl
-        self.n = trace.n_ops
-        self.table = access_table(trace)
-        self.state = MemoryState(
-            trace, "liveness", count_first_iteration=opts.count_first_iteration
-        )
-        self.events: list[Event] = list(release_only_plan(trace).events)
-        self.d_out = np.asarray(transfer_us(hw, trace.nbytes, "d2h"), np.float64)
-        self.d_in = np.asarray(transfer_us(hw, trace.nbytes, "h2d"), np.float64)
-        self.durations = tl.end_us - tl.start_us
-        t = self.table
-        n_acc = len(t.ops)
-        self.acc_buffer = np.repeat(np.arange(trace.n_buffers, dtype=np.int64), np.diff(t.ptr))
-        self.acc_key = self.acc_buffer * (self.n + 1) + t.ops
-        # per gap, keyed by the global index of the access that opens it:
-        # the hole last computed for it (NaN: never), and whether it is used
-        self.hole_te = np.full(n_acc, np.nan)
-        self.hole_ts = np.full(n_acc, np.nan)
-        self.done = np.zeros(n_acc, bool)
-        self.out_gaps: dict[int, list[int]] = {}  # buffer -> gaps with a swap-out
-        self.touched = np.zeros(trace.n_buffers, bool)  # swapped or recomputed
-        self.pinned = np.zeros(trace.n_buffers, bool)  # a recompute reads it
-        self.swaps = 0
-        self.recomputes = 0
-        self.recompute_us = 0.0
-
-    # unrolled op times: op index x may be >= n (the next iteration)
-    def t_end(self, x: int) -> float:
-        return float(self.tl.end_us[x % self.n]) + (x // self.n) * self.tl.period_us
-
-    def t_ready(self, x: int) -> float:
-        return self.tl.unrolled_ready(x % self.n, x // self.n)
+    return planner.result(t0)
 
 
 class _Tensile:
     def __init__(
         self,
         traces: tuple[Trace, ...],
-        hw: Hardware,
-        latency: LatencyModel,
+        device: DeviceModel,
         budget: int | None,
         opts: TensileOptions,
     ):
         self.traces = traces
         self.opts = opts
         self.budget = budget
-        timelines = predict_timelines(traces, hw, latency)
+        timelines = predict_timelines(traces, device)
         self.timelines = timelines
-        self.jobs = [_Job(j, t, timelines[j], hw, opts) for j, t in enumerate(traces)]
-        self.lanes = LaneSet(timelines, per_job_lane=opts.per_job_lane)
+        self.jobs = [JobState(j, t, timelines[j], device, opts) for j, t in enumerate(traces)]
+        self.lanes = LaneSet(timelines, lanes=device.lanes, per_job_lane=opts.per_job_lane)
         self.rounds = 0
         self.stop = ""
         self.history: list[int] = []
@@ -330,7 +217,7 @@ class _Tensile:
                 return True
         return False
 
-    def _gaps_at(self, jb: _Job, res: np.ndarray, p: int):
+    def _gaps_at(self, jb: JobState, res: np.ndarray, p: int):
         """For buffers `res` resident at op p (not accessed by it): the gap of
         each around p, as arrays (gap id, buffer, prev, next, p) in unrolled
         op indices with 0 <= prev < p < next, without gaps already used or
@@ -363,7 +250,7 @@ class _Tensile:
         pp = np.broadcast_to(pp, ok.shape)
         return gid[ok], res[ok], prev[ok], nxt[ok], pp[ok]
 
-    def _host_valid(self, jb: _Job, b: int, g: int) -> bool:
+    def _host_valid(self, jb: JobState, b: int, g: int) -> bool:
         """Whether a swap-out of `b` earlier in the iteration left a host copy
         that is still valid after access `g` (no write since)."""
         gaps = jb.out_gaps.get(b)
@@ -376,7 +263,7 @@ class _Tensile:
         return not bool(jb.table.writes[g0 + 1 : g + 1].any())
 
     def _hole(
-        self, jb: _Job, b: int, prev: int, nxt: int, release: bool
+        self, jb: JobState, b: int, prev: int, nxt: int, release: bool
     ) -> tuple[float, float, float | None] | None:
         """The largest hole the lane allows in gap (prev, nxt): (te, ts,
         swap-out start or None for a release), or None."""
@@ -387,17 +274,17 @@ class _Tensile:
             te, s_out = lo, None
         else:
             d_out = float(jb.d_out[b])
-            s_out = lanes.earliest(j, lo, due, d_out)
+            s_out = lanes.earliest(j, lo, due, d_out, Direction.D2H)
             if s_out is None:
                 return None
             te = s_out + d_out
         d_in = float(jb.d_in[b])
-        s_in = lanes.latest(j, te + EPS_US, due, d_in)
+        s_in = lanes.latest(j, te + EPS_US, due, d_in, Direction.H2D)
         if s_in is None:
             return None
         return te, s_in, s_out
 
-    def _try_gap(self, jb: _Job, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
+    def _try_gap(self, jb: JobState, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
         release = self._host_valid(jb, b, g)
         hole = self._hole(jb, b, prev, nxt, release)
         if hole is None:
@@ -415,7 +302,7 @@ class _Tensile:
 
     def _commit(
         self,
-        jb: _Job,
+        jb: JobState,
         b: int,
         g: int,
         prev: int,
@@ -450,24 +337,24 @@ class _Tensile:
             # is swapped ])
             jb.events.append(SwapOut(b, prev, 0.0))
         else:
-            self.lanes.book(jb.j, s_out, float(jb.d_out[b]))
+            self.lanes.book(jb.j, s_out, float(jb.d_out[b]), Direction.D2H)
             # NOTE [ Swap-out deadlines in TENSILE ]
             due = next((lo for lo, _hi, rr in ranges if rr == 0), -1)
-            delay_out = _us(s_out - jb.t_end(prev))
+            delay_out = us(s_out - jb.t_end(prev))
             jb.events.append(SwapOut(b, prev, delay_out, before_op=due if due > prev else -1))
             jb.out_gaps.setdefault(b, []).append(g)
             # b's later gaps may now be emptied by a release: forget their holes
             end = int(jb.table.ptr[b + 1])
             jb.hole_te[g + 1 : end] = np.nan
             jb.hole_ts[g + 1 : end] = np.nan
-        self.lanes.book(jb.j, ts, float(jb.d_in[b]))
-        jb.events.append(SwapIn(b, after, nxt % n, _us(delay), next_iteration=cross and r == 0))
+        self.lanes.book(jb.j, ts, float(jb.d_in[b]), Direction.H2D)
+        jb.events.append(SwapIn(b, after, nxt % n, us(delay), next_iteration=cross and r == 0))
         jb.done[g] = True
         jb.touched[b] = True
         jb.swaps += 1
         return True
 
-    def _swap_rest(self, jb: _Job, b: int, g: int) -> None:
+    def _swap_rest(self, jb: JobState, b: int, g: int) -> None:
         """Algorithm 2 line 43: the later gaps of `b` up to its next write get
         a release and a swap-in, as far as the lane allows."""
         t = jb.table
@@ -525,13 +412,13 @@ class _Tensile:
         jb.recompute_us += c.time_us
         return True
 
-    def _recompute_safe(self, jb: _Job, op: int) -> bool:
+    def _recompute_safe(self, jb: JobState, op: int) -> bool:
         """Whether a recompute just before `op` leaves the job's swaps as
         planned: no copy of the job is running when `op` is ready (NOTE
         [ Recompute candidates ])."""
         t = jb.t_ready(op)
         P = jb.tl.period_us
-        for j, s, d in self.lanes.bookings:
+        for j, s, d, _direction in self.lanes.bookings:
             if j != jb.j:
                 continue
             k = math.floor((t - s) / P)  # the repetition of the copy that starts last before t
@@ -539,7 +426,7 @@ class _Tensile:
                 return False
         return True
 
-    def _available(self, jb: _Job, op: int, target: int):
+    def _available(self, jb: JobState, op: int, target: int):
         st = jb.state
 
         def available(s: int) -> bool:
@@ -553,14 +440,13 @@ class _Tensile:
         return available
 
     # ---- the result --------------------------------------------------------------
-    def result(self, elapsed_s: float) -> PlanResult:
+    def result(self, t0: float) -> PlanResult:
         plans = []
         for jb in self.jobs:
-            evs = sorted(jb.events, key=_event_order)
+            evs = sorted(jb.events, key=event_order)
             plans.append(Plan(fingerprint_of(jb.trace), tuple(evs), jb.trace.meta.model))
         pa = peak_analysis([jb.state for jb in self.jobs])
         peak = pa.peak_bytes
-        feasible = self.budget is None or peak <= self.budget
         stats = {
             "peak_bytes": peak,
             "job_peak_bytes": list(pa.job_peak_bytes),
@@ -573,27 +459,12 @@ class _Tensile:
             "stop": self.stop,
             "predicted_iteration_time_s": [tl.period_us * 1e-6 for tl in self.timelines],
         }
-        return PlanResult(
-            planner="tensile",
-            feasible=feasible,
-            plans=tuple(plans),
-            solve_time_s=elapsed_s,
+        return fit_result(
+            "tensile",
+            plans,
+            peak,
+            self.budget,
+            t0,
             options={"budget_bytes": self.budget, **options_dict(self.opts)},
             stats=stats,
         )
-
-
-def _us(x: float) -> float:
-    """A delay in microseconds, rounded to 1 ps so that plan files stay short
-    and never negative."""
-    return max(0.0, round(x, 6))
-
-
-_KIND_ORDER = {Release: 0, SwapOut: 1, SwapIn: 2, Recompute: 3}
-
-
-def _event_order(ev: Event) -> tuple:
-    after = getattr(ev, "after_op", None)
-    if after is None:
-        return (1, ev.before_op, 0, 0.0, ev.buffer)  # type: ignore[union-attr]
-    return (0, after, _KIND_ORDER[type(ev)], getattr(ev, "delay_us", 0.0), ev.buffer)

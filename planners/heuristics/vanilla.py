@@ -7,8 +7,8 @@
   Nothing is swapped or recomputed, so nothing costs time.
 
 Both follow the planners' shared signature
-`planner(traces, hw, latency, *, budget_bytes=None) -> PlanResult`; neither
-needs the hardware or the latency model.
+`planner(traces, device, *, budget_bytes=None, options=None) -> PlanResult`;
+neither needs the device or has options.
 """
 
 from __future__ import annotations
@@ -16,9 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
-from memplan.planners.core.plan import Plan, PlanResult, Release, empty_plan, fingerprint_of
+from memplan.hwmodels.device import DeviceModel
+from memplan.planners.core.options import NoOptions
+from memplan.planners.core.plan import (
+    Plan,
+    PlanResult,
+    Release,
+    empty_plan,
+    fingerprint_of,
+    fit_result,
+)
 from memplan.traces.model import MemoryPolicy, Trace
 
 
@@ -57,11 +64,12 @@ def _result(
 ) -> PlanResult:
     peaks = [t.peak(policy)[0] for t in traces]
     total = sum(peaks)
-    return PlanResult(
-        planner=name,
-        feasible=budget_bytes is None or total <= budget_bytes,
-        plans=tuple(plans),
-        solve_time_s=time.perf_counter() - t0,
+    return fit_result(
+        name,
+        plans,
+        total,
+        budget_bytes,
+        t0,
         options={"budget_bytes": budget_bytes},
         stats={"peak_bytes": total, "job_peak_bytes": peaks},
     )
@@ -69,10 +77,10 @@ def _result(
 
 def vanilla(
     traces: Sequence[Trace],
-    hw: Hardware | None = None,
-    latency: LatencyModel | None = None,
+    device: DeviceModel | None = None,
     *,
     budget_bytes: int | None = None,
+    options: NoOptions | None = None,
 ) -> PlanResult:
     """Empty plans; feasible when the framework peaks of all jobs together
     (TENSILE's global peak, the sum of the jobs' peaks) fit `budget_bytes`."""
@@ -83,10 +91,10 @@ def vanilla(
 
 def release_only(
     traces: Sequence[Trace],
-    hw: Hardware | None = None,
-    latency: LatencyModel | None = None,
+    device: DeviceModel | None = None,
     *,
     budget_bytes: int | None = None,
+    options: NoOptions | None = None,
 ) -> PlanResult:
     """`release_only_plan` per job; feasible when the liveness peaks fit."""
     t0 = time.perf_counter()

@@ -63,35 +63,34 @@ result is infeasible when the predicted peak still exceeds a budget given).
 # congestion that decides the memory, so the predicted peak (for `feasible`
 # under a budget) comes from a small replay of the plan with those rules --
 # the simulator's NOTE [ Event semantics ] for one job on one FIFO lane,
-# no budget -- over two iterations (the second starts with the first one's
-# copies still queued).
+# no budget (`planners.analysis.queued.queued_peak`) -- over three
+# iterations (each starts with the copies the one before left queued).
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
-import math
 import re
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from memplan.hwmodels.latency import LatencyModel
-from memplan.hwmodels.profile import Hardware
-from memplan.planners.analysis import (
-    Timeline,
-    as_traces,
-    check_budget,
-    predict_timelines,
-    transfer_us,
-)
+from memplan.hwmodels.device import DeviceModel
+from memplan.planners.analysis import as_traces, check_budget, predict_timelines
+from memplan.planners.analysis.queued import queued_peak
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import Plan, PlanResult, SwapIn, SwapOut, fingerprint_of
-from memplan.planners.registry import PlannerSpec, make_options, options_dict
+from memplan.planners.core.options import options_dict
+from memplan.planners.core.plan import (
+    Plan,
+    PlanResult,
+    SwapIn,
+    SwapOut,
+    fingerprint_of,
+    fit_result,
+)
 from memplan.traces.model import BufferKind, Phase, Trace
 
 MAX_SCAN = 64  # layers looked at after a buffer's layer for the next one with a backward
@@ -254,155 +253,31 @@ def _prefetch_trigger(
     return before
 
 
-_OFF, _DEV, _QUEUED, _COPYING, _ARRIVING = range(5)
-
-
-def _replay_peak(trace: Trace, tl: Timeline, plan: Plan, hw: Hardware, iterations: int = 3) -> int:
-    """The predicted peak (bytes) of a vDNN plan (NOTE [ vDNN predicted peak ])."""
-    n, nb = trace.n_ops, trace.n_buffers
-    nbytes = trace.nbytes.tolist()
-    dur = tl.duration_us.tolist()
-    d2h = transfer_us(hw, trace.nbytes, "d2h").tolist()
-    h2d = transfer_us(hw, trace.nbytes, "h2d").tolist()
-    persistent = trace.persistent.tolist()
-    created: list[list[int]] = [[] for _ in range(n)]
-    frees: list[list[int]] = [[] for _ in range(n)]
-    for b, c in enumerate(trace.created_at.tolist()):
-        if c >= 0:
-            created[c].append(b)
-    for b, f in enumerate(trace.freed_after.tolist()):
-        if not persistent[b] and n:
-            frees[min(f, n - 1)].append(b)
-    inputs = [b for b in range(nb) if trace.exists_at_start[b] and not persistent[b]]
-    triggers: dict[int, list[SwapOut | SwapIn]] = defaultdict(list)
-    for ev in plan.events:
-        triggers[ev.after_op].append(ev)  # type: ignore[union-attr]
-
-    where = [_OFF] * nb
-    keep = [False] * nb
-    epoch = [0] * nb
-    used = sum(nbytes[b] for b in range(nb) if persistent[b])
-    peak = used
-    for b in range(nb):
-        if persistent[b]:
-            where[b] = _DEV
-    lane: deque[tuple[int, int, bool]] = deque()  # (buffer, epoch, swap-in?)
-    copy_end = math.inf  # when the copy on the lane ends
-    copying: tuple[int, int, bool] | None = None
-    arriving: dict[int, int] = {}  # buffer -> op waiting for it
-    out_due: dict[int, list[tuple[int, int]]] = defaultdict(list)  # op -> (buffer, epoch)
-
-    def take(nbytes_: int) -> None:
-        nonlocal used, peak
-        used += nbytes_
-        peak = max(peak, used)
-
-    def pump(now: float) -> None:
-        nonlocal copy_end, copying, used
-        while copying is None and lane:
-            b, ep, is_in = lane.popleft()
-            if ep != epoch[b]:
-                continue
-            if not is_in and keep[b]:  # needed back before the copy began
-                where[b], keep[b] = _DEV, False
-                continue
-            copying = (b, ep, is_in)
-            if is_in:
-                take(nbytes[b])
-                copy_end = now + h2d[b]
-            else:
-                where[b] = _COPYING
-                copy_end = now + d2h[b]
-
-    def finish_copy() -> float:
-        nonlocal copy_end, copying, used
-        assert copying is not None
-        now, (b, ep, is_in) = copy_end, copying
-        copying, copy_end = None, math.inf
-        if is_in:
-            if ep == epoch[b]:
-                where[b] = _DEV
-                arriving.pop(b, None)
-            else:
-                used -= nbytes[b]
-        elif ep != epoch[b]:
-            used -= nbytes[b]  # freed by the framework during the copy
-        elif keep[b]:
-            where[b], keep[b] = _DEV, False
-        else:
-            where[b] = _OFF
-            used -= nbytes[b]
-        pump(now)
-        return now
-
-    now = 0.0
-    for _ in range(iterations):
-        for b in inputs:
-            where[b] = _DEV
-            take(nbytes[b])
-        for i in range(n):
-            while any(op == i for op in arriving.values()):
-                now = max(now, finish_copy())
-            for b, ep in out_due.pop(i, ()):
-                while epoch[b] == ep and where[b] in (_QUEUED, _COPYING):
-                    now = max(now, finish_copy())
-            while copy_end <= now:
-                finish_copy()
-            for b in created[i]:
-                where[b] = _DEV
-                take(nbytes[b])
-            end = now + dur[i]
-            while copy_end <= end:
-                finish_copy()
-            now = end
-            for b in frees[i]:
-                if where[b] == _DEV or where[b] == _QUEUED:
-                    used -= nbytes[b]
-                where[b] = _OFF
-                keep[b] = False
-                epoch[b] += 1
-                arriving.pop(b, None)
-            for ev in triggers.get(i, ()):
-                b = ev.buffer
-                if isinstance(ev, SwapOut):
-                    if where[b] == _DEV:
-                        where[b] = _QUEUED
-                        lane.append((b, epoch[b], False))
-                        if ev.before_op >= 0:
-                            out_due[ev.before_op].append((b, epoch[b]))
-                elif where[b] in (_QUEUED, _COPYING):
-                    keep[b] = True
-                elif where[b] == _OFF:
-                    where[b] = _ARRIVING
-                    arriving[b] = ev.before_op
-                    lane.append((b, epoch[b], True))
-            pump(now)
-    return int(peak)
-
-
 def vdnn(
     traces: Sequence[Trace],
-    hw: Hardware,
-    latency: LatencyModel,
+    device: DeviceModel,
     *,
     budget_bytes: int | None = None,
-    **options: Any,
+    options: VdnnOptions | None = None,
 ) -> PlanResult:
-    """vDNN on every job alone (options: see `VdnnOptions`). The plan does
-    not depend on the budget; feasible when none is given or the predicted
-    peaks of all jobs together fit it."""
+    """vDNN on every job alone. The plan does not depend on the budget;
+    planned when none is given or the predicted peaks of all jobs together
+    fit it."""
     t0 = time.perf_counter()
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)
-    opts = make_options(PlannerSpec("vdnn", vdnn, VdnnOptions), options)
-    timelines = predict_timelines(jobs, hw, latency)
+    opts = options or VdnnOptions()
+    timelines = predict_timelines(jobs, device)
     plans = [vdnn_plan(t, opts) for t in jobs]
-    peaks = [_replay_peak(t, tl, p, hw) for t, tl, p in zip(jobs, timelines, plans, strict=True)]
-    return PlanResult(
-        planner="vdnn",
-        feasible=budget is None or sum(peaks) <= budget,
-        plans=tuple(plans),
-        solve_time_s=time.perf_counter() - t0,
+    peaks = [
+        queued_peak(t, tl, p, device) for t, tl, p in zip(jobs, timelines, plans, strict=True)
+    ]
+    return fit_result(
+        "vdnn",
+        plans,
+        sum(peaks),
+        budget,
+        t0,
         options=options_dict(opts),
         stats={
             "peak_bytes": sum(peaks),

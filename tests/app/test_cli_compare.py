@@ -67,7 +67,7 @@ def test_plan_writes_a_checked_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     argv = ["plan", RESNET, "--planner", "checkpoint", "--gpu", "rtx-a6000", "--out", str(out)]
     assert main(argv) == 0
-    assert "checkpoint: feasible" in capsys.readouterr().out
+    assert "checkpoint: planned" in capsys.readouterr().out
     trace = io.load(RESNET)
     check(plan_io.load(out, [trace]).plans[0], trace)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from memplan.planners.core import io as plan_io
-from memplan.planners.core.plan import PlanResult
+from memplan.planners.core.plan import PlanResult, Status
 from memplan.traces import io
 from memplan.validate.runtime.io import load
 from memplan.validate.runtime.plan import Action
@@ -24,7 +24,7 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("validate")
     io.save(trace_of("small_cnn"), d / "cnn.json.gz")
     io.save(trace_of("mlp"), d / "mlp.json.gz")
-    result = PlanResult("vdnn", True, (plan_for("small_cnn", "vdnn"),))
+    result = PlanResult("vdnn", Status.PLANNED, (plan_for("small_cnn", "vdnn"),))
     plan_io.save(result, d / "vdnn.json")
     return d
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.traces import io
@@ -24,12 +25,12 @@ def test_planners_on_shipped_traces(model):
     trace = io.load(DATA / f"{model}_b16_adam.json.gz")
     hw, latency = load_hardware("a100-sxm-80gb"), Roofline()
     vanilla_peak = trace.peak("framework")[0]
-    free = compare_planners([trace], hw, latency, PLANNERS)
+    free = compare_planners([trace], DeviceModel(hw, latency), PLANNERS)
     for row in free.rows:
         assert row.feasible, (row.planner, row.reason)  # checked, simulated, no OOM
         assert row.peak_bytes <= vanilla_peak, row.planner
     budget = int(0.8 * vanilla_peak)
-    tight = compare_planners([trace], hw, latency, PLANNERS, budget=budget)
+    tight = compare_planners([trace], DeviceModel(hw, latency), PLANNERS, budget=budget)
     for row in tight.rows:
         assert "check:" not in row.reason and "planner error" not in row.reason, row.reason
         if row.feasible:

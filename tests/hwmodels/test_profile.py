@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.profile import list_profiles, load_hardware, to_toml
 
 from memplan.cli import main
@@ -35,9 +37,8 @@ def test_a100_figures_and_transfer_time():
     assert hw.peak_flops["float32"] == 19.5e12
     assert hw.h2d_bytes_per_s == 25e9
     # 1 GB at 25 GB/s is 40 ms, plus the 2.5 us fixed cost
-    assert hw.transfer_s(10**9, "h2d") == pytest.approx(0.04 + 2.5e-6)
-    with pytest.raises(ValueError, match="direction"):
-        hw.transfer_s(1, "sideways")
+    dm = DeviceModel(hw, Fixed([0.0]))
+    assert dm.copy_time(10**9, Direction.H2D, TimeUnit.S) == pytest.approx(0.04 + 2.5e-6)
 
 
 def test_pcie_generations_ordered():

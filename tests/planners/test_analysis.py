@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.profile import Hardware
 from memplan.planners.analysis import (
@@ -16,12 +17,10 @@ from memplan.planners.analysis import (
     access_table,
     as_traces,
     check_budget,
-    job_usage,
     memory_of_plan,
     peak_analysis,
     predict_timeline,
     predict_timelines,
-    transfer_us,
 )
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut, fingerprint_of
@@ -98,7 +97,7 @@ def four_ops():
 
 def test_timeline_of_one_job():
     t, lat = four_ops()
-    tl = predict_timeline(t, HW, lat)
+    tl = predict_timeline(t, DeviceModel(HW, lat))
     assert tl.start_us.tolist() == [0, 1000, 2000, 7000]
     assert tl.end_us.tolist() == [1000, 2000, 7000, 8000]
     assert tl.ready_us.tolist() == tl.start_us.tolist()  # alone: ready = start
@@ -117,18 +116,17 @@ def test_timeline_of_two_jobs_follows_the_fifo_compute_queue():
         def predict_all(self, trace, hw, usage=0.0):
             return np.array([1e-3, 1e-3]) if trace.meta.model == "a" else np.array([2e-3])
 
-    ta, tb = predict_timelines([a, b], HW, PerTrace([0.0]))
+    ta, tb = predict_timelines([a, b], DeviceModel(HW, PerTrace([0.0])))
     assert ta.start_us.tolist() == [0, 3000] and ta.end_us.tolist() == [1000, 4000]
     assert ta.ready_us.tolist() == [0, 1000]  # A waits from 1 to 3 for compute
     assert ta.period_us == 6000
     assert tb.start_us.tolist() == [1000] and tb.end_us.tolist() == [3000]
     assert tb.period_us == 3000  # B's op 0 starts at 1, then at 4
-    assert job_usage(2) == 0.0  # the FIFO compute queue is the sharing
 
 
 def test_trigger_of_a_time():
     t, lat = four_ops()
-    tl = predict_timeline(t, HW, lat)
+    tl = predict_timeline(t, DeviceModel(HW, lat))
     assert tl.trigger(2500) == (1, 500, 0)  # op 1 ends at 2000
     assert tl.trigger(500) == (-1, 500, 0)  # before op 0 ends: the iteration start
     assert tl.trigger(8500) == (-1, 500, 1)  # iteration 1 starts at 8000
@@ -139,29 +137,17 @@ def test_trigger_of_a_time():
 
 def test_ops_within_a_time_window():
     t, lat = four_ops()
-    tl = predict_timeline(t, HW, lat)
+    tl = predict_timeline(t, DeviceModel(HW, lat))
     assert tl.ops_within(1000, 7000) == [(1, 2, 0)]
     assert tl.ops_within(1500, 7000) == [(2, 2, 0)]
     assert tl.ops_within(7000, 10000) == [(3, 3, 0), (0, 1, 1)]
-
-
-def test_transfer_time_is_fixed_cost_plus_bytes_over_bandwidth():
-    assert transfer_us(HW, 4 * MiB, "d2h") == pytest.approx(4000)
-    hw = gpu()
-    from dataclasses import replace
-
-    slow = replace(hw, transfer_fixed_s=5e-6, h2d_bytes_per_s=hw.h2d_bytes_per_s / 2)
-    assert transfer_us(slow, 3 * MiB, "h2d") == pytest.approx(5 + 6000)
-    np.testing.assert_allclose(transfer_us(HW, np.array([MiB, 2 * MiB]), "h2d"), [1000, 2000])
-    with pytest.raises(ValueError, match="direction"):
-        transfer_us(HW, 1, "up")
 
 
 def test_peak_analysis_of_one_job():
     t, lat = four_ops()
     st = MemoryState(t)
     assert (st.curve // MiB).tolist() == [5, 5, 6, 5]
-    pa = peak_analysis([st], [predict_timeline(t, HW, lat)])
+    pa = peak_analysis([st], [predict_timeline(t, DeviceModel(HW, lat))])
     assert pa.peak_bytes == 6 * MiB
     assert pa.job_peak_op == (2,)
     assert pa.job_peak_time_us == (2000.0,)
@@ -222,7 +208,7 @@ def test_access_gaps_and_writes():
 
 def test_lane_free_intervals_and_slots():
     t, lat = four_ops()
-    lanes = LaneSet([predict_timeline(t, HW, lat)])  # a circle of 8000 us
+    lanes = LaneSet([predict_timeline(t, DeviceModel(HW, lat))])  # a circle of 8000 us
     assert lanes.free_intervals(0, 0, 8000) == [(0, 8000)]
     lanes.book(0, 2000, 1000)
     assert lanes.free_intervals(0, 0, 8000) == [(0, 2000), (3000, 8000)]
@@ -240,7 +226,7 @@ def test_lane_free_intervals_and_slots():
 def test_shared_lane_replicates_a_shorter_jobs_copies():
     a, la = make([B(1)], [O([], [0], 4)], "a")  # period 4 ms
     b, lb = make([B(1)], [O([], [0], 8)], "b")  # period 8 ms
-    tla, tlb = predict_timeline(a, HW, la), predict_timeline(b, HW, lb)
+    tla, tlb = predict_timeline(a, DeviceModel(HW, la)), predict_timeline(b, DeviceModel(HW, lb))
     lanes = LaneSet([tla, tlb])
     lanes.book(0, 1000, 1000)  # A's copy recurs at 5000 within B's period
     assert lanes.free_intervals(1, 0, 8000) == [(0, 1000), (2000, 5000), (6000, 8000)]
@@ -330,37 +316,39 @@ def test_hand_traces_peak_where_their_docstrings_say():
 
 def test_memory_of_a_plan():
     t, lat = gap_chain()
-    tl = predict_timeline(t, HW, lat)
+    dev = DeviceModel(HW, lat)
+    tl = predict_timeline(t, dev)
     fp = fingerprint_of(t)
     swap = Plan(fp, (SwapOut(1, 1), SwapIn(1, 3, 5, 999.999)))
-    assert (memory_of_plan(t, tl, swap, HW).curve // MiB).tolist() == [3, 3, 4, 5, 4, 4]
+    assert (memory_of_plan(t, tl, swap, dev).curve // MiB).tolist() == [3, 3, 4, 5, 4, 4]
     # a swap-in due after op 5 is ready counts from then (op 5 waits for it)
     late = Plan(fp, (SwapOut(1, 1), SwapIn(1, 4, 5, 5000)))
-    assert (memory_of_plan(t, tl, late, HW).curve // MiB).tolist() == [3, 3, 4, 5, 4, 4]
+    assert (memory_of_plan(t, tl, late, dev).curve // MiB).tolist() == [3, 3, 4, 5, 4, 4]
     # never back (the checker rejects it; the analysis just counts it)
     gone = Plan(fp, (SwapOut(1, 1),))
-    assert (memory_of_plan(t, tl, gone, HW).curve // MiB).tolist() == [3, 3, 4, 5, 2, 2]
+    assert (memory_of_plan(t, tl, gone, dev).curve // MiB).tolist() == [3, 3, 4, 5, 2, 2]
     # the empty plan: the framework's frees (after the last use in hand traces)
-    assert (memory_of_plan(t, tl, Plan(fp), HW).curve // MiB).tolist() == [3, 3, 4, 7, 4, 4]
+    assert (memory_of_plan(t, tl, Plan(fp), dev).curve // MiB).tolist() == [3, 3, 4, 7, 4, 4]
     # b1's copy [2, 4) ms ends during op 2 [2, 5): b1 is counted there; with
     # op 2 as its deadline, op 2 waits for it and runs without b1 (2 MiB less)
     due = Plan(fp, (SwapOut(1, 1, before_op=2), SwapIn(1, 3, 5, 999.999)))
-    assert (memory_of_plan(t, tl, due, HW).curve // MiB).tolist() == [3, 3, 2, 5, 4, 4]
+    assert (memory_of_plan(t, tl, due, dev).curve // MiB).tolist() == [3, 3, 2, 5, 4, 4]
 
 
 def test_memory_of_a_cross_iteration_plan():
     t, lat = cross_iteration()
-    tl = predict_timeline(t, HW, lat)
+    dev = DeviceModel(HW, lat)
+    tl = predict_timeline(t, dev)
     fp = fingerprint_of(t)
     plan = Plan(fp, (SwapOut(1, 3), SwapIn(1, 5, 0, 999.999, next_iteration=True)))
-    st = memory_of_plan(t, tl, plan, HW)
+    st = memory_of_plan(t, tl, plan, dev)
     assert (st.first // MiB).tolist() == [7, 8, 8, 6, 5, 7, 6]
     assert (st.steady // MiB).tolist() == [7, 8, 8, 6, 5, 7, 6]
     # s (1 MiB) out after op 6 ([15, 16) ms) and back after op 3 of the next
     # iteration ([18, 19) ms): off for op 2 of every iteration but the first,
     # which starts with s resident
     plan = Plan(fp, (SwapOut(5, 6), SwapIn(5, 3, 4)))
-    st = memory_of_plan(t, tl, plan, HW)
+    st = memory_of_plan(t, tl, plan, dev)
     assert (st.first // MiB).tolist() == [7, 8, 8, 6, 5, 11, 6]
     assert (st.steady // MiB).tolist() == [7, 8, 7, 6, 5, 11, 6]
     assert st.peak() == (11 * MiB, 5)

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Measured
 from memplan.planners import registry
 from memplan.planners.analysis.bounds import (
@@ -150,7 +151,7 @@ def test_bounds_hold_for_every_planners_simulated_plan(n_ops, seed, frac):
         if not r.plans:
             continue
         check(r.plans[0], t)
-        job = simulate([Job(t, r.plans[0])], hw, lat, budget=budget).jobs[0]
+        job = simulate([Job(t, r.plans[0])], DeviceModel(hw, lat), budget=budget).jobs[0]
         if job.oom:
             continue
         ran += 1

@@ -12,12 +12,13 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Measured
 from memplan.hwmodels.profile import Hardware, load_hardware
 from memplan.planners import registry
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.planners.core.plan import Reason, Recompute, Release, Status, SwapIn, SwapOut
 from memplan.planners.heuristics.capuchin import NO_BUDGET, capuchin
 from memplan.sim import Job, simulate
 from memplan.traces import io
@@ -76,7 +77,7 @@ def a_around_peak(op3_ms: int, x_read_at_end: bool) -> tuple[Trace, Fixed]:
 
 def run(trace: Trace, lat: Fixed, budget: int, hw: Hardware | None = None):
     hw = hw or gpu()
-    res = capuchin([trace], hw, lat, budget_bytes=budget)
+    res = capuchin([trace], DeviceModel(hw, lat), budget_bytes=budget)
     for p in res.plans:
         check(p, trace)
     return res
@@ -95,7 +96,7 @@ def test_swaps_when_the_swap_in_hides():
     assert (back.buffer, back.after_op, back.before_op) == (1, 2, 4)
     assert back.delay_us == pytest.approx(1000.0, abs=0.01)
     assert res.stats["job_peak_bytes"] == [13 * MiB]
-    sim = simulate([Job(trace, res.plans[0])], gpu(), lat, budget=14 * MiB - 1)
+    sim = simulate([Job(trace, res.plans[0])], DeviceModel(gpu(), lat), budget=14 * MiB - 1)
     assert not sim.oom and sim.jobs[0].stall_s == 0 and sim.peak_bytes == 13 * MiB
 
 
@@ -107,7 +108,9 @@ def test_recomputes_when_swapping_cannot_hide_and_recompute_is_cheaper():
     assert res.feasible
     assert res.plans[0].events == (Release(1, 0), Recompute(1, 4, (0,)))
     assert res.stats["jobs"][0]["recompute_us"] == pytest.approx(1000.0)
-    sim = simulate([Job(trace, res.plans[0])], gpu(), lat, budget=14 * MiB - 1, iterations=1)
+    sim = simulate(
+        [Job(trace, res.plans[0])], DeviceModel(gpu(), lat), budget=14 * MiB - 1, iterations=1
+    )
     assert not sim.oom and sim.jobs[0].recompute_s == pytest.approx(1e-3)
 
 
@@ -124,7 +127,9 @@ def test_swaps_with_overhead_when_recompute_is_impossible():
     assert res.feasible
     assert [type(ev) for ev in res.plans[0].events] == [SwapOut, SwapIn]
     assert res.stats["jobs"][0]["swap_overhead_us"] == pytest.approx(3000.0, abs=0.01)
-    sim = simulate([Job(trace, res.plans[0])], gpu(), lat, budget=14 * MiB - 1, iterations=1)
+    sim = simulate(
+        [Job(trace, res.plans[0])], DeviceModel(gpu(), lat), budget=14 * MiB - 1, iterations=1
+    )
     assert not sim.oom and sim.jobs[0].stall_s == pytest.approx(3e-3, abs=1e-6)
 
 
@@ -159,7 +164,7 @@ def test_stops_when_the_memory_to_save_is_reached():
     # a's copy out queues behind b's on the one lane: 2..4 ms is b's; a's
     # ends at 8 ms, and op 3 (12 ms) is the first op to start after: its deadline
     assert both.plans[0].events[2] == SwapOut(1, 0, 3000.0, before_op=3)
-    sim = simulate([Job(trace, both.plans[0])], gpu(), lat, budget=12 * MiB)
+    sim = simulate([Job(trace, both.plans[0])], DeviceModel(gpu(), lat), budget=12 * MiB)
     assert not sim.oom and sim.peak_bytes == 9 * MiB and sim.jobs[0].stall_s == 0
 
 
@@ -194,7 +199,7 @@ def test_msps_update_lengthens_the_chain_of_a_recompute_whose_source_is_evicted(
         Release(2, 1),
         Recompute(2, 4, (0, 1)),
     )
-    sim = simulate([Job(trace, res.plans[0])], slow, lat, budget=11 * MiB)
+    sim = simulate([Job(trace, res.plans[0])], DeviceModel(slow, lat), budget=11 * MiB)
     assert not sim.oom and sim.peak_bytes <= 11 * MiB
 
 
@@ -205,32 +210,39 @@ def test_infeasible_when_nothing_spans_the_peak():
     assert trace.peak() == (13 * MiB, 1)
     res = run(trace, lat, 13 * MiB - 1)
     assert not res.feasible
+    assert (res.status, res.reason) == (Status.STOPPED, Reason.NO_MOVE_LEFT)
     assert res.stats["job_peak_bytes"] == [13 * MiB]
 
 
 def test_without_a_budget_the_result_says_why():
     trace, lat = two_candidates()
-    res = capuchin([trace], gpu(), lat)
+    res = capuchin([trace], DeviceModel(gpu(), lat))
     assert not res.feasible and res.plans == ()
-    assert res.stats["reason"] == NO_BUDGET
+    assert (res.status, res.reason, res.detail) == (Status.STOPPED, Reason.NO_BUDGET, NO_BUDGET)
 
 
 def test_registry_and_options():
     trace, lat = a_around_peak(op3_ms=1, x_read_at_end=True)
     res = registry.run(
-        "capuchin", [trace], gpu(), lat, budget_bytes=14 * MiB - 1, options=["recompute=false"]
+        "capuchin",
+        [trace],
+        DeviceModel(gpu(), lat),
+        budget_bytes=14 * MiB - 1,
+        options=["recompute=false"],
     )
     assert [type(ev) for ev in res.plans[0].events] == [SwapOut, SwapIn]
     assert res.options == {"recompute": False, "max_recompute_ops": 32, "max_rounds": 1000}
     with pytest.raises(PlanError, match="unknown option"):
-        capuchin([trace], gpu(), lat, budget_bytes=MiB, swap_first=True)
+        registry.run(
+            "capuchin", [trace], DeviceModel(gpu(), lat), budget_bytes=MiB, options=["swap_first=1"]
+        )
     with pytest.raises(PlanError, match="budget_bytes"):
-        capuchin([trace], gpu(), lat, budget_bytes=0)
+        capuchin([trace], DeviceModel(gpu(), lat), budget_bytes=0)
 
 
 def test_several_jobs_share_the_budget_by_their_peaks():
     trace, lat = two_candidates()
-    res = capuchin([trace, trace], gpu(), lat, budget_bytes=2 * 14 * MiB)
+    res = capuchin([trace, trace], DeviceModel(gpu(), lat), budget_bytes=2 * 14 * MiB)
     assert res.feasible and len(res.plans) == 2
     assert [s["budget_bytes"] for s in res.stats["jobs"]] == [14 * MiB, 14 * MiB]
     for p in res.plans:
@@ -251,11 +263,11 @@ MS = Durations(TimeUnit.MS, 1, 9)
 def test_plans_check_and_fit_when_feasible(n_ops, seed, fraction):
     trace = sized(n_ops, seed=seed, durations=MS)
     lat = Measured()
-    vanilla = simulate([trace], V100, lat).peak_bytes
+    vanilla = simulate([trace], DeviceModel(V100, lat)).peak_bytes
     budget = int(vanilla * fraction)
-    res = capuchin([trace], V100, lat, budget_bytes=budget)
+    res = capuchin([trace], DeviceModel(V100, lat), budget_bytes=budget)
     check(res.plans[0], trace)
-    sim = simulate([Job(trace, res.plans[0])], V100, lat, budget=max(budget, vanilla))
+    sim = simulate([Job(trace, res.plans[0])], DeviceModel(V100, lat), budget=max(budget, vanilla))
     assert sim.peak_bytes <= vanilla
     if res.feasible:
         assert sim.peak_bytes <= budget

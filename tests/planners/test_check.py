@@ -9,13 +9,14 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.traces import synthetic
+from memplan.traces.io import fingerprint
 
 from tests.sim.handtraces import B, Call, make
 from tests.sim.test_model import param_step, swap_chain
 
 
 def plan(t, *events):
-    return Plan(t.fingerprint(), events)
+    return Plan(fingerprint(t), events)
 
 
 def test_good_plans_pass():

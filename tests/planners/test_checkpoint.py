@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Measured, Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners import registry
@@ -75,9 +76,9 @@ def test_the_final_segment_is_not_checkpointed_and_segments_is_an_option():
 def test_chain_saves_memory_in_the_simulator():
     t = chain(16, act_mib=4, param_mib=1, durations=Durations(TimeUnit.MS, 1, 1))
     lat = Measured()
-    res = checkpoint([t], V100, lat)
-    sim = simulate([Job(t, res.plans[0])], V100, lat, iterations=1)
-    vanilla = simulate([t], V100, lat, iterations=1)
+    res = checkpoint([t], DeviceModel(V100, lat))
+    sim = simulate([Job(t, res.plans[0])], DeviceModel(V100, lat), iterations=1)
+    vanilla = simulate([t], DeviceModel(V100, lat), iterations=1)
     # backward starts with x4, x8, x12 and the final segment x13..x16 instead
     # of all 16 outputs: 9 x 4 MiB less
     assert vanilla.peak_bytes - sim.peak_bytes == 36 * MiB
@@ -142,8 +143,9 @@ def test_falls_back_to_the_empty_plan_when_it_would_raise_the_peak():
     lat = Measured()
     raw, _ = checkpoint_plan(t)
     assert raw.events
-    assert predicted_peak(t, predict_timeline(t, V100, lat), raw, V100) > t.peak()[0]
-    res = checkpoint([t], V100, lat)
+    device = DeviceModel(V100, lat)
+    assert predicted_peak(t, predict_timeline(t, device), raw, device) > t.peak()[0]
+    res = checkpoint([t], DeviceModel(V100, lat))
     assert res.plans[0].events == () and res.stats["jobs"][0]["fallback"]
     assert res.stats["peak_bytes"] == t.peak()[0]
 
@@ -151,13 +153,13 @@ def test_falls_back_to_the_empty_plan_when_it_would_raise_the_peak():
 def test_budget_and_registry():
     t = chain(16, act_mib=4, param_mib=1, durations=Durations(TimeUnit.MS, 1, 1))
     lat = Measured()
-    peak = checkpoint([t], V100, lat).stats["peak_bytes"]
-    assert checkpoint([t], V100, lat, budget_bytes=peak).feasible
-    assert not checkpoint([t], V100, lat, budget_bytes=peak - 1).feasible
-    res = registry.run("checkpoint", [t, t], V100, lat, options=["segments=2"])
+    peak = checkpoint([t], DeviceModel(V100, lat)).stats["peak_bytes"]
+    assert checkpoint([t], DeviceModel(V100, lat), budget_bytes=peak).feasible
+    assert not checkpoint([t], DeviceModel(V100, lat), budget_bytes=peak - 1).feasible
+    res = registry.run("checkpoint", [t, t], DeviceModel(V100, lat), options=["segments=2"])
     assert res.options == {"segments": 2} and len(res.plans) == 2
     with pytest.raises(PlanError, match="unknown option"):
-        registry.run("checkpoint", [t], V100, lat, options={"segs": 2})
+        registry.run("checkpoint", [t], DeviceModel(V100, lat), options={"segs": 2})
 
 
 @pytest.fixture(scope="module")
@@ -172,13 +174,13 @@ def transformer():
 def test_captured_transformer(transformer):
     t = transformer
     lat = Roofline()
-    res = checkpoint([t], V100, lat)
+    res = checkpoint([t], DeviceModel(V100, lat))
     plan = res.plans[0]
     check(plan, t)
     assert plan.counts()["recompute"] > 0
     assert any(ev.restore_rng for ev in plan.events if isinstance(ev, Recompute))
-    sim = simulate([Job(t, plan)], V100, lat)
-    assert sim.peak_bytes < simulate([t], V100, lat).peak_bytes
+    sim = simulate([Job(t, plan)], DeviceModel(V100, lat))
+    assert sim.peak_bytes < simulate([t], DeviceModel(V100, lat)).peak_bytes
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -188,11 +190,16 @@ def test_captured_transformer(transformer):
 def test_never_above_vanilla_and_fits_when_feasible(n_ops, seed, segments):
     t = sized(n_ops, seed=seed, durations=MS)
     lat = Measured()
-    vanilla = simulate([t], V100, lat).peak_bytes
+    vanilla = simulate([t], DeviceModel(V100, lat)).peak_bytes
     budget = int(vanilla * 0.8)
-    res = checkpoint([t], V100, lat, budget_bytes=budget, segments=segments)
+    res = checkpoint(
+        [t],
+        DeviceModel(V100, lat),
+        budget_bytes=budget,
+        options=CheckpointOptions(segments=segments),
+    )
     check(res.plans[0], t)
-    sim = simulate([Job(t, res.plans[0])], V100, lat, budget=max(budget, vanilla))
+    sim = simulate([Job(t, res.plans[0])], DeviceModel(V100, lat), budget=max(budget, vanilla))
     assert sim.peak_bytes <= vanilla
     assert sim.peak_bytes <= res.stats["peak_bytes"]
     if res.feasible:

@@ -9,6 +9,7 @@ plus the model's 1 ns margins (NOTE [ CP-SAT semantics ])."""
 from __future__ import annotations
 
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Measured
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners import registry
@@ -47,7 +48,9 @@ def plan_one(trace, budget_mib, bw=1.0, **options):
 
 def simulated(trace, plan, hw, lat, budget_bytes, lanes=1):
     check(plan, trace)
-    res = simulate([Job(trace, plan)], hw, lat, budget=budget_bytes, iterations=3, lanes=lanes)
+    res = simulate(
+        [Job(trace, plan)], DeviceModel(hw, lat, lanes=lanes), budget=budget_bytes, iterations=3
+    )
     job = res.jobs[0]
     assert not job.oom, job.oom_at
     return res, job

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Measured
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.analysis.bounds import (
@@ -25,6 +26,7 @@ from memplan.planners.core.plan import Plan, SwapIn, SwapOut
 from memplan.planners.cpsat.planner import cpsat
 from memplan.sim import Job, simulate
 from memplan.sim.log import LogKind
+from memplan.traces.io import fingerprint
 from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
 
 from memplan.comparison import compare_planners
@@ -50,8 +52,7 @@ def simulated(traces, plans, hw, budget_bytes, iterations=3):
         check(p, t)
     res = simulate(
         [Job(t, p) for t, p in zip(traces, plans, strict=True)],
-        hw,
-        Measured(),
+        DeviceModel(hw, Measured()),
         budget=budget_bytes,
         iterations=iterations,
     )
@@ -108,11 +109,10 @@ def test_a_lane_per_job_would_plan_a_budget_the_shared_lane_cannot_meet():
     assert r.stats["status"] == "INFEASIBLE" and not r.feasible
     # the plan a lane per job allows runs out of memory in the simulator:
     # job 1 allocates X1 at 4 ms while A1 is still being copied out
-    plans = [Plan(t.fingerprint(), (SwapOut(0, 0), SwapIn(0, 2, 3, 0.001))) for t in jobs]
+    plans = [Plan(fingerprint(t), (SwapOut(0, 0), SwapIn(0, 2, 3, 0.001))) for t in jobs]
     for p, t in zip(plans, jobs, strict=True):
         check(p, t)
-    res = simulate([Job(t, p) for t, p in zip(jobs, plans, strict=True)], hw, Measured(),
-                   budget=14 * MiB, iterations=3)  # fmt: skip
+    res = simulate([Job(t, p) for t, p in zip(jobs, plans, strict=True)], DeviceModel(hw, Measured()), budget=14 * MiB, iterations=3)  # fmt: skip
     assert res.jobs[1].oom_at == (0, 2, 1)
 
 
@@ -199,8 +199,7 @@ def test_compare_two_jobs_with_cpsat_and_a_gap_to_the_joint_bound():
     jobs = [two_step_job(5, 1, 2, "j0"), two_step_job(2, 2, 1, "j1")]
     hw = tiny_hw(lanes_bw_mib_per_ms=2)
     opts = {"cpsat": ["hint=none", "num_workers=2", "time_limit_s=20"]}
-    c = compare_planners(jobs, hw, Measured(), ["release_only", "cpsat"], budget=14 * MiB,
-                         options=opts)  # fmt: skip
+    c = compare_planners(jobs, DeviceModel(hw, Measured()), ["release_only", "cpsat"], budget=14 * MiB, options=opts)  # fmt: skip
     rows = {r.planner: r for r in c.rows}
     assert not rows["release_only"].feasible  # 21 MiB at p4
     row = rows["cpsat"]

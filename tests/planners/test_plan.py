@@ -12,11 +12,13 @@ from memplan.planners.core.plan import (
     PlanResult,
     Recompute,
     Release,
+    Status,
     SwapIn,
     SwapOut,
     empty_plan,
     validate,
 )
+from memplan.traces.io import fingerprint
 
 from tests.sim.handtraces import B, Call, make
 
@@ -43,8 +45,8 @@ EVENTS = (
 def result(t):
     return PlanResult(
         planner="hand",
-        feasible=True,
-        plans=(Plan(t.fingerprint(), EVENTS, "hand"),),
+        status=Status.PLANNED,
+        plans=(Plan(fingerprint(t), EVENTS, "hand"),),
         solve_time_s=0.5,
         options={"budget_bytes": 123},
         stats={"peak_bytes": 7},
@@ -138,7 +140,7 @@ def test_wrong_trace_is_named(tmp_path):
 def test_validate_names_the_event(event, message):
     t = trace()
     with pytest.raises(PlanError, match=message):
-        validate(Plan(t.fingerprint(), (event,)), t)
+        validate(Plan(fingerprint(t), (event,)), t)
 
 
 @pytest.mark.parametrize(
@@ -151,7 +153,9 @@ def test_validate_names_the_event(event, message):
         (lambda d: d["plans"][0]["events"][2].update(next_iteration=1), r"events\[2\].next_iteration: expected bool, got 1"),
         (lambda d: d["plans"][0]["events"][4].update(ops=[1.5]), r"events\[4\].ops\[0\]: expected an op index"),
         (lambda d: d["plans"][0].update(events={}), r"plans\[0\].events: expected list"),
-        (lambda d: d.update(feasible="yes"), r"plan.feasible: expected bool"),
+        (lambda d: d.update(status="maybe"), r"plan.status: 'maybe' is not one of planned"),
+        (lambda d: d.update(reason="time limit"), r"'time limit' does not go with status 'planned'"),
+        (lambda d: [d.pop("status"), d.update(feasible="yes")], r"plan.feasible: expected bool"),
     ],
 )  # fmt: skip
 def test_malformed_files(tmp_path, edit, message):
@@ -180,7 +184,7 @@ def test_plan_count_must_match_traces(tmp_path):
 def test_empty_plan_is_bound_to_its_trace():
     t = trace()
     p = empty_plan(t)
-    assert (p.trace_fingerprint, p.events, p.model) == (t.fingerprint(), (), "hand")
+    assert (p.trace_fingerprint, p.events, p.model) == (fingerprint(t), (), "hand")
     validate(p, t)
 
 

@@ -8,12 +8,14 @@ import enum
 from dataclasses import dataclass
 
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners import registry
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import PlanResult
+from memplan.planners.core.options import NoOptions, options_dict
+from memplan.planners.core.plan import PlanResult, Status
 from memplan.planners.heuristics.tensile import TensileOptions
-from memplan.planners.registry import NoOptions, PlannerSpec, make_options, options_dict
+from memplan.planners.registry import PlannerSpec, make_options
 
 from tests.planners.test_analysis import MiB, gap_chain, gpu
 
@@ -37,13 +39,11 @@ class ToyOptions:
             raise ValueError(f"limit={self.limit} must be >= 0")
 
 
-def toy(traces, hw, latency, *, budget_bytes=None, **options):
-    opts = ToyOptions(**options)
-    return PlanResult("toy", True, (), options={"budget_bytes": budget_bytes, **options_dict(opts)})
-
-
-def old_style(traces, hw, latency, *, budget=None):
-    return PlanResult("old", True, (), options={"budget": budget})
+def toy(traces, device, *, budget_bytes=None, options=None):
+    assert isinstance(options, ToyOptions)  # parsed once, by the registry
+    return PlanResult(
+        "toy", Status.PLANNED, (), options={"budget_bytes": budget_bytes, **options_dict(options)}
+    )
 
 
 TOY = PlannerSpec("toy", toy, ToyOptions, "a test planner")
@@ -110,35 +110,41 @@ def test_bad_typed_options():
 
 def test_run_builds_options_and_passes_the_budget():
     t, lat = gap_chain()
-    res = registry.run("tensile", [t], HW, lat, budget_bytes=6 * MiB, options=["swap_rest=off"])
+    res = registry.run(
+        "tensile", [t], DeviceModel(HW, lat), budget_bytes=6 * MiB, options=["swap_rest=off"]
+    )
     assert res.planner == "tensile" and res.feasible
     assert res.options["budget_bytes"] == 6 * MiB and res.options["swap_rest"] is False
     check(res.plans[0], t)
     for name in ("vanilla", "release_only"):
-        res = registry.run(name, [t], HW, lat, budget_bytes=8 * MiB)
+        res = registry.run(name, [t], DeviceModel(HW, lat), budget_bytes=8 * MiB)
         assert res.planner == name and res.feasible
         check(res.plans[0], t)
     with pytest.raises(PlanError, match="vanilla: unknown option 'x' \\(options: none\\)"):
-        registry.run("vanilla", [t], HW, lat, options=["x=1"])
+        registry.run("vanilla", [t], DeviceModel(HW, lat), options=["x=1"])
 
 
 def test_a_spec_is_callable_with_the_shared_signature():
     t, lat = gap_chain()
     spec = registry.get("tensile")
-    res = spec([t], HW, lat, budget_bytes=5 * MiB, max_swap_rate="1")
+    device = DeviceModel(HW, lat)
+    res = spec([t], device, budget_bytes=5 * MiB, options={"max_swap_rate": "1"})
     assert res.feasible and res.stats["peak_bytes"] == 5 * MiB
-    assert spec([t], HW, lat, budget=5 * MiB).options["budget_bytes"] == 5 * MiB
-    with pytest.raises(PlanError, match="budget=1 and budget_bytes=2"):
-        spec([t], HW, lat, budget=1, budget_bytes=2)
+    assert spec([t], device, budget_bytes=5 * MiB).options["budget_bytes"] == 5 * MiB
+    # the planner itself takes its typed options only
+    assert spec.fn([t], device, budget_bytes=5 * MiB, options=TensileOptions()).feasible
+    with pytest.raises(TypeError):
+        spec.fn([t], device, budget_bytes=5 * MiB, max_swap_rate=1.0)
 
 
 def test_register_a_planner():
     registry.register(TOY)
-    registry.register(PlannerSpec("old", old_style, NoOptions))
     try:
         assert "toy" in registry.names() and registry.get("toy") is TOY
         t, lat = gap_chain()
-        res = registry.run("toy", [t], HW, lat, budget_bytes=3, options={"mode": "good"})
+        res = registry.run(
+            "toy", [t], DeviceModel(HW, lat), budget_bytes=3, options={"mode": "good"}
+        )
         assert res.options == {
             "budget_bytes": 3,
             "mode": "good",
@@ -146,8 +152,6 @@ def test_register_a_planner():
             "weights": [1.0],
             "name": "toy",
         }
-        # a planner that still spells the budget `budget` gets it under that name
-        assert registry.run("old", [t], HW, lat, budget_bytes=9).options == {"budget": 9}
     finally:
         registry._EXTRA.clear()
     with pytest.raises(PlanError, match="is not a dataclass"):

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Measured
+from memplan.planners import registry
 from memplan.planners.analysis import msps
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
@@ -40,7 +42,9 @@ def swaps(plan):
 
 
 def run(traces, plans, lat, hw=HW, **kw):
-    return simulate([Job(t, p) for t, p in zip(traces, plans, strict=True)], hw, lat, **kw)
+    return simulate(
+        [Job(t, p) for t, p in zip(traces, plans, strict=True)], DeviceModel(hw, lat), **kw
+    )
 
 
 # ---- hand cases -------------------------------------------------------------------------
@@ -48,7 +52,7 @@ def test_one_hidden_swap_of_a_chain():
     """`gap_chain`: b1 swapped out after op 1 ([2, 4) ms), in [8, 10) ms
     (1 ns before op 5 is ready): the peak drops from 7 to 5 MiB, no stall."""
     t, lat = gap_chain()
-    res = tensile([t], HW, lat)
+    res = tensile([t], DeviceModel(HW, lat))
     assert res.feasible and res.planner == "tensile"
     plan = res.plans[0]
     check(plan, t)
@@ -60,7 +64,7 @@ def test_one_hidden_swap_of_a_chain():
     assert res.stats["vanilla_peak_bytes"] == 7 * MiB
     assert res.stats["stop"] == "no swap"
 
-    vanilla, planned = simulate([t], HW, lat), run([t], [plan], lat)
+    vanilla, planned = simulate([t], DeviceModel(HW, lat)), run([t], [plan], lat)
     assert vanilla.peak_bytes == 7 * MiB
     assert planned.peak_bytes == 5 * MiB
     m = compare(vanilla, planned).total
@@ -77,12 +81,12 @@ def test_one_hidden_swap_of_a_chain():
 
 def test_a_budget_stops_as_soon_as_the_peak_fits():
     t, lat = gap_chain()
-    roomy = tensile([t], HW, lat, budget_bytes=7 * MiB)
+    roomy = tensile([t], DeviceModel(HW, lat), budget_bytes=7 * MiB)
     assert roomy.feasible and roomy.stats["stop"] == "fits" and not swaps(roomy.plans[0])
-    tight = tensile([t], HW, lat, budget_bytes=5 * MiB)
+    tight = tensile([t], DeviceModel(HW, lat), budget_bytes=5 * MiB)
     assert tight.feasible and len(swaps(tight.plans[0])) == 2
     # 4 MiB: the swap is not enough and nothing at the new peak can be recomputed
-    short = tensile([t], HW, lat, budget_bytes=4 * MiB)
+    short = tensile([t], DeviceModel(HW, lat), budget_bytes=4 * MiB)
     assert not short.feasible and short.stats["peak_bytes"] == 5 * MiB
     for r in (roomy, tight, short):
         check(r.plans[0], t)
@@ -92,7 +96,7 @@ def test_cross_iteration_parameter_swap():
     """`cross_iteration`: the weight, updated at op 3, leaves during the
     optimizer phase and comes back for op 0 of the next iteration."""
     t, lat = cross_iteration()
-    res = tensile([t], HW, lat)
+    res = tensile([t], DeviceModel(HW, lat))
     plan = res.plans[0]
     check(plan, t)
     assert swaps(plan) == [
@@ -101,7 +105,7 @@ def test_cross_iteration_parameter_swap():
     ]
     assert res.stats["peak_bytes"] == 8 * MiB
 
-    vanilla, planned = simulate([t], HW, lat), run([t], [plan], lat)
+    vanilla, planned = simulate([t], DeviceModel(HW, lat)), run([t], [plan], lat)
     assert (vanilla.peak_bytes, planned.peak_bytes) == (11 * MiB, 8 * MiB)
     m = compare(vanilla, planned).total
     assert m.msr == pytest.approx(3 / 11) and m.eor == 1.0
@@ -116,7 +120,7 @@ def test_two_jobs_share_the_lane():
     swap-out holds the lane [3, 5) ms, so B's, due when its op 1 ends at
     4 ms, waits until 5 ms (a 1 ms delay)."""
     t, lat = gap_chain()
-    res = tensile([t, t], HW, lat)
+    res = tensile([t, t], DeviceModel(HW, lat))
     a, b = res.plans
     for p in (a, b):
         check(p, t)
@@ -124,7 +128,7 @@ def test_two_jobs_share_the_lane():
     assert swaps(b) == [SwapOut(1, 1, 1000.0), SwapIn(1, 3, 5, 3999.999)]
     assert res.stats["job_peak_bytes"] == [5 * MiB, 5 * MiB]
 
-    vanilla, planned = simulate([t, t], HW, lat), run([t, t], [a, b], lat)
+    vanilla, planned = simulate([t, t], DeviceModel(HW, lat)), run([t, t], [a, b], lat)
     assert [j.peak_bytes for j in planned.jobs] == [5 * MiB, 5 * MiB]
     assert planned.peak_bytes <= res.stats["peak_bytes"] < vanilla.peak_bytes
     assert compare(vanilla, planned).total.eor == 1.0
@@ -137,7 +141,7 @@ def test_two_jobs_share_the_lane():
 
     # the authors' simplification: each job plans on a lane of its own, so
     # B books its copy on top of A's
-    own = tensile([t, t], HW, lat, per_job_lane=True)
+    own = tensile([t, t], DeviceModel(HW, lat), options=TensileOptions(per_job_lane=True))
     assert swaps(own.plans[1])[0] == SwapOut(1, 1, 0.0)
 
 
@@ -158,9 +162,9 @@ SLOW = gpu(mib_per_ms=0.001)  # no copy hides: only recompute helps
 
 def test_msps_recompute_when_swaps_are_not_enough():
     t, lat = recompute_trace()
-    free = tensile([t], SLOW, lat)
+    free = tensile([t], DeviceModel(SLOW, lat))
     assert free.stats["peak_bytes"] == 9 * MiB and not free.plans[0].events  # no budget: no cost
-    res = tensile([t], SLOW, lat, budget_bytes=7 * MiB)
+    res = tensile([t], DeviceModel(SLOW, lat), budget_bytes=7 * MiB)
     check(res.plans[0], t)
     assert res.feasible and res.stats["peak_bytes"] == 7 * MiB
     assert list(res.plans[0].events) == [Release(2, 1), Recompute(2, 4, (1,))]
@@ -171,9 +175,11 @@ def test_msps_recompute_when_swaps_are_not_enough():
     assert not planned.oom and planned.peak_bytes == 7 * MiB
     assert planned.jobs[0].recompute_s == pytest.approx(3e-3)  # once per iteration
 
-    short = tensile([t], SLOW, lat, budget_bytes=6 * MiB)
+    short = tensile([t], DeviceModel(SLOW, lat), budget_bytes=6 * MiB)
     assert not short.feasible and short.stats["peak_bytes"] == 7 * MiB
-    off = tensile([t], SLOW, lat, budget_bytes=7 * MiB, recompute=False)
+    off = tensile(
+        [t], DeviceModel(SLOW, lat), budget_bytes=7 * MiB, options=TensileOptions(recompute=False)
+    )
     assert not off.feasible and off.stats["peak_bytes"] == 9 * MiB
 
 
@@ -197,9 +203,11 @@ def test_max_swap_rate_makes_two_jobs_take_turns():
     rate x all swaps so far. At 0.5 two jobs alternate; at 0.25 both are
     stuck after one swap each (0 <= 0, then 0 <= 0.25, then 1 > 0.5)."""
     t = syn.residual(3, act_mib=2, optimizer=False, durations=syn.Durations(syn.TimeUnit.MS, 2, 6))
-    free = tensile([t, t], HW, Measured())
-    half = tensile([t, t], HW, Measured(), max_swap_rate=0.5)
-    quarter = tensile([t, t], HW, Measured(), max_swap_rate=0.25)
+    free = tensile([t, t], DeviceModel(HW, Measured()))
+    half = tensile([t, t], DeviceModel(HW, Measured()), options=TensileOptions(max_swap_rate=0.5))
+    quarter = tensile(
+        [t, t], DeviceModel(HW, Measured()), options=TensileOptions(max_swap_rate=0.25)
+    )
     for r in (free, half, quarter):
         for p in r.plans:
             check(p, t)
@@ -211,18 +219,22 @@ def test_max_swap_rate_makes_two_jobs_take_turns():
 
 def test_options_are_validated():
     t, lat = gap_chain()
-    with pytest.raises(PlanError, match="max_swap_rate"):
-        tensile([t], HW, lat, max_swap_rate=0.0)
+    with pytest.raises(ValueError, match="max_swap_rate"):
+        TensileOptions(max_swap_rate=0.0)
+    with pytest.raises(PlanError, match="tensile: max_swap_rate=0.0 must be in"):
+        registry.run("tensile", [t], DeviceModel(HW, lat), options={"max_swap_rate": 0.0})
     with pytest.raises(PlanError, match="tensile: unknown option 'bogus'"):
-        tensile([t], HW, lat, bogus=1)
+        registry.run("tensile", [t], DeviceModel(HW, lat), options={"bogus": 1})
     with pytest.raises(PlanError, match="budget_bytes"):
-        tensile([t], HW, lat, budget_bytes=-5)
+        tensile([t], DeviceModel(HW, lat), budget_bytes=-5)
     assert TensileOptions().max_swap_rate == 1.0
 
 
 def test_result_records_options_and_stats():
     t, lat = gap_chain()
-    res = tensile([t], HW, lat, budget_bytes=6 * MiB, swap_rest=False)
+    res = tensile(
+        [t], DeviceModel(HW, lat), budget_bytes=6 * MiB, options=TensileOptions(swap_rest=False)
+    )
     assert res.options["budget_bytes"] == 6 * MiB and res.options["swap_rest"] is False
     assert res.stats["job_peak_bytes"] == [5 * MiB]
     assert res.stats["liveness_peak_bytes"] == 7 * MiB
@@ -272,9 +284,9 @@ PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 @given(synthetic_traces(), st.booleans())
 def test_plans_check_and_never_raise_the_peak(t, swap_rest):
     lat = Measured()
-    res = tensile([t], HW, lat, swap_rest=swap_rest)
+    res = tensile([t], DeviceModel(HW, lat), options=TensileOptions(swap_rest=swap_rest))
     check(res.plans[0], t)
-    vanilla = simulate([t], HW, lat)
+    vanilla = simulate([t], DeviceModel(HW, lat))
     planned = run([t], res.plans, lat, check=False)
     assert not planned.oom
     assert planned.peak_bytes <= vanilla.peak_bytes
@@ -288,7 +300,7 @@ def test_plans_check_and_never_raise_the_peak(t, swap_rest):
 def test_with_a_budget_the_plan_fits_or_says_infeasible(t, frac):
     lat = Measured()
     budget = max(1, int(t.peak("framework")[0] * frac))
-    res = tensile([t], HW, lat, budget_bytes=budget)
+    res = tensile([t], DeviceModel(HW, lat), budget_bytes=budget)
     check(res.plans[0], t)
     planned = run([t], res.plans, lat, check=False, budget=budget)
     if res.feasible:
@@ -301,9 +313,14 @@ def test_with_a_budget_the_plan_fits_or_says_infeasible(t, frac):
 @given(synthetic_traces(), st.sampled_from([None, 0.8]), st.booleans())
 def test_two_identical_jobs_share_memory_and_lane(t, frac, per_job_lane):
     lat = Measured()
-    vanilla = simulate([t, t], HW, lat)
+    vanilla = simulate([t, t], DeviceModel(HW, lat))
     budget = None if frac is None else int(vanilla.peak_bytes * frac)
-    res = tensile([t, t], HW, lat, budget_bytes=budget, per_job_lane=per_job_lane)
+    res = tensile(
+        [t, t],
+        DeviceModel(HW, lat),
+        budget_bytes=budget,
+        options=TensileOptions(per_job_lane=per_job_lane),
+    )
     for p in res.plans:
         check(p, t)
     planned = run([t, t], res.plans, lat, check=False)
@@ -342,9 +359,9 @@ def test_shipped_traces(name, a6000):
     predicted peak; with 80% of the vanilla peak the plan fits or says so."""
     hw, lat = a6000
     t = shipped(name)
-    vanilla = simulate([t], hw, lat)
+    vanilla = simulate([t], DeviceModel(hw, lat))
     for budget in (None, int(vanilla.peak_bytes * 0.8)):
-        res = tensile([t], hw, lat, budget_bytes=budget)
+        res = tensile([t], DeviceModel(hw, lat), budget_bytes=budget)
         check(res.plans[0], t)
         planned = run([t], res.plans, lat, hw, check=False, budget=budget if res.feasible else None)
         assert not planned.oom
@@ -361,9 +378,12 @@ def test_shipped_traces(name, a6000):
 def test_two_shipped_jobs_on_one_lane(a6000):
     hw, lat = a6000
     t = shipped("resnet50")
-    res = tensile([t, t], hw, lat)
+    res = tensile([t, t], DeviceModel(hw, lat))
     for p in res.plans:
         check(p, t)
-    vanilla, planned = simulate([t, t], hw, lat), run([t, t], res.plans, lat, hw, check=False)
+    vanilla, planned = (
+        simulate([t, t], DeviceModel(hw, lat)),
+        run([t, t], res.plans, lat, hw, check=False),
+    )
     assert planned.peak_bytes <= res.stats["peak_bytes"] < vanilla.peak_bytes
     assert max(j.stall_s for j in planned.jobs) < 1e-9

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Measured
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners import registry
@@ -129,8 +130,8 @@ def test_plans_check(make, layers):
 def planned_chain(durations):
     """chain(8) with 4 MiB activations under vDNN: trace, plan result, simulation."""
     t = chain(8, act_mib=4, durations=durations)
-    res = vdnn([t], V100, Measured())
-    sim = simulate([Job(t, res.plans[0])], V100, Measured())
+    res = vdnn([t], DeviceModel(V100, Measured()))
+    sim = simulate([Job(t, res.plans[0])], DeviceModel(V100, Measured()))
     assert res.stats["job_peak_bytes"] == [sim.peak_bytes]  # predicted = simulated
     return t, res, sim
 
@@ -151,7 +152,7 @@ def test_deadlines_make_the_peak_independent_of_timing():
     assert sim.jobs[0].stall_s > 0
     secs = np.asarray(lat.predict_all(t, V100))
     for f in (0.8, 1.2):
-        scaled = simulate([Job(t, res.plans[0])], V100, Fixed(secs * f))
+        scaled = simulate([Job(t, res.plans[0])], DeviceModel(V100, Fixed(secs * f)))
         assert scaled.peak_bytes == sim.peak_bytes
     # without them the copies queue through the forward pass and the peak moves
     free = Plan(
@@ -161,20 +162,23 @@ def test_deadlines_make_the_peak_independent_of_timing():
             for ev in res.plans[0].events
         ),
     )
-    peaks = {simulate([Job(t, free)], V100, Fixed(secs * f)).peak_bytes for f in (0.8, 1.0, 1.2)}
+    peaks = {
+        simulate([Job(t, free)], DeviceModel(V100, Fixed(secs * f))).peak_bytes
+        for f in (0.8, 1.0, 1.2)
+    }
     assert len(peaks) > 1
 
 
 def test_budget_feasibility_and_registry():
     t = chain(8, act_mib=4, durations=Durations(TimeUnit.MS, 1, 1))
     lat = Fixed(np.full(t.n_ops, 1e-3))
-    peak = vdnn([t], V100, lat).stats["peak_bytes"]
-    assert vdnn([t], V100, lat, budget_bytes=peak).feasible
-    assert not vdnn([t], V100, lat, budget_bytes=peak - 1).feasible
-    res = registry.run("vdnn", [t, t], V100, lat, options=["layers=conv"])
+    peak = vdnn([t], DeviceModel(V100, lat)).stats["peak_bytes"]
+    assert vdnn([t], DeviceModel(V100, lat), budget_bytes=peak).feasible
+    assert not vdnn([t], DeviceModel(V100, lat), budget_bytes=peak - 1).feasible
+    res = registry.run("vdnn", [t, t], DeviceModel(V100, lat), options=["layers=conv"])
     assert res.options == {"layers": "conv"} and len(res.plans) == 2
     with pytest.raises(PlanError, match="layers"):
-        registry.run("vdnn", [t], V100, lat, options={"layers": "fc"})
+        registry.run("vdnn", [t], DeviceModel(V100, lat), options={"layers": "fc"})
     with pytest.raises(PlanError, match="layers"):
         VdnnOptions("fc")
 
@@ -190,11 +194,11 @@ def test_never_above_vanilla_and_fits_when_feasible(n_ops, seed, layers):
     # a copy can outlive the buffer it copies and hold its memory longer)
     t = sized(n_ops, seed=seed, durations=MS)
     lat = Measured()
-    vanilla = simulate([t], V100, lat).peak_bytes
+    vanilla = simulate([t], DeviceModel(V100, lat)).peak_bytes
     budget = int(vanilla * 0.8)
-    res = vdnn([t], V100, lat, budget_bytes=budget, layers=layers)
+    res = vdnn([t], DeviceModel(V100, lat), budget_bytes=budget, options=VdnnOptions(layers=layers))
     check(res.plans[0], t)
-    sim = simulate([Job(t, res.plans[0])], V100, lat, budget=max(budget, vanilla))
+    sim = simulate([Job(t, res.plans[0])], DeviceModel(V100, lat), budget=max(budget, vanilla))
     assert sim.peak_bytes <= vanilla
     if res.feasible:
         assert sim.peak_bytes <= budget

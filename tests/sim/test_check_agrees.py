@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.sim import Job, simulate
 from memplan.traces import synthetic
+from memplan.traces.io import fingerprint
 
 from tests.sim.handtraces import gpu
 
@@ -34,7 +36,7 @@ def random_plan(trace, rng: np.random.Generator) -> Plan:
             events += [Release(b, a), Recompute(b, c, (made_by,))]
         else:
             events += [Release(b, a)]  # only valid if nothing reads b again
-    return Plan(trace.fingerprint(), tuple(events))
+    return Plan(fingerprint(trace), tuple(events))
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -50,7 +52,9 @@ def test_checked_plans_never_lose_data(seed):
         except PlanError:
             continue
         accepted += 1
-        r = simulate([Job(trace, plan)], gpu(1 << 16), lat, iterations=2, lanes=1 + seed % 2)
+        r = simulate(
+            [Job(trace, plan)], DeviceModel(gpu(1 << 16), lat, lanes=1 + seed % 2), iterations=2
+        )
         j = r.jobs[0]
         assert (j.oom, j.passive_swaps) == (False, 0)
         assert j.bytes_h2d <= j.bytes_d2h + 2 * int(trace.nbytes.sum())

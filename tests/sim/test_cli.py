@@ -6,8 +6,9 @@ import json
 
 import pytest
 from memplan.planners.core import io as plan_io
-from memplan.planners.core.plan import Plan, PlanResult, SwapIn, SwapOut
+from memplan.planners.core.plan import Plan, PlanResult, Status, SwapIn, SwapOut
 from memplan.traces import io
+from memplan.traces.io import fingerprint
 
 from memplan.cli import main
 from tests.sim.handtraces import MiB, gpu
@@ -41,8 +42,8 @@ def files(tmp_path):
     t, _ = swap_chain()
     io.save(t, tmp_path / "chain.json.gz")
     (tmp_path / "hand.toml").write_text(hand_toml())
-    plan = Plan(t.fingerprint(), (SwapOut(0, 0), SwapIn(0, 2, 3)), "hand")
-    plan_io.save(PlanResult("hand", True, (plan,)), tmp_path / "late.json")
+    plan = Plan(fingerprint(t), (SwapOut(0, 0), SwapIn(0, 2, 3)), "hand")
+    plan_io.save(PlanResult("hand", Status.PLANNED, (plan,)), tmp_path / "late.json")
     return tmp_path
 
 

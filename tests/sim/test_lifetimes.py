@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import LatencyModel, Measured
 from memplan.hwmodels.profile import Hardware, load_hardware
 from memplan.planners import registry
@@ -37,6 +38,7 @@ from memplan.sim.metrics import build_result
 from memplan.sim.model import GpuModel
 from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF
 from memplan.traces import synthetic
+from memplan.traces.io import fingerprint
 from memplan.traces.synthetic import Durations, TimeUnit
 
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
@@ -105,12 +107,13 @@ def run(
     for job in jobs:
         if job.plan is not None:
             check_plan(job.plan, job.trace)
+    device = DeviceModel(hw, latency, lanes)
     compiled = [
-        CompiledJob(j, job, iterations if job.iterations is None else job.iterations, latency, hw)
+        CompiledJob(j, job, iterations if job.iterations is None else job.iterations, device)
         for j, job in enumerate(jobs)
     ]
     budget = hw.memory_bytes if budget is None else budget
-    model = GpuModel(compiled, hw, lanes, budget, OomPolicy(oom))
+    model = GpuModel(compiled, device, budget, OomPolicy(oom))
     model.log = log = _ProbedLog(model)
     model.run()
     return Probe(build_result(model, hw.name, 0), log, model.mem.samples)
@@ -164,7 +167,7 @@ def check_lifetimes(p: Probe) -> None:
 
 
 def plan(trace, *events) -> Plan:
-    return Plan(trace.fingerprint(), events)
+    return Plan(fingerprint(trace), events)
 
 
 # ---- the reported bug: a running copy of the previous incarnation -------------------
@@ -433,9 +436,9 @@ def _plan(name: str, trace) -> PlanResult | None:
     """The planner's result, or None where an in-progress planner errors (or
     makes a plan that `planners.core.check` rejects)."""
     if name not in IN_PROGRESS:
-        return registry.run(name, [trace], V100, Measured())
+        return registry.run(name, [trace], DeviceModel(V100, Measured()))
     try:
-        res = registry.run(name, [trace], V100, Measured())
+        res = registry.run(name, [trace], DeviceModel(V100, Measured()))
         for plan_, t in zip(res.plans, [trace]):
             check_plan(plan_, t)
         return res

@@ -10,15 +10,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import LatencyModel
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, empty_plan
 from memplan.sim import Job, OomPolicy, simulate
+from memplan.traces.io import fingerprint
 
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
 
 
 def plan(trace, *events) -> Plan:
-    return Plan(trace.fingerprint(), events)
+    return Plan(fingerprint(trace), events)
 
 
 # a (2 MiB) is made by op0 and read by op3; op1 and op2 take 3 ms each.
@@ -32,7 +34,9 @@ def swap_chain():
 def test_swap_hidden_behind_compute():
     # D2H 1->3 while op1 runs 1->4; H2D 4->6 while op2 runs 4->7: op3 never waits.
     t, lat = swap_chain()
-    r = simulate([Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    r = simulate(
+        [Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], DeviceModel(gpu(), lat), iterations=1
+    )
     assert fmt(r.log) == [
         (0.0, "iter_start", -1, -1),
         (0.0, "op_start", 0, -1),
@@ -61,7 +65,9 @@ def test_swap_hidden_behind_compute():
 def test_late_swap_in_stalls_compute():
     # The swap-in is triggered only when op2 ends (7): op3 waits for it 7->9.
     t, lat = swap_chain()
-    r = simulate([Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 2, 3)))], gpu(), lat, iterations=1)
+    r = simulate(
+        [Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 2, 3)))], DeviceModel(gpu(), lat), iterations=1
+    )
     assert fmt(r.log)[6:] == [
         (4.0, "op_end", 1, -1),
         (4.0, "op_start", 2, -1),
@@ -84,7 +90,7 @@ def test_swap_out_deadline_waits_for_the_copy():
     # op2 6->9 (the swap-in 6->8 hides), op3 9->10.
     t, lat = swap_chain()
     out = SwapOut(0, 0, before_op=1)
-    r = simulate([Job(t, plan(t, out, SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    r = simulate([Job(t, plan(t, out, SwapIn(0, 1, 3)))], DeviceModel(gpu(), lat), iterations=1)
     assert fmt(r.log)[:9] == [
         (0.0, "iter_start", -1, -1),
         (0.0, "op_start", 0, -1),
@@ -101,7 +107,9 @@ def test_swap_out_deadline_waits_for_the_copy():
     assert (r.memory.t_s[:3] * 1e3).tolist() == [0, 3, 3]
     assert (r.memory.bytes[:3] // MiB).tolist() == [2, 0, 1]
     # without the deadline op1 starts at 1 with a still there: 3 MiB
-    free = simulate([Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    free = simulate(
+        [Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], DeviceModel(gpu(), lat), iterations=1
+    )
     assert (free.memory.bytes[:2] // MiB).tolist() == [2, 3]
     assert free.jobs[0].stall_s == 0.0
 
@@ -110,8 +118,10 @@ def test_a_deadline_past_the_copy_does_not_wait():
     # the copy ends at 3, op2 starts at 4: no stall, the same log as without
     t, lat = swap_chain()
     events = (SwapOut(0, 0, before_op=2), SwapIn(0, 1, 3))
-    r = simulate([Job(t, plan(t, *events))], gpu(), lat, iterations=1)
-    plain = simulate([Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], gpu(), lat, iterations=1)
+    r = simulate([Job(t, plan(t, *events))], DeviceModel(gpu(), lat), iterations=1)
+    plain = simulate(
+        [Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)))], DeviceModel(gpu(), lat), iterations=1
+    )
     assert fmt(r.log) == fmt(plain.log)
     assert r.jobs[0].stall_s == 0.0
 
@@ -121,7 +131,7 @@ def test_delay_shifts_the_trigger():
     # 6, ends at 8 -> op3 (due at 7) stalls 1 ms.
     t, lat = swap_chain()
     p = plan(t, SwapOut(0, 0, delay_us=500), SwapIn(0, 1, 3, delay_us=2000))
-    r = simulate([Job(t, p)], gpu(), lat, iterations=1)
+    r = simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=1)
     copies = [e for e in fmt(r.log) if "swap" in e[1] or "stall" in e[1]]
     assert copies == [
         (1.5, "swap_out_start", 0, 0, "lane0"),
@@ -166,7 +176,7 @@ def test_two_jobs_contend_for_one_lane():
     # Compute: B runs op0 5->6 and op1 6->10 while A waits; A's op2 then 10->11
     # (queued since 7), B's op2 11->12.
     jobs, lat = two_jobs()
-    r = simulate(jobs, gpu(), lat, iterations=1, lanes=1)
+    r = simulate(jobs, DeviceModel(gpu(), lat, lanes=1), iterations=1)
     copies = [e for e in fmt(r.log, job=True) if len(e) == 6]
     assert copies == [
         (0, 1.0, "swap_out_start", 0, 0, "lane0"),
@@ -188,7 +198,7 @@ def test_two_jobs_do_not_contend_with_a_lane_per_direction():
     # lanes=2: B's D2H starts at once (6->8) on its own lane; while it runs A's
     # H2D moves at half speed: 1 MiB in 5->6, the second MiB in 6->8.
     jobs, lat = two_jobs()
-    r = simulate(jobs, gpu(), lat, iterations=1, lanes=2)
+    r = simulate(jobs, DeviceModel(gpu(), lat, lanes=2), iterations=1)
     copies = [e for e in fmt(r.log, job=True) if len(e) == 6]
     assert copies == [
         (0, 1.0, "swap_out_start", 0, 0, "lane1"),
@@ -211,7 +221,11 @@ def test_recompute_time_is_added_and_bytes_retaken():
         [B(1, "input", freed_after=3), B(2), B(1), B(1)],
         [Call([0], [1], 1), Call([1], [2], 2), Call([2], [3], 1), Call([1, 3], [], 1)],
     )
-    r = simulate([Job(t, plan(t, Release(1, 1), Recompute(1, 3, (0,))))], gpu(), lat, iterations=1)
+    r = simulate(
+        [Job(t, plan(t, Release(1, 1), Recompute(1, 3, (0,))))],
+        DeviceModel(gpu(), lat),
+        iterations=1,
+    )
     assert fmt(r.log) == [
         (0.0, "iter_start", -1, -1),
         (0.0, "op_start", 0, -1),
@@ -233,7 +247,7 @@ def test_recompute_time_is_added_and_bytes_retaken():
     assert (r.memory.bytes // MiB).tolist()[:7] == [1, 3, 4, 2, 3, 2, 4]
     assert r.memory.t_s[6] == 0.004
     assert j.peak_bytes == 4 * MiB
-    vanilla = simulate([t], gpu(), lat, iterations=1)
+    vanilla = simulate([t], DeviceModel(gpu(), lat), iterations=1)
     assert vanilla.jobs[0].peak_bytes == 5 * MiB  # op2 holds x, a, b, c
 
 
@@ -244,7 +258,7 @@ def tight():
 
 def test_oom_fail_stops_the_job():
     t, lat = tight()
-    r = simulate([t], gpu(), lat, iterations=2, budget=3 * MiB, oom="fail")
+    r = simulate([t], DeviceModel(gpu(), lat), iterations=2, budget=3 * MiB, oom="fail")
     assert fmt(r.log) == [
         (0.0, "iter_start", -1, -1),
         (0.0, "op_start", 0, -1),
@@ -263,7 +277,7 @@ def test_oom_stall_waits_for_an_inflight_swap_out():
     # (5), then a comes back 5->7 and op3 waits for it.
     t, lat = tight()
     p = plan(t, SwapOut(0, 0), SwapIn(0, 2, 3))
-    r = simulate([Job(t, p)], gpu(), lat, iterations=1, budget=3 * MiB, oom="stall")
+    r = simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=1, budget=3 * MiB, oom="stall")
     assert fmt(r.log) == [
         (0.0, "iter_start", -1, -1),
         (0.0, "op_start", 0, -1),
@@ -287,15 +301,19 @@ def test_oom_stall_waits_for_an_inflight_swap_out():
     j = r.jobs[0]
     assert (j.oom, j.stall_s, j.peak_bytes) == (False, 0.004, 2 * MiB)
     # the same plan under `fail` dies at op1; `stall` with nothing in flight too
-    assert simulate([Job(t, p)], gpu(), lat, budget=3 * MiB, oom="fail").jobs[0].oom
-    assert simulate([t], gpu(), lat, budget=3 * MiB, oom="stall").jobs[0].oom_at == (0, 1, 1)
+    assert simulate([Job(t, p)], DeviceModel(gpu(), lat), budget=3 * MiB, oom="fail").jobs[0].oom
+    assert simulate([t], DeviceModel(gpu(), lat), budget=3 * MiB, oom="stall").jobs[0].oom_at == (
+        0,
+        1,
+        1,
+    )
 
 
 def test_oom_passive_evicts_lru_and_fetches_on_demand():
     # No plan. op1 needs 2 MiB: a (least recently used, not op1's) is evicted
     # synchronously 1->3; op3 finds a absent and fetches it 5->7.
     t, lat = tight()
-    r = simulate([t], gpu(), lat, iterations=1, budget=3 * MiB, oom=OomPolicy.PASSIVE)
+    r = simulate([t], DeviceModel(gpu(), lat), iterations=1, budget=3 * MiB, oom=OomPolicy.PASSIVE)
     assert fmt(r.log) == [
         (0.0, "iter_start", -1, -1),
         (0.0, "op_start", 0, -1),
@@ -320,7 +338,7 @@ def test_oom_passive_evicts_lru_and_fetches_on_demand():
 def test_oom_when_one_op_needs_more_than_the_budget():
     t, lat = tight()
     for policy in OomPolicy:
-        r = simulate([t], gpu(), lat, budget=1 * MiB, oom=policy)
+        r = simulate([t], DeviceModel(gpu(), lat), budget=1 * MiB, oom=policy)
         assert r.jobs[0].oom_at == (0, 0, 0), policy
 
 
@@ -354,7 +372,7 @@ def test_cross_iteration_parameter_swap():
     # swap-in of the last iteration serves no iteration and never starts.
     t, lat = param_step()
     p = plan(t, SwapOut(0, 2), SwapIn(0, 4, 0, next_iteration=True))
-    r = simulate([Job(t, p)], gpu(), lat, iterations=2)
+    r = simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=2)
     events = [e for e in fmt(r.log) if e[1] not in ("op_start", "op_end")]
     assert events == [
         (0.0, "iter_start", -1, -1),
@@ -375,7 +393,7 @@ def test_cross_iteration_parameter_swap():
     assert (j.iteration_time_s, j.stall_s) == (0.013, 0.002)
     assert (j.bytes_d2h, j.bytes_h2d) == (4 * MiB, 2 * MiB)
     assert j.peak_bytes == 6 * MiB  # p + a + g in op1; q alone in op4
-    assert simulate([t], gpu(), lat).jobs[0].peak_bytes == 8 * MiB  # p + q
+    assert simulate([t], DeviceModel(gpu(), lat)).jobs[0].peak_bytes == 8 * MiB  # p + q
 
 
 def test_host_copy_is_kept_until_a_write():
@@ -386,7 +404,7 @@ def test_host_copy_is_kept_until_a_write():
         [Call([], [0]), Call([], [1], 4), Call([0], []), Call([], [2], 4), Call([0], [])],
     )
     p = plan(t, SwapOut(0, 0), SwapIn(0, 1, 2), SwapOut(0, 2), SwapIn(0, 3, 4))
-    r = simulate([Job(t, p)], gpu(), lat, iterations=1)
+    r = simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=1)
     kinds = [e[1] for e in fmt(r.log) if e[3] == 0 and "stall" not in e[1]]
     assert kinds == ["swap_out_start", "swap_out_end", "swap_in_start", "swap_in_end",
                      "discard", "swap_in_start", "swap_in_end"]  # fmt: skip
@@ -397,12 +415,12 @@ def test_framework_free_during_a_swap_out_waits_for_the_copy():
     # a (2 MiB) is dead after op1 (freed_after=1, at 2 ms) but its copy runs
     # 1->3: the bytes come back at 3, when the copy ends.
     t, lat = make([B(2, freed_after=1), B(1)], [Call([], [0]), Call([], [1]), Call([1], [], 5)])
-    r = simulate([Job(t, plan(t, SwapOut(0, 0)))], gpu(), lat, iterations=1)
+    r = simulate([Job(t, plan(t, SwapOut(0, 0)))], DeviceModel(gpu(), lat), iterations=1)
     assert list(zip((r.memory.t_s * 1e3).tolist(), (r.memory.bytes // MiB).tolist())) == [
         (0.0, 2), (1.0, 3), (3.0, 1), (7.0, 0),
     ]  # fmt: skip
     # with a 5 ms delay the copy has not started when a dies: freed at 2, no copy
-    r = simulate([Job(t, plan(t, SwapOut(0, 0, 5000)))], gpu(), lat, iterations=1)
+    r = simulate([Job(t, plan(t, SwapOut(0, 0, 5000)))], DeviceModel(gpu(), lat), iterations=1)
     assert list(zip((r.memory.t_s * 1e3).tolist(), (r.memory.bytes // MiB).tolist())) == [
         (0.0, 2), (1.0, 3), (2.0, 1), (7.0, 0),
     ]  # fmt: skip
@@ -418,7 +436,7 @@ def test_sharing_is_the_compute_queue_not_a_usage_stretch():
             return np.full(trace.n_ops, 0.002 * (1 + usage))
 
     t, _ = make([B(1)], [Call([], [0]), Call([0], [])])
-    r = simulate([t, t], gpu(), Stretch(), iterations=1)
+    r = simulate([t, t], DeviceModel(gpu(), Stretch()), iterations=1)
     # kernels alternate FIFO and each holds the device alone: 2 ms per op, not
     # stretched for the other job (hwmodels NOTE [ Usage under a compute queue ])
     ops = [(e[0], e[1]) for e in fmt(r.log, job=True) if e[2] == "op_start"]
@@ -436,8 +454,7 @@ def test_same_inputs_same_result():
     lat = Fixed(np.linspace(1e-4, 1e-3, t.n_ops))
     budget = int(t.peak("liveness")[0] * 0.8)
     runs = [
-        simulate([Job(t, release_only_plan(t)), Job(t, arrival_s=0.002)], gpu(4096), lat,
-                 budget=budget * 2, oom="passive")
+        simulate([Job(t, release_only_plan(t)), Job(t, arrival_s=0.002)], DeviceModel(gpu(4096), lat), budget=budget * 2, oom="passive")
         for _ in range(2)
     ]  # fmt: skip
     a, b = runs
@@ -450,8 +467,8 @@ def test_same_inputs_same_result():
 
 def test_empty_plan_equals_no_plan():
     t, lat = swap_chain()
-    a = simulate([Job(t, empty_plan(t))], gpu(), lat)
-    b = simulate([t], gpu(), lat)
+    a = simulate([Job(t, empty_plan(t))], DeviceModel(gpu(), lat))
+    b = simulate([t], DeviceModel(gpu(), lat))
     assert a.log == b.log
 
 
@@ -464,7 +481,7 @@ def test_write_during_a_swap_out_keeps_the_buffer_and_stales_the_copy():
         [Call([], [0]), Call([], [1]), Call([0], [0], 2), Call([1], [2], 3), Call([0, 2], [])],
     )
     p = plan(t, SwapOut(0, 0), SwapOut(0, 2), SwapIn(0, 3, 4))
-    r = simulate([Job(t, p)], gpu(), lat, iterations=1, check=False)
+    r = simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=1, check=False)
     copies = [e[:2] for e in fmt(r.log) if e[3] == 0 and "swap" in e[1]]
     assert copies == [
         (1.0, "swap_out_start"), (3.0, "swap_out_end"),  # a stays: op2 uses it
@@ -481,7 +498,10 @@ def test_host_copy_dies_with_the_buffer():
         [B(2, freed_after=2), B(1)], [Call([], [0]), Call([], [1]), Call([1], []), Call([1], [])]
     )
     r = simulate(
-        [Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 2, 3)))], gpu(), lat, iterations=1, check=False
+        [Job(t, plan(t, SwapOut(0, 0), SwapIn(0, 2, 3)))],
+        DeviceModel(gpu(), lat),
+        iterations=1,
+        check=False,
     )
     assert (3.0, "skip", 2, 0) in fmt(r.log)
     assert r.jobs[0].bytes_h2d == 0
@@ -492,10 +512,10 @@ def test_no_barrier_at_the_iteration_boundary():
     # iteration 1 makes a new a: both are on the device until the old copy
     # ends at 3. The framework's free of the new a (at 4) waits for its copy (3->5).
     t, lat = make([B(2, freed_after=1), B(1)], [Call([], [0]), Call([], [1])])
-    r = simulate([Job(t, plan(t, SwapOut(0, 0)))], gpu(), lat, iterations=2)
+    r = simulate([Job(t, plan(t, SwapOut(0, 0)))], DeviceModel(gpu(), lat), iterations=2)
     curve = list(zip((r.memory.t_s * 1e3).tolist(), (r.memory.bytes // MiB).tolist()))
     assert curve == [
         (0.0, 2), (1.0, 3), (2.0, 2), (2.0, 4), (3.0, 2), (3.0, 3), (4.0, 2), (5.0, 0),
     ]  # fmt: skip
     assert r.jobs[0].iteration_times_s == (0.002, 0.002)
-    assert (r.peak_bytes, simulate([t], gpu(), lat).peak_bytes) == (4 * MiB, 3 * MiB)
+    assert (r.peak_bytes, simulate([t], DeviceModel(gpu(), lat)).peak_bytes) == (4 * MiB, 3 * MiB)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.sim import Job, simulate
@@ -23,8 +24,10 @@ BIG = gpu(memory_mib=1 << 20)  # 1 TiB: nothing runs out of memory
 
 def assert_peaks(trace, iterations=2):
     lat = Fixed(np.full(trace.n_ops, 1e-6))
-    vanilla = simulate([trace], BIG, lat, iterations=iterations)
-    released = simulate([Job(trace, release_only_plan(trace))], BIG, lat, iterations=iterations)
+    vanilla = simulate([trace], DeviceModel(BIG, lat), iterations=iterations)
+    released = simulate(
+        [Job(trace, release_only_plan(trace))], DeviceModel(BIG, lat), iterations=iterations
+    )
     assert vanilla.jobs[0].peak_bytes == vanilla.peak_bytes == trace.peak("framework")[0]
     assert released.jobs[0].peak_bytes == released.peak_bytes == trace.peak("liveness")[0]
     assert released.jobs[0].iteration_time_s == vanilla.jobs[0].iteration_time_s
@@ -68,9 +71,9 @@ def test_shipped_resnet50_under_pressure():
     plan = release_only_plan(t)
     live = t.peak("liveness")[0]
     budget = int(live * 0.6)
-    r = simulate([Job(t, plan)], BIG, lat, budget=budget, oom="passive")
+    r = simulate([Job(t, plan)], DeviceModel(BIG, lat), budget=budget, oom="passive")
     j = r.jobs[0]
     assert not j.oom and j.passive_swaps > 0 and r.peak_bytes <= budget
-    assert simulate([Job(t, plan)], BIG, lat, budget=budget, oom="fail").jobs[0].oom
-    stall = simulate([Job(t, plan)], BIG, lat, budget=live, oom="stall")
+    assert simulate([Job(t, plan)], DeviceModel(BIG, lat), budget=budget, oom="fail").jobs[0].oom
+    stall = simulate([Job(t, plan)], DeviceModel(BIG, lat), budget=live, oom="stall")
     assert (stall.jobs[0].oom, stall.peak_bytes) == (False, live)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut
 from memplan.sim import Job, simulate
 from memplan.sim.exports import (
@@ -14,6 +15,7 @@ from memplan.sim.exports import (
     spans,
     write_chrome_trace,
 )
+from memplan.traces.io import fingerprint
 
 from tests.sim.handtraces import MiB, gpu
 from tests.sim.test_model import swap_chain, two_jobs
@@ -22,8 +24,8 @@ from tests.sim.test_model import swap_chain, two_jobs
 def late_swap():
     # op0 0-1, D2H 1-3, op1 1-4, op2 4-7, H2D 7-9 (stall 7-9), op3 9-10
     t, lat = swap_chain()
-    p = Plan(t.fingerprint(), (SwapOut(0, 0), SwapIn(0, 2, 3)))
-    return simulate([Job(t, p)], gpu(), lat, iterations=1)
+    p = Plan(fingerprint(t), (SwapOut(0, 0), SwapIn(0, 2, 3)))
+    return simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=1)
 
 
 def test_spans_pair_the_log():
@@ -75,7 +77,7 @@ def test_chrome_trace_structure():
 
 def test_two_jobs_get_two_pids_and_lanes_their_names(tmp_path):
     jobs, lat = two_jobs()
-    r = simulate(jobs, gpu(), lat, iterations=1, lanes=2)
+    r = simulate(jobs, DeviceModel(gpu(), lat, lanes=2), iterations=1)
     write_chrome_trace(r, tmp_path / "t.json")
     doc = json.loads((tmp_path / "t.json").read_text())
     threads = sorted(

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners import registry
@@ -17,6 +18,7 @@ from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut, fingerprint_of
 from memplan.sim import Job, simulate
+from memplan.traces.io import fingerprint
 from memplan.traces.zoo import BUILTIN
 from memplan.validate import Direction, TransferRecord, ValidationError, compare_results, replay
 from memplan.validate.calibrate.measure import (
@@ -56,7 +58,7 @@ def plan_for(model: str, planner: str) -> Plan:
     trace = trace_of(model)
     budget = _budget(model) if planner == "capuchin" else None
     result = registry.run(
-        planner, [trace], load_hardware("cpu-local"), Roofline(), budget_bytes=budget
+        planner, [trace], DeviceModel(load_hardware("cpu-local"), Roofline()), budget_bytes=budget
     )
     return result.plans[0]
 
@@ -108,7 +110,9 @@ def test_a_swap_moves_the_bytes_the_simulation_moves():
     r = replay(trace, plan=plan, iterations=3, bandwidth_bytes_per_s=2e9, sync=order)
     compare_results(vanilla("small_cnn", 3), r)  # raises on a difference
     hw = load_hardware("cpu-local")
-    sim = simulate([Job(trace, plan)], hw, Fixed(np.full(trace.n_ops, 1e-3)), iterations=3)
+    sim = simulate(
+        [Job(trace, plan)], DeviceModel(hw, Fixed(np.full(trace.n_ops, 1e-3))), iterations=3
+    )
     assert r.bytes_moved(Direction.D2H) == sim.jobs[0].bytes_d2h == 3 * 2**18
     assert r.bytes_moved(Direction.H2D) == sim.jobs[0].bytes_h2d == 3 * 2**18
 
@@ -140,7 +144,7 @@ def test_recompute_plans_predict_the_peak_exactly():
 
 def test_a_plan_object_and_the_report_dict():
     trace = trace_of("mlp")
-    plan = Plan(trace.fingerprint(), (), "mlp")
+    plan = Plan(fingerprint(trace), (), "mlp")
     r = validate_plan(trace, plan, iterations=2, runs=2, samples=1)
     d = r.to_dict()
     assert {
@@ -186,7 +190,7 @@ def test_bad_arguments_are_validation_errors(kwargs, message):
 
 
 def test_a_plan_for_another_trace_and_a_planner_without_a_plan_are_plan_errors():
-    other = Plan(trace_of("small_cnn").fingerprint(), (), "small_cnn")
+    other = Plan(fingerprint(trace_of("small_cnn")), (), "small_cnn")
     with pytest.raises(PlanError, match="not for this trace"):
         validate_plan(trace_of("mlp"), other, iterations=2, runs=1, samples=1)
     with pytest.raises(PlanError, match="capuchin.*made no plan"):
@@ -303,7 +307,11 @@ def test_peak_span_finds_a_copy_that_races_an_allocation():
         )  # fmt: skip
         plan = Plan(fingerprint_of(trace), (SwapOut(0, 0), SwapIn(0, 3, 4)), "hand")
         check(plan, trace)
-        peak = simulate([Job(trace, plan)], gpu(), lat, iterations=1, lanes=1).jobs[0].peak_bytes
+        peak = (
+            simulate([Job(trace, plan)], DeviceModel(gpu(), lat, lanes=1), iterations=1)
+            .jobs[0]
+            .peak_bytes
+        )
         lo, hi = peak_span(trace, plan, gpu(), lat, peak, iterations=1, lanes=1, spread=0.05)
         return lo // MiB, hi // MiB
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.core.plan import SwapIn, SwapOut
@@ -40,7 +41,7 @@ def _simulate(trace, plan, copy_s: float, nbytes: int, iterations: int = 1):
         transfer_fixed_s=0.0,
     )
     latency = Fixed(np.full(trace.n_ops, 1e-3))
-    return simulate([Job(trace, plan)], hw, latency, iterations=iterations)
+    return simulate([Job(trace, plan)], DeviceModel(hw, latency), iterations=iterations)
 
 
 def _sim_copies(res) -> list[tuple[Direction, int, int]]:

@@ -13,6 +13,7 @@ import functools
 import pytest
 import torch
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut
+from memplan.traces.io import fingerprint
 from memplan.traces.model import Phase
 from memplan.traces.zoo import BUILTIN, MLP, ZOO, TinyResNet
 from memplan.validate import ValidationError
@@ -83,7 +84,7 @@ def test_the_saved_bytes_of_a_plain_step_are_every_saved_activation():
     log-softmax output (4 x 10), the int64 labels and nll_loss's total weight
     (one float); the weights are parameters, not counted."""
     trace = trace_of("mlp")
-    rp = export(Plan(trace.fingerprint(), (), "mlp"), trace)
+    rp = export(Plan(fingerprint(trace), (), "mlp"), trace)
     stats = step("mlp", rp)[3]
     assert stats.forward_device_bytes == rp.held_bytes() == MLP_SAVED_BYTES
     assert stats.kept == len(trace.saved) and stats.offloaded == 0
@@ -117,7 +118,7 @@ def test_offloading_plans_lower_the_saved_bytes_by_what_they_offload(model, plan
     offloaded = rp.held_bytes(frozenset({Action.OFFLOAD}))
     assert offloaded > 0 and not rp.regions
     stats = step(model, rp)[3]
-    vanilla = step(model, export(Plan(trace.fingerprint(), (), model), trace))[3]
+    vanilla = step(model, export(Plan(fingerprint(trace), (), model), trace))[3]
     assert stats.forward_device_bytes == vanilla.forward_device_bytes - offloaded
     assert stats.offloaded_bytes == offloaded == stats.host_peak_bytes
     assert stats.prefetched > 0

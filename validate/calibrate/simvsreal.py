@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from memplan.hwmodels.device import DeviceModel as SimDevice
 from memplan.hwmodels.latency import Fixed
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
@@ -256,10 +257,14 @@ def resolve_plan(
     from memplan.planners import registry
 
     result = registry.run(
-        plan, [trace], model.hardware, model.latency, budget_bytes=budget_bytes, options=options
+        plan,
+        [trace],
+        DeviceModel(model.hardware, model.latency),
+        budget_bytes=budget_bytes,
+        options=options,
     )
     if not result.plans:
-        why = result.stats.get("reason", "it returned no plan")
+        why = result.explain()
         raise PlanError(f"planner {plan!r} made no plan: {why}")
     return result.plans[0], plan, result.feasible
 
@@ -316,7 +321,9 @@ def peak_span(
     peaks = [peak_bytes]
     for f in (1.0 - spread, 1.0 + spread):
         scaled = Fixed(latency.durations_s * f)
-        sim = simulate([Job(trace, plan)], hardware, scaled, iterations=iterations, lanes=lanes)
+        sim = simulate(
+            [Job(trace, plan)], SimDevice(hardware, scaled, lanes), iterations=iterations
+        )
         peaks.append(sim.jobs[0].peak_bytes)
     return min(peaks), max(peaks)
 
@@ -383,7 +390,8 @@ def _simulated(
     peak span (two more simulations: only kept brackets are simulated)."""
     model = device_model(hardware, lane, bracket.before, bracket.after)
     latency = model.latency_for(plan)
-    sim = simulate([Job(trace, plan)], model.hardware, latency, **kw).jobs[0]
+    device = SimDevice(model.hardware, latency, kw["lanes"])
+    sim = simulate([Job(trace, plan)], device, iterations=kw["iterations"]).jobs[0]
     span = peak_span(trace, plan, model.hardware, latency, sim.peak_bytes, **kw)
     return _Pair(bracket, sim, model, span)
 

@@ -90,13 +90,13 @@ from memplan.validate.replay.device import (
 )
 from memplan.validate.replay.initial import initial_bytes
 from memplan.validate.replay.invoke import Invoker
-from memplan.validate.replay.lanes import Direction, Lane, LaneSync, Mover, Transfer
-from memplan.validate.replay.pool import DevicePool
+from memplan.validate.replay.lanes import Lane, LaneSync
+from memplan.validate.replay.mover import Mover
+from memplan.validate.replay.pool import NOTHING, DevicePool, NotOnDevice
 from memplan.validate.replay.program import Program, compile_trace
 from memplan.validate.replay.result import ReplayResult
 from memplan.validate.replay.schedule import Schedule, Triggered, build_schedule
-
-NOTHING: frozenset[int] = frozenset()
+from memplan.validate.replay.transfer import Direction, Transfer
 
 
 class ReplaySync(LaneSync, Protocol):
@@ -130,6 +130,7 @@ class Executor:
         self.seed = seed
         self.iterations = iterations
         self.pool = DevicePool(trace, device, self.program.buffer_dtype)
+        self.nbytes = trace.nbytes
         self.invoker = Invoker(trace, self.pool, device)
         self.start_bytes = initial_bytes(trace, self.program.buffer_dtype, seed)
         self.t0 = time.perf_counter()
@@ -189,8 +190,8 @@ class Executor:
             recompute_seconds=self.recompute_seconds,
             recomputes=self.recomputes,
             memory_curve=self.memory_curve,
-            peak_bytes=max(self.pool.iteration_peaks),
-            iteration_peak_bytes=np.asarray(self.pool.iteration_peaks, np.int64),
+            peak_bytes=max(peaks := self.pool.iteration_peaks),
+            iteration_peak_bytes=np.asarray(peaks, np.int64),
             host_peak_bytes=self.pool.host_peak_bytes,
             allocator_peak_bytes=(torch.cuda.max_memory_allocated(self.dev) - base)
             if self.cuda
@@ -208,16 +209,14 @@ class Executor:
         pool.start_iteration()
         for b, raw in self.start_bytes.items():
             if it == 0 or not self.trace.buffers[b].persistent:
-                pool.created(b, -1)
-                pool.bind(b, raw.to(self.dev, copy=True).untyped_storage())
+                pool.materialise(b, raw.to(self.dev, copy=True).untyped_storage())
         timer = CudaTimer(self.trace.n_ops) if self.cuda else None
         start = time.perf_counter()
         steps, n = self.steps, len(self.steps)
         last = it + 1 == self.iterations
         # NOTE [ Keep ]: an op pins what it accesses from the end of the op
         # before it (when the simulator's job process moves on) to its own end
-        with pool.lock:
-            pool.pinned = steps[0].accesses
+        pool.pin(steps[0].accesses)
         self._trigger(self.schedule.after[0])
         for step in steps:
             i = step.op
@@ -228,20 +227,17 @@ class Executor:
             if i == self.program.loss_op:
                 self._record_loss()
             if i in self.schedule.recompute_ops:
-                self.read_versions[i] = {b: int(pool.version[b]) for b in step.needs}
+                self.read_versions[i] = {b: pool.version(b) for b in step.needs}
             if i in self.schedule.rng_ops:
                 self.rng_state[i] = get_rng(self.dev)
             self.op_seconds[it, i] = self.invoker.call(step, timer)
             self.memory_curve[it, i] = pool.current_bytes
-            with pool.lock:
-                pool.pinned = (
-                    steps[i + 1].accesses if i + 1 < n else NOTHING if last else steps[0].accesses
-                )
+            pool.pin(steps[i + 1].accesses if i + 1 < n else NOTHING if last else steps[0].accesses)
             if i + 1 == self.program.loss_op:  # no backward: the loss is the last op's output
                 self._record_loss()
             self._trigger(self.schedule.after[i + 1])
             for b in step.frees:
-                pool.kill(b)
+                pool.framework_free(b)
             self._raise_lane_errors()
             if self.sync is not None:
                 self.sync.op_done(it, i)
@@ -267,17 +263,12 @@ class Executor:
     def _ensure(self, b: int, i: int, who: str) -> None:
         """Make `b`, which op `i` (or a recompute for it) needs, usable
         (NOTE [ Applying a plan ])."""
-        pool = self.pool
         while True:
-            with pool.lock:
-                if b in pool.leaving:
-                    pool.keep.add(b)  # NOTE [ Keep ]
-                    return
-                t = pool.arriving.get(b)
-                if t is None and pool.on_device(b):
-                    return
-            if t is not None:
-                self._wait(t)
+            usable = self.pool.need(b)  # a leaving one is kept (NOTE [ Keep ])
+            if usable is True:
+                return
+            if usable is not False:  # arriving
+                self._wait(usable)
                 continue
             ev = self.schedule.recompute.get((b, i))
             if ev is None or b in self.recomputing:
@@ -302,72 +293,52 @@ class Executor:
                 self._swap_in(ev)
 
     def _release(self, ev: Release) -> None:
-        pool, b = self.pool, ev.buffer
-        with pool.lock:
-            if b in pool.leaving:
-                pool.keep.discard(b)  # the swap-out frees it after all
-                return
-            if b in pool.arriving:
-                return  # as the simulator: a skip
-            if not pool.on_device(b):
-                raise ValidationError(
-                    f"{describe(ev)} after op {ev.after_op}: it is not on the device"
-                )
-            pool.drop(b)
+        try:
+            self.pool.release(ev.buffer)
+        except NotOnDevice:
+            raise self._absent(ev) from None
 
     def _swap_out(self, ev: SwapOut) -> None:
-        pool, b = self.pool, ev.buffer
-        with pool.lock:
-            if b in pool.leaving or b in pool.arriving:
-                return  # as the simulator: a skip
-            if not pool.on_device(b):
-                raise ValidationError(
-                    f"{describe(ev)} after op {ev.after_op}: it is not on the device"
-                )
-            pool.keep.discard(b)
-            if not ev.delay_us and pool.host_valid(b):
-                pool.drop(b)  # a discard (NOTE [ Keep ]), at once as in the simulator
-                return
-            t = self._transfer(Direction.D2H, ev, b)
-            pool.leaving[b] = t
+        try:  # NOTE [ Keep ]: a skip or a discard needs no copy
+            t = self.pool.begin_swap_out(
+                ev.buffer, not ev.delay_us, lambda lifetime: self._transfer(ev, lifetime)
+            )
+        except NotOnDevice:
+            raise self._absent(ev) from None
+        if t is None:
+            return
         if ev.before_op >= 0:  # planners.core.plan NOTE [ Swap-out deadlines ]
             self.deadlines.setdefault((self.it, ev.before_op), []).append(t)
         self.lanes[0].submit(t)
 
     def _swap_in(self, ev: SwapIn) -> None:
-        pool, b = self.pool, ev.buffer
         if ev.next_iteration and self.it + 1 == self.iterations:
             return  # no next iteration to serve (planners.core.plan NOTE [ Cross-iteration swaps ])
         due = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
-        with pool.lock:
-            t = pool.arriving.get(b)
-            if t is None:
-                if b in pool.leaving:
-                    pool.keep.add(b)  # NOTE [ Keep ]: no copy either way
-                    return
-                if pool.on_device(b):
-                    return  # resident already (a periodic plan's first iteration)
-                t = pool.arriving[b] = self._transfer(Direction.H2D, ev, b)
-                submit = True
-            else:
-                submit = False  # the copy in flight serves this one too
+        # NOTE [ Keep ]: a copy in flight serves this one too; a leaving buffer is kept
+        t, new = self.pool.begin_swap_in(ev.buffer, lambda lifetime: self._transfer(ev, lifetime))
+        if t is None:
+            return
         self.deadlines.setdefault(due, []).append(t)
-        if submit:
+        if new:
             self.lanes[-1].submit(t)
 
-    def _transfer(self, direction: Direction, ev: SwapOut | SwapIn, b: int) -> Transfer:
+    def _transfer(self, ev: SwapOut | SwapIn, lifetime: int) -> Transfer:
         now = time.perf_counter()
         return Transfer(
-            direction,
-            b,
+            Direction.D2H if isinstance(ev, SwapOut) else Direction.H2D,
+            ev.buffer,
             self.it,
             label=f"{describe(ev)} after op {ev.after_op} of iteration {self.it}",
-            nbytes=int(self.pool.nbytes[b]),
+            nbytes=int(self.nbytes[ev.buffer]),
             queued_s=now,
             ready_s=now + ev.delay_us * 1e-6,
-            lifetime=int(self.pool.lifetime[b]),
+            lifetime=lifetime,
             compute_ready=cuda_event() if self.cuda else None,
         )
+
+    def _absent(self, ev: SwapOut | Release) -> ValidationError:
+        return ValidationError(f"{describe(ev)} after op {ev.after_op}: it is not on the device")
 
     def _recompute(self, ev: Recompute) -> None:
         """NOTE [ Recompute ]: `ev.buffer` is absent and `ev.before_op` needs it."""
@@ -382,8 +353,7 @@ class Executor:
         self.recomputing.add(ev.buffer)
         for k in ev.ops:
             step = self.steps[k]
-            with pool.lock:
-                pool.pinned = pinned | step.accesses
+            pool.pin(pinned | step.accesses)
             read = [b for b in step.needs if b not in restored]
             for b in read:
                 self._ensure(b, ev.before_op, f"{who}: op {k}")
@@ -394,12 +364,12 @@ class Executor:
             for b in read:
                 if b in self.rebuilding:  # an enclosing chain's, checked by that chain
                     continue
-                if b not in scratch and pool.version[b] != versions[b]:
+                if b not in scratch and pool.version(b) != versions[b]:
                     raise ValidationError(
                         f"{who}: op {k} reads {self.invoker.name(b)}, which op "
-                        f"{pool.writers[b][-1]} modified after op {k} first ran"
+                        f"{pool.last_writer(b)} modified after op {k} first ran"
                     )
-            absent = {b for b in step.creates if not pool.on_device(b) and b not in pool.arriving}
+            absent = {b for b in step.creates if pool.gone(b)}
             saved = swap_rng(self.dev, self.rng_state[k]) if step.rng else None
             self.invoker.call(step, None, frozenset(scratch), frozenset(absent))
             if saved is not None:
@@ -413,16 +383,16 @@ class Executor:
                     writers[b].append(k)
         self.rebuilding -= restored
         for b in sorted(restored):
-            if tuple(writers[b]) != pool.dropped_writers.get(b):
+            dropped = pool.dropped_writers(b)
+            if tuple(writers[b]) != dropped:
                 raise ValidationError(
                     f"{who}: brings back {self.invoker.name(b)} from ops {writers[b]}, but the "
-                    f"dropped copy was written by ops {list(pool.dropped_writers.get(b, ()))}"
+                    f"dropped copy was written by ops {list(dropped or ())}"
                 )
-            pool.restored(b)
+            pool.restore(b)
             if b != ev.buffer:
                 pool.drop(b)
-        with pool.lock:
-            pool.pinned = pinned
+        pool.pin(pinned)
         self.recomputing.discard(ev.buffer)
         if outer and span is not None:  # device time, read when the iteration synchronises
             self.recompute_spans.append((span[0], cuda_event(timing=True)))
@@ -432,13 +402,13 @@ class Executor:
 
     # ---- helpers -------------------------------------------------------------------
     def _record_loss(self) -> None:
-        with self.pool.lock:
-            values = [self.pool.view(v).item() for v in self.program.loss_views]
+        values = self.pool.scalars(self.program.loss_views)
         self.losses[self.it, : len(values)] = values
 
     def _raise_lane_errors(self) -> None:
-        if self.pool.errors:
-            raise ValidationError(self.pool.errors[0])
+        error = self.pool.lane_error
+        if error is not None:
+            raise ValidationError(error)
 
 
 def replay(

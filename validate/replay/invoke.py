@@ -22,6 +22,7 @@ class Invoker:
     def __init__(self, trace: Trace, pool: DevicePool, device: torch.device):
         self.trace = trace
         self.pool = pool
+        self.nbytes = trace.nbytes
         self.dev = device
         self.size_mismatches: dict[int, tuple[int, int]] = {}  # buffer -> (trace, real)
 
@@ -37,31 +38,28 @@ class Invoker:
         `scratch` go to clones (NOTE [ Recompute ] in `validate/replay/executor.py`).
         Returns the op's seconds (host time; the executor reads CUDA events)."""
         pool = self.pool
-        storages: set[int] = set()
-        with pool.lock:
-            for b in step.needs:
-                if not pool.on_device(b) or b in pool.arriving:
-                    raise ValidationError(f"{self.op(step.op)} needs {self.gone(b)}")
-            args = [
-                self.fill(a, storages, scratch if ("args", j) in step.mutated else frozenset())
-                for j, a in enumerate(step.args)
-            ]
-            kwargs = {
-                k: self.fill(v, storages, scratch if ("kwargs", k) in step.mutated else frozenset())
-                for k, v in step.kwargs.items()
-            }
-            # outputs are taken as the op starts, as the simulator does (NOTE
-            # [ Device bytes ]); writes count from here for a copy ending meanwhile
-            pool.reserve(step.create_bytes)
-            pool.writing = frozenset(b for b in step.writes if b not in scratch)
-            pool.writing_op = step.op
+        writes = tuple(b for b in step.writes if b not in scratch) if scratch else step.writes
+        # outputs are taken as the op starts, as the simulator does (NOTE
+        # [ Device bytes ]); writes count from here for a copy ending meanwhile
+        missing = pool.begin_op(step.op, step.needs, writes, step.create_bytes)
+        if missing is not None:
+            raise ValidationError(f"{self.op(step.op)} needs {self.gone(missing)}")
+        storages: set[int] = set()  # the arguments' views are stable (NOTE [ One lock ])
+        args = [
+            self.fill(a, storages, scratch if ("args", j) in step.mutated else frozenset())
+            for j, a in enumerate(step.args)
+        ]
+        kwargs = {
+            k: self.fill(v, storages, scratch if ("kwargs", k) in step.mutated else frozenset())
+            for k, v in step.kwargs.items()
+        }
         if timer is not None:
             timer.start(step.op)
         t0 = time.perf_counter()
         try:
             out = step.fn(*args, **kwargs)
         except Exception as e:
-            pool.writing = frozenset()
+            pool.op_failed()
             raise ValidationError(f"{self.op(step.op)} failed on replay: {e}") from e
         seconds = time.perf_counter() - t0
         if timer is not None:
@@ -74,24 +72,16 @@ class Invoker:
                 f"{self.op(step.op)} made {len(new)} new buffers, the trace records "
                 f"{len(step.creates)}: {list(step.creates)}"
             )
-        with pool.lock:
-            for b, s in zip(step.creates, new, strict=True):
-                if s.nbytes() != pool.nbytes[b]:
-                    if s.nbytes() < pool.nbytes[b]:
-                        raise ValidationError(
-                            f"{self.op(step.op)}: its output for {self.name(b)} has {s.nbytes()} "
-                            f"bytes, fewer than the {int(pool.nbytes[b])} the trace records"
-                        )
-                    self.size_mismatches[b] = (int(pool.nbytes[b]), s.nbytes())
-                if bind is None or b in bind:
-                    pool.created(b, step.op)
-                    pool.bind(b, s, reserved=True)
-                else:  # made for a moment and dropped (a recompute's output still present)
-                    pool.unreserve(int(pool.nbytes[b]))
-            for b in step.writes:
-                if b not in scratch:
-                    pool.written(b, step.op)
-            pool.writing = frozenset()
+        for b, s in zip(step.creates, new, strict=True):
+            expected = int(self.nbytes[b])
+            if s.nbytes() != expected:
+                if s.nbytes() < expected:
+                    raise ValidationError(
+                        f"{self.op(step.op)}: its output for {self.name(b)} has {s.nbytes()} "
+                        f"bytes, fewer than the {expected} the trace records"
+                    )
+                self.size_mismatches[b] = (expected, s.nbytes())
+        pool.end_op(step.op, step.creates, new, bind, writes)
         del new
         return seconds
 
@@ -113,7 +103,7 @@ class Invoker:
         return x
 
     def gone(self, b: int) -> str:
-        where = "on the host" if self.pool.host[b] is not None else "not on the device"
+        where = "on the host" if self.pool.has_host_copy(b) else "not on the device"
         return f"{self.name(b)}, which is {where}"
 
     def op(self, i: int) -> str:

@@ -1,20 +1,11 @@
-"""Copy lanes: workers that move buffers between the device pool and the host
-pool, one transfer at a time per lane, like the simulator's PCIe lanes.
+"""Copy lanes: worker threads that carry transfers between the device pool and
+the host pool, one at a time per lane, like the simulator's PCIe lanes.
 
 A transfer is queued when its trigger op ends and may not start before
-`ready_s` (the trigger's end plus the plan's `delay_us`). It goes through
-the simulator's three steps (`sim/transfers.py`):
-- ready (`Mover.arrive`): what needs no lane is settled at once, even while
-  the lane is busy -- a swap-out of a buffer the framework freed meanwhile
-  is dropped, one of a buffer whose host copy is still valid is a discard
-  (NOTE [ Keep ] in `validate/replay/pool.py`); the rest queue for the lane, FIFO
-  in order of ready time;
-- start (`Mover.start`), when it gets the lane: a swap-out of a buffer
-  needed again meanwhile does not start; a swap-in takes its device bytes;
-  the bytes are copied;
-- end (`Mover.end`), when the lane has been busy for `nbytes / bandwidth`:
-  a swap-out makes its host copy and frees the device copy (unless kept); a
-  swap-in's buffer becomes usable.
+`ready_s` (the trigger's end plus the plan's `delay_us`). The lane takes it
+through its steps (`validate/replay/mover.py`): it arrives at its ready
+time, queues for the lane, FIFO in order of ready time, starts when it gets
+the lane, and ends when the lane has been busy for it.
 
 # NOTE [ Throttled copies ]
 On CPU a copy is a memcpy on the lane's thread, far faster than PCIe. Given
@@ -52,11 +43,15 @@ machine, so the lane does as little as it can per transfer:
   the lane thread is woken only for what it must do before it wakes anyway:
   a copy for an idle lane, an earlier ready time; a busy lane takes a new
   copy when its current one ends, without a wake-up of its own;
-- a copy up to `GIL_COPY_BYTES` is a `memmove` that keeps the GIL (a few
-  microseconds here, less than handing the GIL over and back), a larger one
-  lets the compute thread run meanwhile; the copies go between untyped
-  storages, with no tensor made per copy;
-- a transfer's `done` is a `Latch` (a held lock), not a `threading.Event`.
+- a copy up to `GIL_COPY_BYTES` (`validate/replay/mover.py`) is a
+  `memmove` that keeps the GIL (a few microseconds here, less than handing
+  the GIL over and back), a larger one lets the compute thread run
+  meanwhile; the copies go between untyped storages, with no tensor made
+  per copy;
+- a transfer's `done` is a `Latch` (a held lock), not a `threading.Event`;
+- the pool's lock is taken once per step of a transfer, inside the pool's
+  own methods, and never for the lane's records (NOTE [ One lock ] in
+  `validate/replay/pool.py`).
 Measured on tiny_resnet's TENSILE plan (about 135 transfers an iteration,
 most under 1 KiB): the compute thread's extra wall time per transfer went
 from 35 to 29 us, the lane thread's CPU from 28 to 25 us.
@@ -73,7 +68,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import enum
 import functools
 import heapq
 import math
@@ -81,87 +75,14 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from memplan.validate.replay.pool import DevicePool
+from memplan.validate.replay.mover import Mover
+from memplan.validate.replay.transfer import Transfer, TransferRecord
 
 _PR_SET_TIMERSLACK = 29
 LANE_NICE = -10  # the lane thread's nice value where the process may raise it
-GIL_COPY_BYTES = 64 * 1024  # CPU copies up to this size keep the GIL (NOTE [ Lean lanes ])
-
-
-class Latch:
-    """Set once, waited on by any number of threads: a held lock that `set`
-    releases (cheaper than a `threading.Event`: no Condition to make, no
-    waiter list to notify, NOTE [ Lean lanes ])."""
-
-    __slots__ = ("_lock", "_set")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._set = False
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        if not self._set:
-            self._set = True
-            self._lock.release()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Whether it is set, waiting up to `timeout` seconds (None: for ever)."""
-        if self._set:
-            return True
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            return False
-        self._lock.release()  # the next waiter passes too
-        return True
-
-
-class Direction(enum.Enum):
-    D2H = "swap_out"
-    H2D = "swap_in"
-
-
-@dataclass(slots=True)
-class Transfer:
-    """One queued copy. `done` is set when it ends, is dropped, or failed."""
-
-    direction: Direction
-    buffer: int
-    iteration: int
-    label: str  # how errors name it: "swap_in of buffer 7 after op 12 of iteration 0"
-    nbytes: int  # by the trace: what the lane is busy for
-    queued_s: float  # perf_counter seconds: when its trigger op ended
-    ready_s: float  # not started before (queued_s + the plan's delay)
-    lifetime: int  # the buffer's lifetime when queued: a free in between cancels it
-    compute_ready: Any = None  # torch.cuda.Event after the trigger op, CUDA only
-    done: Latch = field(default_factory=Latch)
-    start_s: float = 0.0
-    end_s: float = 0.0
-    running: bool = False  # its copy holds the lane
-    owns_bytes: bool = False  # the buffer died while it ran: its end frees them
-    version: int = -1  # the data version when the copy started (swap-out)
-    host: torch.UntypedStorage | None = None  # the host copy being made (swap-out)
-    event: Any = None  # CUDA: the copy's event
-
-
-@dataclass(frozen=True, slots=True)
-class TransferRecord:
-    """A copy that moved bytes; times in seconds since the replay started."""
-
-    direction: Direction
-    buffer: int
-    iteration: int
-    nbytes: int
-    queued_s: float
-    ready_s: float
-    start_s: float
-    end_s: float
 
 
 class LaneSync(Protocol):
@@ -170,161 +91,6 @@ class LaneSync(Protocol):
     def copy_started(self, t: Transfer) -> None: ...
 
     def copy_ending(self, t: Transfer) -> None: ...
-
-
-class Mover:
-    """The three steps of a transfer against the pool: CPU memcpy, or CUDA
-    side streams. `arrive` and `start` return whether the transfer goes on."""
-
-    def __init__(self, pool: DevicePool, lanes: int):
-        self.pool = pool
-        self.cuda = pool.device.type == "cuda"
-        self.streams = [torch.cuda.Stream(pool.device) for _ in range(lanes)] if self.cuda else []
-        self.compute_stream = torch.cuda.current_stream(pool.device) if self.cuda else None
-
-    def _table(self, t: Transfer) -> dict[int, Transfer]:
-        return self.pool.leaving if t.direction is Direction.D2H else self.pool.arriving
-
-    def _fail(self, t: Transfer, msg: str) -> bool:
-        with self.pool.lock:
-            self.pool.errors.append(f"{t.label}: {msg}")
-            if self._table(t).get(t.buffer) is t:
-                del self._table(t)[t.buffer]
-        return False
-
-    def _current(self, t: Transfer) -> bool:
-        """Whether `t` still acts on its buffer (not freed by the framework)."""
-        pool = self.pool
-        return pool.lifetime[t.buffer] == t.lifetime and self._table(t).get(t.buffer) is t
-
-    def arrive(self, t: Transfer) -> bool:
-        """Its ready time has come: settle it if it needs no lane."""
-        pool, b = self.pool, t.buffer
-        with pool.lock:
-            if not self._current(t):
-                return False
-            if t.direction is Direction.D2H and pool.host_valid(b):
-                del pool.leaving[b]  # a discard: no bytes move (NOTE [ Keep ])
-                if not pool.stays(b):
-                    pool.drop(b)
-                return False
-        return True
-
-    def start(self, t: Transfer, lane: int) -> bool:
-        """It has the lane: start the copy (memory taken for a swap-in)."""
-        if t.direction is Direction.D2H:
-            return self._start_out(t, lane)
-        return self._start_in(t, lane)
-
-    def _start_out(self, t: Transfer, lane: int) -> bool:
-        pool, b = self.pool, t.buffer
-        with pool.lock:
-            if not self._current(t):
-                return False
-            if b in pool.keep:  # needed again before the copy began: it stays
-                pool.keep.discard(b)
-                del pool.leaving[b]
-                return False
-            src = pool.storage[b]
-            if src is None:
-                return self._fail(t, "not on the device when the copy starts")
-            t.version = int(pool.version[b])
-            t.running = True
-        if self.cuda:
-            host = torch.empty(src.nbytes(), dtype=torch.uint8, pin_memory=True)
-            stream = self.streams[lane]
-            with torch.cuda.stream(stream):
-                stream.wait_event(t.compute_ready)
-                dev = torch.empty(0, dtype=torch.uint8, device=pool.device).set_(src)
-                dev.record_stream(stream)
-                host.copy_(dev, non_blocking=True)
-                t.event = torch.cuda.Event()
-                t.event.record(stream)
-            t.host = host.untyped_storage()
-        else:
-            t.host = torch.UntypedStorage(src.nbytes())
-            cpu_copy(t.host, src)
-        return True
-
-    def _start_in(self, t: Transfer, lane: int) -> bool:
-        pool, b = self.pool, t.buffer
-        with pool.lock:
-            if not self._current(t):
-                return False
-            if pool.on_device(b):
-                return self._fail(t, "already on the device when the copy starts")
-            host = pool.host[b]
-            if host is None or not pool.host_valid(b):
-                stale = pool.stale_by.get(b)
-                why = "it was never swapped out" if stale is None else f"op {stale} wrote it since"
-                return self._fail(t, f"no valid host copy ({why})")
-            if self.cuda:
-                with torch.cuda.stream(self.streams[lane]):
-                    dev = torch.empty(host.nbytes(), dtype=torch.uint8, device=pool.device)
-                storage = dev.untyped_storage()
-            else:
-                storage = torch.UntypedStorage(host.nbytes(), device=pool.device)
-            pool.bind(b, storage)  # memory is taken when the copy starts
-            t.running = True
-        if self.cuda:
-            with torch.cuda.stream(self.streams[lane]):
-                dev.copy_(torch.empty(0, dtype=torch.uint8).set_(host), non_blocking=True)
-                t.event = torch.cuda.Event()
-                t.event.record(self.streams[lane])
-            dev.record_stream(self.compute_stream)
-        else:
-            cpu_copy(storage, host)
-        return True
-
-    def end(self, t: Transfer) -> None:
-        """The copy's span is over: a swap-out frees the device copy (unless
-        kept, NOTE [ Keep ]); a swap-in's buffer is usable."""
-        if t.event is not None:
-            t.event.synchronize()
-        pool, b = self.pool, t.buffer
-        with pool.lock:
-            t.running = False
-            if t.owns_bytes:  # the framework freed it meanwhile: give back its bytes
-                pool.unreserve(t.nbytes)
-                return
-            if self._table(t).get(b) is t:
-                del self._table(t)[b]
-            if t.direction is Direction.H2D:
-                return
-            assert t.host is not None
-            # a write that overlapped the copy in any way makes it stale
-            fresh = pool.version[b] == t.version and b not in pool.writing
-            if fresh:
-                pool.set_host(b, t.host, t.version)
-            else:
-                pool.stale_by[b] = pool.writing_op if b in pool.writing else pool.writers[b][-1]
-            if not pool.stays(b):
-                pool.drop(b)
-        t.host = None
-
-
-@functools.cache
-def _memmove_holding_gil() -> Any:
-    """libc's `memmove` called without releasing the GIL (NOTE [ Lean
-    lanes ]); None where the process's symbols cannot be loaded."""
-    try:
-        fn = ctypes.PyDLL(None).memmove  # a PyDLL call keeps the GIL; a CDLL call drops it
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    fn.restype = ctypes.c_void_p
-    return fn
-
-
-def cpu_copy(dst: torch.UntypedStorage, src: torch.UntypedStorage) -> None:
-    """Copy `src` into `dst` (as large) on the calling thread: a small copy
-    keeps the GIL, a large one lets the compute thread run meanwhile (NOTE
-    [ Lean lanes ])."""
-    n = src.nbytes()
-    if n == 0:
-        return
-    small = _memmove_holding_gil() if n <= GIL_COPY_BYTES else None
-    (small or ctypes.memmove)(dst.data_ptr(), src.data_ptr(), n)
 
 
 @functools.cache
@@ -351,7 +117,8 @@ def _prompt_wakeups() -> None:
 
 
 class Lane(threading.Thread):
-    """One copy lane: a worker thread taking one transfer at a time."""
+    """One copy lane: a worker thread taking one transfer at a time through
+    the `mover`'s steps (it never touches the pool itself)."""
 
     def __init__(
         self,
@@ -420,14 +187,13 @@ class Lane(threading.Thread):
         try:
             return step(t, *args)
         except Exception as e:  # reported by the compute loop, never lost
-            with self.mover.pool.lock:
-                self.mover.pool.errors.append(f"{t.label}: {e!r}")
+            self.mover.fail(t, e)
             return False
 
     def run(self) -> None:
         _prompt_wakeups()
         if self.mover.cuda:
-            torch.cuda.set_device(self.mover.pool.device)
+            torch.cuda.set_device(self.mover.device)
         clock, mover, sync, lock = time.perf_counter, self.mover, self.sync, self._lock
         queue, fifo = self._queue, self._fifo
         current: Transfer | None = None
@@ -482,22 +248,19 @@ class Lane(threading.Thread):
                 self._wake_at = -math.inf
 
     def _finish(self, t: Transfer, moved: bool) -> None:
-        pool = self.mover.pool
-        with pool.lock:
-            table = pool.leaving if t.direction is Direction.D2H else pool.arriving
-            if table.get(t.buffer) is t and not t.running:
-                del table[t.buffer]
-            if moved:
-                self.records.append(
-                    TransferRecord(
-                        t.direction,
-                        t.buffer,
-                        t.iteration,
-                        t.nbytes,
-                        t.queued_s - self.t0,
-                        t.ready_s - self.t0,
-                        t.start_s - self.t0,
-                        t.end_s - self.t0,
-                    )
+        """`t` is over (the mover took it off the pool's tables): record it if
+        it moved bytes, and let its waiters go."""
+        if moved:
+            self.records.append(
+                TransferRecord(
+                    t.direction,
+                    t.buffer,
+                    t.iteration,
+                    t.nbytes,
+                    t.queued_s - self.t0,
+                    t.ready_s - self.t0,
+                    t.start_s - self.t0,
+                    t.end_s - self.t0,
                 )
+            )
         t.done.set()

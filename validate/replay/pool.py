@@ -2,8 +2,15 @@
 exact byte accounting), the host pool of swapped-out copies, and the data
 versions that tell a valid host copy from a stale one.
 
-One lock guards it all: the compute loop and the copy lanes both move
-buffers in and out.
+# NOTE [ One lock ]
+The compute loop and the copy lanes both move buffers in and out. The pool
+owns the lock that orders them: every state transition is a method that
+takes it once, for exactly the checks and moves that must be seen together,
+and no other module touches the lock or the state. Readers of one value (is
+a buffer on the device, the bytes held now) need no lock: one load under
+the GIL. An op's argument views are made after `begin_op`, outside the
+lock: the buffers an op needs cannot move while it runs (an arriving one
+was waited for, a leaving one is kept or pinned, NOTE [ Keep ]).
 
 # NOTE [ Keep ]
 As in the simulator (NOTE [ Event semantics ] in `sim/model.py`), a buffer
@@ -26,7 +33,7 @@ vanilla replay the pool follows the trace's `memory_curve("framework")` to
 the byte (counting the trace's sizes even where a real storage is larger,
 see `ReplayResult.size_mismatches`). A swapped-out buffer leaves the pool
 when its copy ends (NOTE [ Keep ] for when it stays). An op's outputs are
-counted when it starts, as the simulator allocates them (`reserve`); a
+counted when it starts, as the simulator allocates them (`begin_op`); a
 swap-in's bytes when its copy starts. A buffer the framework frees while a
 copy of it runs keeps its bytes until that copy ends (the copy engine still
 reads or writes them; the simulator's `_framework_free`).
@@ -35,203 +42,459 @@ reads or writes them; the simulator's `_framework_free`).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 from memplan.traces.model import Trace
+from memplan.validate.replay.transfer import Direction, Transfer
+from memplan.validate.replay.views import ViewCache
 
-if TYPE_CHECKING:
-    from memplan.validate.replay.lanes import Transfer
+NOTHING: frozenset[int] = frozenset()
+
+# a transfer for a buffer, made when the pool queues one: called with the buffer's lifetime
+MakeTransfer = Callable[[int], Transfer]
+# a device storage of so many bytes, for a swap-in (on the lane's stream on CUDA)
+Allocate = Callable[[int], torch.UntypedStorage]
+
+
+class NotOnDevice(LookupError):
+    """A plan event acts on a buffer that is not on the device."""
 
 
 class DevicePool:
-    """Residency and bytes of every buffer of one trace on one device."""
+    """Residency and bytes of every buffer of a trace on a device (NOTE [ One lock ])."""
 
     def __init__(self, trace: Trace, device: torch.device, buffer_dtype: tuple[torch.dtype, ...]):
         self.trace = trace
         self.device = device
         self.buffer_dtype = buffer_dtype
-        self.nbytes = trace.nbytes
         n = trace.n_buffers
-        self.lock = threading.RLock()
-        self.storage: list[torch.UntypedStorage | None] = [None] * n
-        self.host: list[torch.UntypedStorage | None] = [None] * n  # copies on the host
-        self.host_version = np.full(n, -1, np.int64)  # version of the data `host` holds
-        self.stale_by: dict[int, int] = {}  # op whose write made the host copy stale
-        self.version = np.zeros(n, np.int64)  # bumped by every write, never reset
-        self.writers: list[list[int]] = [[] for _ in range(n)]  # ops since creation
-        self.dropped_writers: dict[int, tuple[int, ...]] = {}  # writers when last dropped
-        self.dropped_version = np.full(n, -1, np.int64)  # version when last dropped
-        self.lifetime = np.zeros(n, np.int64)  # bumped when the buffer is made or freed
-        self.pinned: frozenset[int] = frozenset()  # what the op being run accesses
-        self.keep: set[int] = set()  # NOTE [ Keep ]
-        self.writing: frozenset[int] = frozenset()  # what the op being called writes
-        self.writing_op = -1
-        self.arriving: dict[int, Transfer] = {}  # swap-in queued or in flight
-        self.leaving: dict[int, Transfer] = {}  # swap-out queued or in flight
-        self.errors: list[str] = []  # found on a copy lane, raised by the compute loop
-        self.current_bytes = 0
-        self.iteration_peaks: list[int] = []  # per iteration so far: its peak
-        self.host_bytes = 0
-        self.host_peak_bytes = 0
-        self._views_of: list[list[int]] = [[] for _ in range(n)]
-        for v in trace.views:
-            self._views_of[v.buffer].append(v.id)
-        self._view_cache: dict[int, torch.Tensor] = {}
+        self._nbytes = trace.nbytes
+        self._lock = threading.Lock()
+        self._storage: list[torch.UntypedStorage | None] = [None] * n
+        self._host: list[torch.UntypedStorage | None] = [None] * n  # copies on the host
+        self._host_version = np.full(n, -1, np.int64)  # version of the data `_host` holds
+        self._stale_by: dict[int, int] = {}  # op whose write made the host copy stale
+        self._version = np.zeros(n, np.int64)  # bumped by every write, never reset
+        self._writers: list[list[int]] = [[] for _ in range(n)]  # ops since creation
+        self._dropped_writers: dict[int, tuple[int, ...]] = {}  # writers when last dropped
+        self._dropped_version = np.full(n, -1, np.int64)  # version when last dropped
+        self._lifetime = np.zeros(n, np.int64)  # bumped when the buffer is made or freed
+        self._pinned: frozenset[int] = NOTHING  # what the op being run accesses
+        self._keep: set[int] = set()  # NOTE [ Keep ]
+        self._writing: frozenset[int] = NOTHING  # what the op being called writes
+        self._writing_op = -1
+        self._arriving: dict[int, Transfer] = {}  # swap-in queued or in flight
+        self._leaving: dict[int, Transfer] = {}  # swap-out queued or in flight
+        self._errors: list[str] = []  # found on a copy lane, raised by the compute loop
+        self._current_bytes = 0
+        self._iteration_peaks: list[int] = []  # per iteration so far: its peak
+        self._host_bytes = 0
+        self._host_peak_bytes = 0
+        self._views = ViewCache(trace, device, self._storage)
+        self.view = self._views.get  # view `v` over its buffer's current device storage
 
-    # ---- device copies -------------------------------------------------------
+    # ---- readers (one value each, no lock) -------------------------------------------
     def on_device(self, b: int) -> bool:
-        return self.storage[b] is not None
+        return self._storage[b] is not None
 
-    def reserve(self, nbytes: int) -> None:
-        """Count `nbytes` taken (an op's outputs as it starts); `bind(...,
-        reserved=True)` or `unreserve` settles them."""
-        with self.lock:
-            self.current_bytes += nbytes
-            if self.current_bytes > self.iteration_peaks[-1]:  # start_iteration came first
-                self.iteration_peaks[-1] = self.current_bytes
+    def gone(self, b: int) -> bool:
+        """Neither on the device nor arriving: only a recompute brings it back."""
+        return self._storage[b] is None and b not in self._arriving
 
-    def start_iteration(self) -> None:
-        """Start the next iteration's peak from what the pool holds now."""
-        with self.lock:
-            self.iteration_peaks.append(self.current_bytes)
-
-    def unreserve(self, nbytes: int) -> None:
-        with self.lock:
-            self.current_bytes -= nbytes
-
-    def bind(self, b: int, storage: torch.UntypedStorage, reserved: bool = False) -> None:
-        """Make `storage` the device copy of `b` (a new output, a swap-in,
-        a materialised input); its bytes enter the pool (already did if
-        `reserved`)."""
-        with self.lock:
-            if self.storage[b] is not None:
-                raise AssertionError(f"buffer {b} is already on the device")
-            self.storage[b] = storage
-            if not reserved:
-                self.reserve(int(self.nbytes[b]))
-            self._forget_views(b)
-
-    def drop(self, b: int, counted: bool = True) -> None:
-        """Free the device copy of `b` (its bytes too unless not `counted`:
-        a running copy gives them back when it ends)."""
-        with self.lock:
-            if self.storage[b] is None:
-                return
-            self.storage[b] = None
-            if counted:
-                self.current_bytes -= int(self.nbytes[b])
-            self.dropped_writers[b] = tuple(self.writers[b])
-            self.dropped_version[b] = self.version[b]
-            self._forget_views(b)
-
-    def stays(self, b: int) -> bool:
-        """Whether a swap-out of `b` ending now leaves it on the device
-        (NOTE [ Keep ]); the keep is used up."""
-        with self.lock:
-            if b in self.keep:
-                self.keep.discard(b)
-                return True
-            return b in self.pinned
-
-    # ---- host copies -----------------------------------------------------------
-    def set_host(self, b: int, data: torch.UntypedStorage, version: int) -> None:
-        with self.lock:
-            self.drop_host(b)
-            self.stale_by.pop(b, None)
-            self.host[b] = data
-            self.host_version[b] = version
-            self.host_bytes += int(self.nbytes[b])
-            self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
-
-    def drop_host(self, b: int) -> None:
-        with self.lock:
-            if self.host[b] is not None:
-                self.host[b] = None
-                self.host_version[b] = -1
-                self.host_bytes -= int(self.nbytes[b])
+    def has_host_copy(self, b: int) -> bool:
+        return self._host[b] is not None
 
     def host_valid(self, b: int) -> bool:
-        return self.host[b] is not None and self.host_version[b] == self.version[b]
+        return self._host[b] is not None and self._host_version[b] == self._version[b]
 
-    # ---- data versions ------------------------------------------------------------
-    def created(self, b: int, op: int) -> None:
-        with self.lock:
-            self.version[b] += 1
-            self.lifetime[b] += 1
-            self.writers[b] = [op]
-            self.stale_by.pop(b, None)
-            self.drop_host(b)
+    def version(self, b: int) -> int:
+        return int(self._version[b])
 
-    def written(self, b: int, op: int) -> None:
-        """`op` modified `b` in place: a host copy no longer matches it."""
-        with self.lock:
-            self.version[b] += 1
-            self.writers[b].append(op)
-            if self.host[b] is not None:
-                self.stale_by[b] = op
-                self.drop_host(b)
+    def last_writer(self, b: int) -> int:
+        return self._writers[b][-1]
 
-    def restored(self, b: int) -> None:
+    def dropped_writers(self, b: int) -> tuple[int, ...] | None:
+        """The ops that had written `b` when it was last dropped (None: never)."""
+        return self._dropped_writers.get(b)
+
+    @property
+    def current_bytes(self) -> int:
+        """Device bytes held now (NOTE [ Device bytes ])."""
+        return self._current_bytes
+
+    @property
+    def pinned(self) -> frozenset[int]:
+        return self._pinned
+
+    @property
+    def iteration_peaks(self) -> tuple[int, ...]:
+        """Per iteration so far: its peak device bytes."""
+        return tuple(self._iteration_peaks)
+
+    @property
+    def host_peak_bytes(self) -> int:
+        return self._host_peak_bytes
+
+    @property
+    def lane_error(self) -> str | None:
+        """The first error a copy lane found (the compute loop raises it)."""
+        return self._errors[0] if self._errors else None
+
+    # ---- the compute thread: iterations, ops, recomputes -----------------------------
+    def start_iteration(self) -> None:
+        """Start the next iteration's peak from what the pool holds now."""
+        with self._lock:
+            self._iteration_peaks.append(self._current_bytes)
+
+    def materialise(self, b: int, storage: torch.UntypedStorage) -> None:
+        """`b` exists at iteration start (a parameter, an input) as `storage`:
+        a new lifetime, on the device, its bytes counted."""
+        with self._lock:
+            self._created(b, -1)
+            self._bind(b, storage)
+
+    def pin(self, accesses: frozenset[int]) -> None:
+        """What the op being run accesses: a swap-out ending meanwhile leaves
+        it on the device (NOTE [ Keep ])."""
+        with self._lock:
+            self._pinned = accesses
+
+    def need(self, b: int) -> Transfer | bool:
+        """An op (or a recompute for it) needs `b`: True if it is usable now
+        (a leaving one is kept, NOTE [ Keep ]), the swap-in to wait for if
+        it is arriving, False if it is gone."""
+        with self._lock:
+            if b in self._leaving:
+                self._keep.add(b)
+                return True
+            t = self._arriving.get(b)
+            if t is not None:
+                return t
+            return self._storage[b] is not None
+
+    def begin_op(
+        self, op: int, needs: tuple[int, ...], writes: Iterable[int], create_bytes: int
+    ) -> int | None:
+        """Op `op` starts: the first of `needs` that is not usable (None: all
+        are). If all are, its outputs' `create_bytes` are counted (NOTE
+        [ Device bytes ]) and its `writes` count from here for a copy that
+        ends meanwhile."""
+        with self._lock:
+            for b in needs:
+                if self._storage[b] is None or b in self._arriving:
+                    return b
+            self._reserve(create_bytes)
+            self._writing = frozenset(writes)
+            self._writing_op = op
+        return None
+
+    def end_op(
+        self,
+        op: int,
+        creates: tuple[int, ...],
+        storages: list[torch.UntypedStorage],
+        bind: frozenset[int] | None,
+        writes: Iterable[int],
+    ) -> None:
+        """Op `op` returned: the outputs it `creates` (in `bind`, if given)
+        become those buffers' device copies, the others are dropped at once
+        (their counted bytes given back); it modified `writes` in place."""
+        with self._lock:
+            for b, s in zip(creates, storages, strict=True):
+                if bind is None or b in bind:
+                    self._created(b, op)
+                    self._bind(b, s, reserved=True)
+                else:  # made for a moment and dropped (a recompute's output still present)
+                    self._current_bytes -= int(self._nbytes[b])
+            for b in writes:
+                self._written(b, op)
+            self._writing = NOTHING
+
+    def op_failed(self) -> None:
+        """The op being called raised: it writes nothing any more."""
+        with self._lock:
+            self._writing = NOTHING
+
+    def restore(self, b: int) -> None:
         """A recompute brought back the data `b` held when it was dropped: it
         is that version again (a host copy of it, if any, is valid again)."""
-        with self.lock:
-            self.version[b] = self.dropped_version[b]
-            self.writers[b] = list(self.dropped_writers[b])
+        with self._lock:
+            self._version[b] = self._dropped_version[b]
+            self._writers[b] = list(self._dropped_writers[b])
 
-    def kill(self, b: int) -> None:
+    def drop(self, b: int) -> None:
+        """Free the device copy of `b` (a recompute's intermediate)."""
+        with self._lock:
+            self._drop(b)
+
+    def framework_free(self, b: int) -> None:
         """The framework freed `b`: no copy of it survives anywhere. A copy
         of it that is running keeps the bytes until it ends (NOTE [ Device
         bytes ]); one that has not started will not."""
-        with self.lock:
+        with self._lock:
             running = False
-            for table in (self.leaving, self.arriving):
+            for table in (self._leaving, self._arriving):
                 t = table.pop(b, None)
                 if t is not None and t.running:
                     t.owns_bytes = running = True
-            self.drop(b, counted=not running)
-            self.keep.discard(b)
-            self.drop_host(b)
-            self.writers[b] = []
-            self.lifetime[b] += 1
-            self.stale_by.pop(b, None)
+            self._drop(b, counted=not running)
+            self._keep.discard(b)
+            self._drop_host(b)
+            self._writers[b] = []
+            self._lifetime[b] += 1
+            self._stale_by.pop(b, None)
 
-    # ---- tensors -------------------------------------------------------------------
-    def bytes_of(self, b: int) -> torch.Tensor:
-        """The device copy of `b` as a flat uint8 tensor."""
-        storage = self.storage[b]
-        if storage is None:
-            raise AssertionError(f"buffer {b} is not on the device")
-        return torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+    # ---- the compute thread: a plan's events -----------------------------------------
+    def release(self, b: int) -> None:
+        """A `Release`: free the device copy of `b`; of a leaving buffer undo
+        a keep, of an arriving one nothing. `NotOnDevice` if it is absent."""
+        with self._lock:
+            if b in self._leaving:
+                self._keep.discard(b)  # the swap-out frees it after all
+                return
+            if b in self._arriving:
+                return  # as the simulator: a skip
+            if self._storage[b] is None:
+                raise NotOnDevice(b)
+            self._drop(b)
 
-    def view(self, v: int) -> torch.Tensor:
-        """View `v` over its buffer's current device storage."""
-        t = self._view_cache.get(v)
-        if t is None:
-            view = self.trace.views[v]
-            storage = self.storage[view.buffer]
-            if storage is None:
-                raise AssertionError(f"view {v}: buffer {view.buffer} is not on the device")
-            t = torch.empty(0, dtype=getattr(torch, view.dtype), device=self.device)
-            t.set_(storage, view.offset, view.shape, view.stride)
-            self._view_cache[v] = t
+    def begin_swap_out(self, b: int, at_once: bool, make: MakeTransfer) -> Transfer | None:
+        """A `SwapOut` of `b` fires: the transfer queued for it (made by
+        `make`), or None if no copy is needed -- one of a leaving or arriving
+        buffer is a skip, and one that fires `at_once` (no delay) while the
+        host copy is still valid is a discard (NOTE [ Keep ]). `NotOnDevice`
+        if it is absent."""
+        with self._lock:
+            if b in self._leaving or b in self._arriving:
+                return None  # as the simulator: a skip
+            if self._storage[b] is None:
+                raise NotOnDevice(b)
+            self._keep.discard(b)
+            if at_once and self.host_valid(b):
+                self._drop(b)  # a discard, at once as in the simulator
+                return None
+            t = self._leaving[b] = make(int(self._lifetime[b]))
         return t
 
-    def _forget_views(self, b: int) -> None:
-        for v in self._views_of[b]:
-            self._view_cache.pop(v, None)
+    def begin_swap_in(self, b: int, make: MakeTransfer) -> tuple[Transfer | None, bool]:
+        """A `SwapIn` of `b` fires: (the transfer to wait for, whether it is
+        new and must be queued). A copy in flight serves this one too; a
+        leaving buffer is kept (NOTE [ Keep ], no copy either way) and a
+        resident one needs nothing: (None, False)."""
+        with self._lock:
+            t = self._arriving.get(b)
+            if t is not None:
+                return t, False
+            if b in self._leaving:
+                self._keep.add(b)
+                return None, False
+            if self._storage[b] is not None:
+                return None, False  # resident already (a periodic plan's first iteration)
+            t = self._arriving[b] = make(int(self._lifetime[b]))
+        return t, True
+
+    # ---- a copy lane: a transfer's steps -----------------------------------------------
+    def ready(self, t: Transfer) -> bool:
+        """`t`'s ready time has come: whether it still needs the lane. One the
+        framework's free cancelled is dropped; a swap-out of a buffer whose
+        host copy is still valid is a discard (NOTE [ Keep ])."""
+        b = t.buffer
+        with self._lock:
+            if not self._current(t, self._table(t)):
+                return False
+            if t.direction is Direction.D2H and self.host_valid(b):
+                del self._leaving[b]  # a discard: no bytes move
+                if not self._stays(b):
+                    self._drop(b)
+                return False
+        return True
+
+    def start_swap_out(self, t: Transfer) -> torch.UntypedStorage | None:
+        """Swap-out `t` takes the lane: the device copy to read, or None if
+        it does not start (cancelled, needed again meanwhile, failed)."""
+        b = t.buffer
+        with self._lock:
+            if not self._current(t, self._leaving):
+                return None
+            if b in self._keep:  # needed again before the copy began: it stays
+                self._keep.discard(b)
+                del self._leaving[b]
+                return None
+            src = self._storage[b]
+            if src is None:
+                self._fail(t, "not on the device when the copy starts")
+                return None
+            t.version = int(self._version[b])
+            t.running = True
+        return src
+
+    def start_swap_in(
+        self, t: Transfer, allocate: Allocate
+    ) -> tuple[torch.UntypedStorage, torch.UntypedStorage] | None:
+        """Swap-in `t` takes the lane: (the host copy, the new device copy,
+        from `allocate`, whose bytes are taken now), or None if it does not
+        start (cancelled, failed)."""
+        b = t.buffer
+        with self._lock:
+            if not self._current(t, self._arriving):
+                return None
+            if self._storage[b] is not None:
+                self._fail(t, "already on the device when the copy starts")
+                return None
+            host = self._host[b]
+            if host is None or not self.host_valid(b):
+                stale = self._stale_by.get(b)
+                why = "it was never swapped out" if stale is None else f"op {stale} wrote it since"
+                self._fail(t, f"no valid host copy ({why})")
+                return None
+            storage = allocate(host.nbytes())
+            self._bind(b, storage)  # memory is taken when the copy starts
+            t.running = True
+        return host, storage
+
+    def finish_swap_out(self, t: Transfer) -> None:
+        """Swap-out `t`'s copy is over: the host copy is made (or marked stale
+        by a write that overlapped it) and the device copy freed, unless kept
+        (NOTE [ Keep ])."""
+        b = t.buffer
+        with self._lock:
+            if not self._end(t, self._leaving):
+                return
+            assert t.host is not None
+            # a write that overlapped the copy in any way makes it stale
+            if self._version[b] == t.version and b not in self._writing:
+                self._set_host(b, t.host, t.version)
+            else:
+                self._stale_by[b] = self._writing_op if b in self._writing else self._writers[b][-1]
+            if not self._stays(b):
+                self._drop(b)
+
+    def finish_swap_in(self, t: Transfer) -> None:
+        """Swap-in `t`'s copy is over: its buffer is usable."""
+        with self._lock:
+            self._end(t, self._arriving)
+
+    def fail(self, t: Transfer, msg: str) -> None:
+        """Something went wrong with `t` on a lane: the compute loop raises
+        it (`lane_error`); a transfer that does not hold the lane is off."""
+        with self._lock:
+            self._fail(t, msg)
+
+    # ---- tensors -------------------------------------------------------------------
+    def scalars(self, views: tuple[int, ...]) -> list[float]:
+        """The values of 0-dim `views` (the loss)."""
+        with self._lock:
+            return [self.view(v).item() for v in views]
 
     def typed(self, b: int) -> torch.Tensor:
         """A host copy of `b`'s current data as a flat tensor of its dtype
         (from the device if there, else from a valid host copy)."""
-        with self.lock:
-            if self.storage[b] is not None:
-                raw = self.bytes_of(b).cpu().clone()
+        with self._lock:
+            storage = self._storage[b]
+            if storage is not None:
+                raw = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+                raw = raw.cpu().clone()
             elif self.host_valid(b):
-                raw = torch.empty(0, dtype=torch.uint8).set_(self.host[b]).clone()  # type: ignore[arg-type]
+                raw = torch.empty(0, dtype=torch.uint8).set_(self._host[b]).clone()  # type: ignore[arg-type]
             else:
                 raise AssertionError(f"buffer {b} has no valid copy")
         dtype = self.buffer_dtype[b]
         n = raw.numel() // dtype.itemsize
         return raw[: n * dtype.itemsize].view(dtype)
+
+    # ---- under the lock ----------------------------------------------------------------
+    def _table(self, t: Transfer) -> dict[int, Transfer]:
+        return self._leaving if t.direction is Direction.D2H else self._arriving
+
+    def _current(self, t: Transfer, table: dict[int, Transfer]) -> bool:
+        """Whether `t` still acts on its buffer; one a free cancelled (the
+        buffer's lifetime moved on) is taken off `table`."""
+        if table.get(t.buffer) is not t:
+            return False
+        if self._lifetime[t.buffer] != t.lifetime:
+            del table[t.buffer]
+            return False
+        return True
+
+    def _fail(self, t: Transfer, msg: str) -> None:
+        self._errors.append(f"{t.label}: {msg}")
+        table = self._table(t)
+        if table.get(t.buffer) is t and not t.running:
+            del table[t.buffer]
+
+    def _end(self, t: Transfer, table: dict[int, Transfer]) -> bool:
+        """`t`'s copy is over: whether it still acts on its buffer (the
+        framework did not free it meanwhile: then its bytes go back now)."""
+        t.running = False
+        if t.owns_bytes:
+            self._current_bytes -= t.nbytes
+            return False
+        if table.get(t.buffer) is t:
+            del table[t.buffer]
+        return True
+
+    def _reserve(self, nbytes: int) -> None:
+        self._current_bytes += nbytes
+        if self._current_bytes > self._iteration_peaks[-1]:  # start_iteration came first
+            self._iteration_peaks[-1] = self._current_bytes
+
+    def _bind(self, b: int, storage: torch.UntypedStorage, reserved: bool = False) -> None:
+        """Make `storage` the device copy of `b`; its bytes enter the pool
+        (already did if `reserved`)."""
+        if self._storage[b] is not None:
+            raise AssertionError(f"buffer {b} is already on the device")
+        self._storage[b] = storage
+        if not reserved:
+            self._reserve(int(self._nbytes[b]))
+        self._views.forget(b)
+
+    def _drop(self, b: int, counted: bool = True) -> None:
+        """Free the device copy of `b` (its bytes too unless not `counted`:
+        a running copy gives them back when it ends)."""
+        if self._storage[b] is None:
+            return
+        self._storage[b] = None
+        if counted:
+            self._current_bytes -= int(self._nbytes[b])
+        self._dropped_writers[b] = tuple(self._writers[b])
+        self._dropped_version[b] = self._version[b]
+        self._views.forget(b)
+
+    def _stays(self, b: int) -> bool:
+        """Whether a swap-out of `b` ending now leaves it on the device
+        (NOTE [ Keep ]); the keep is used up."""
+        if b in self._keep:
+            self._keep.discard(b)
+            return True
+        return b in self._pinned
+
+    def _set_host(self, b: int, data: torch.UntypedStorage, version: int) -> None:
+        self._drop_host(b)
+        self._stale_by.pop(b, None)
+        self._host[b] = data
+        self._host_version[b] = version
+        self._host_bytes += int(self._nbytes[b])
+        self._host_peak_bytes = max(self._host_peak_bytes, self._host_bytes)
+
+    def _drop_host(self, b: int) -> None:
+        if self._host[b] is not None:
+            self._host[b] = None
+            self._host_version[b] = -1
+            self._host_bytes -= int(self._nbytes[b])
+
+    def _created(self, b: int, op: int) -> None:
+        self._version[b] += 1
+        self._lifetime[b] += 1
+        self._writers[b] = [op]
+        self._stale_by.pop(b, None)
+        self._drop_host(b)
+
+    def _written(self, b: int, op: int) -> None:
+        """`op` modified `b` in place: a host copy no longer matches it."""
+        self._version[b] += 1
+        self._writers[b].append(op)
+        if self._host[b] is not None:
+            self._stale_by[b] = op
+            self._drop_host(b)

@@ -16,7 +16,7 @@ binding: they happen through the argument views.
 Some aten ops write arguments their schema does not mark as mutable: in
 training mode `native_batch_norm` (and its cuDNN / MIOpen twins) update
 `running_mean` and `running_var` in place. Capture records them as writes
-(`traces.capture.HIDDEN_WRITES`, NOTE [ Writes the schema does not declare ]);
+(`traces.recorder.HIDDEN_WRITES`, NOTE [ Writes the schema does not declare ]);
 here the same table names the argument slots, so a recompute of the op
 redirects them to scratch copies instead of updating the statistics twice.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from memplan.traces.capture import HIDDEN_WRITES
+from memplan.traces.recorder import HIDDEN_WRITES
 from memplan.traces.model import Phase, Trace
 from memplan.validate.errors import ValidationError
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from memplan.validate.errors import ValidationError
-from memplan.validate.replay.lanes import Direction, TransferRecord
+from memplan.validate.replay.transfer import Direction, TransferRecord
 
 
 @dataclass(frozen=True, slots=True)

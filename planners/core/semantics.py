@@ -1,0 +1,229 @@
+"""Plan semantics: what a trace does to its buffers per op, and a plan's
+events indexed by when they act. The simulator (`sim/job.py`), the checker
+(`planners.core.check`), the replay executor (`validate/replay/schedule.py`)
+and the planners' op-grid memory (`planners.analysis.opgrid`,
+`planners.analysis.queued`) all read these, so they agree on which buffers
+an op needs, when the framework frees a buffer and which event acts when.
+
+- `OpTable.of(trace)`: per op, the buffers it needs present, creates,
+  writes, and those the framework frees after it; the persistent buffers and
+  the iteration's inputs. Built once per trace object.
+- `IndexedPlan.of(plan, trace)`: the plan's events grouped by trigger, its
+  recomputes by (buffer, before_op), and the inputs it keeps from loading
+  (NOTE [ Duplicate events ] for the one rule on duplicates).
+- `recompute_sources(ev, trace)`: what a recompute chain reads from outside.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe
+from memplan.traces.model import Trace
+
+Triggered = SwapOut | SwapIn | Release
+
+# One op's buffer ids, ascending unless said otherwise.
+Ids = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OpTable:
+    """What one iteration of a trace does to its buffers, per op `i`:
+
+    - `accesses[i]`: every buffer op i reads or writes (what it pins);
+    - `need[i]`: the accessed buffers that must be on the device when op i
+      starts (`accesses[i]` minus `creates[i]`);
+    - `creates[i]`: the buffers op i allocates (their first access, for a
+      buffer that does not exist at the iteration's start), and
+      `create_bytes[i]` their bytes;
+    - `writes[i]`: the buffers op i modifies (a host copy goes stale);
+    - `frees[i]`: the non-persistent buffers the framework frees right
+      after op i (`Buffer.freed_after`, at the latest after the last op).
+
+    `persistent` are the buffers that live across iterations (resident when
+    the job arrives), `inputs` the non-persistent buffers allocated at every
+    iteration's start. Per-op fields are tuples indexed by op id, as the
+    simulator's loop over ops reads them."""
+
+    n_ops: int
+    accesses: tuple[Ids, ...]
+    need: tuple[Ids, ...]
+    creates: tuple[Ids, ...]
+    create_bytes: tuple[int, ...]
+    writes: tuple[Ids, ...]
+    frees: tuple[Ids, ...]
+    persistent: Ids
+    inputs: Ids
+
+    @staticmethod
+    def of(trace: Trace) -> OpTable:
+        """The table of `trace`, built once per trace object."""
+        table = _TABLES.get(trace)
+        if table is None:
+            table = _TABLES[trace] = _build_table(trace)
+        return table
+
+
+_TABLES: weakref.WeakKeyDictionary[Trace, OpTable] = weakref.WeakKeyDictionary()
+
+
+def _build_table(t: Trace) -> OpTable:
+    n = t.n_ops
+    nbytes = t.nbytes.tolist()
+    ap, ab = (a.tolist() for a in t.access_csr)
+    wp, wb = (a.tolist() for a in t.writes_csr)
+    start = t.exists_at_start.tolist()
+    persistent = t.persistent.tolist()
+    creates: list[list[int]] = [[] for _ in range(n)]
+    for b, c in enumerate(t.created_at.tolist()):
+        if c >= 0 and not start[b]:
+            creates[c].append(b)
+    accesses = tuple(tuple(ab[ap[i] : ap[i + 1]]) for i in range(n))
+    need = tuple(
+        tuple(b for b in accesses[i] if b not in creates[i]) if creates[i] else accesses[i]
+        for i in range(n)
+    )
+    frees: list[list[int]] = [[] for _ in range(n)]
+    if n:
+        for b, f in enumerate(t.freed_after.tolist()):
+            if not persistent[b]:
+                frees[min(f, n - 1)].append(b)
+    return OpTable(
+        n_ops=n,
+        accesses=accesses,
+        need=need,
+        creates=tuple(tuple(c) for c in creates),
+        create_bytes=tuple(sum(nbytes[b] for b in c) for c in creates),
+        writes=tuple(tuple(wb[wp[i] : wp[i + 1]]) for i in range(n)),
+        frees=tuple(tuple(f) for f in frees),
+        persistent=tuple(b for b in range(t.n_buffers) if persistent[b]),
+        inputs=tuple(b for b in range(t.n_buffers) if start[b] and not persistent[b]),
+    )
+
+
+def recompute_sources(ev: Recompute, trace: Trace) -> tuple[tuple[int, Ids], ...]:
+    """Per chain op, the buffers it reads that no earlier op of the chain
+    writes: what must be on the device when that op is re-run."""
+    made: set[int] = set()
+    out = []
+    for k in ev.ops:
+        out.append((k, tuple(int(b) for b in trace.op_reads(k) if int(b) not in made)))
+        made.update(int(b) for b in trace.op_writes(k))
+    return tuple(out)
+
+
+class Recomputation(NamedTuple):
+    """A plan's Recompute, indexed: `index` in `plan.events`; `sources` as
+    `recompute_sources`; `temporaries` every other buffer its ops write (a
+    chain op's outputs besides the recomputed buffer, ascending)."""
+
+    index: int
+    event: Recompute
+    sources: tuple[tuple[int, Ids], ...]
+    temporaries: Ids
+
+
+# NOTE [ Duplicate events ]
+# One rule, applied by everything that reads an `IndexedPlan`:
+# - Triggered events (SwapOut, SwapIn, Release) are never merged or dropped.
+#   The events of one trigger act in plan order, each on the state the one
+#   before it left, so a repeated event finds its work done: a second SwapOut
+#   or Release of one buffer finds it gone -- the simulator logs `skip`, the
+#   checker rejects the plan ("buffer 3 is not on the device"), as it rejects
+#   any swap-out or release of an absent buffer; a second SwapIn finds the
+#   buffer arriving (the simulator waits for that one copy before each
+#   swap-in's `before_op`) or present (the checker: nothing to do).
+# - An input released at the start of the iteration (`Release(b, -1)`) is
+#   never loaded (NOTE [ Iteration boundary ] in sim/model.py): such releases
+#   are not triggered events but `IndexedPlan.unloaded`, and `inputs` lacks
+#   their buffers. A consumer that loads every input and then releases (the
+#   checker, the replay executor) applies them with the start's other events,
+#   in plan order (`start_events`), so the checker rejects a second release
+#   of one input as above; the simulator just does not load the input.
+# - Recomputes act on demand, looked up by (buffer, before_op): when op i
+#   needs absent buffer b, the Recompute of b before i rebuilds it. Two for
+#   one key would leave the chain to an arbitrary choice (the simulator and
+#   the replay took the last one, the checker rejected the plan), so a
+#   second Recompute of one buffer before one op is a `PlanError` naming
+#   both events, wherever a plan is indexed. Recomputes of one buffer before
+#   different ops are independent.
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IndexedPlan:
+    """A plan's events indexed by when they act (NOTE [ Duplicate events ]).
+
+    - `triggered[k]`: (event index, event) of the SwapOuts, SwapIns and
+      Releases that the end of op k - 1 triggers (`triggered[0]`: the start
+      of the iteration), in plan order; the input releases of `unloaded` are
+      not among them.
+    - `unloaded`: (event index, Release) of the inputs released at the start
+      of the iteration, which are never loaded; `inputs`: the inputs that are
+      (`OpTable.inputs` without those), allocated at every iteration's start.
+    - `recompute[(buffer, before_op)]`: the `Recomputation` that rebuilds the
+      buffer if it is absent when op `before_op` is due; plan order.
+    - `recompute_ops`: every op some recompute re-runs; `rng_ops`: those that
+      consume RNG state."""
+
+    plan: Plan
+    triggered: tuple[tuple[tuple[int, Triggered], ...], ...]
+    unloaded: tuple[tuple[int, Release], ...]
+    inputs: Ids
+    recompute: dict[tuple[int, int], Recomputation]
+    recompute_ops: frozenset[int]
+    rng_ops: frozenset[int]
+
+    @staticmethod
+    def of(plan: Plan, trace: Trace, table: OpTable | None = None) -> IndexedPlan:
+        """Index `plan`, whose events `planners.core.plan.validate` accepts for
+        `trace` (not checked here). Raises `PlanError` for a second Recompute
+        of one buffer before one op."""
+        table = table if table is not None else OpTable.of(trace)
+        n = table.n_ops
+        inputs = set(table.inputs)
+        triggered: list[list[tuple[int, Triggered]]] = [[] for _ in range(n + 1)]
+        unloaded: list[tuple[int, Release]] = []
+        recompute: dict[tuple[int, int], Recomputation] = {}
+        ops: set[int] = set()
+        for e, ev in enumerate(plan.events):
+            if isinstance(ev, Recompute):
+                key = (ev.buffer, ev.before_op)
+                first = recompute.get(key)
+                if first is not None:
+                    raise PlanError(
+                        f"events[{e}] ({describe(ev)}): a second recompute of buffer "
+                        f"{ev.buffer} before op {ev.before_op} (also events[{first.index}])"
+                    )
+                recompute[key] = _recomputation(e, ev, trace)
+                ops.update(ev.ops)
+            elif isinstance(ev, Release) and ev.after_op == -1 and ev.buffer in inputs:
+                unloaded.append((e, ev))
+            else:
+                triggered[ev.after_op + 1].append((e, ev))
+        gone = {ev.buffer for _e, ev in unloaded}
+        rng = {k for k in ops if trace.ops[k].rng}
+        return IndexedPlan(
+            plan=plan,
+            triggered=tuple(tuple(g) for g in triggered),
+            unloaded=tuple(unloaded),
+            inputs=tuple(b for b in table.inputs if b not in gone),
+            recompute=recompute,
+            recompute_ops=frozenset(ops),
+            rng_ops=frozenset(rng),
+        )
+
+    def start_events(self) -> tuple[tuple[int, Triggered], ...]:
+        """`triggered[0]` with the `unloaded` input releases, in plan order:
+        the start's events for a consumer that loads every input first."""
+        if not self.unloaded:
+            return self.triggered[0]
+        return tuple(sorted((*self.unloaded, *self.triggered[0]), key=lambda x: x[0]))
+
+
+def _recomputation(e: int, ev: Recompute, trace: Trace) -> Recomputation:
+    temps = {int(w) for k in ev.ops for w in trace.op_writes(k)} - {ev.buffer}
+    return Recomputation(e, ev, recompute_sources(ev, trace), tuple(sorted(temps)))

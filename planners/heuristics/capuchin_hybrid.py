@@ -1,0 +1,154 @@
+"""Capuchin's phase 2 (§4.5 with Algorithm 2): each step weighs the cheapest
+swap left against the recompute with the highest MSPS, whose value is updated
+iteratively as recomputes are chosen."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+from memplan.planners.heuristics.capuchin_options import Candidate, SwapSlots
+
+if TYPE_CHECKING:
+    from memplan.planners.heuristics.capuchin import JobPlanner
+
+# NOTE [ Capuchin recompute ]
+# - Recompute frees the buffer after the evicted access (`Release`) and
+#   re-runs its lineage on demand before the back access (`Recompute`),
+#   §4.4. The lineage is `planners.analysis.msps.chain`: the buffer's producer and,
+#   recursively, the producers of inputs not on the device then -- freed by
+#   the framework, or evicted by this plan over the back access -- up to
+#   `max_recompute_ops` ops (NOTE [ What can be recomputed ] in msps.py).
+# - MSPS = bytes / (rp_time + ext_time) with Algorithm 2's iterative update:
+#   first every candidate's sources are taken to be on the device; when t is
+#   chosen, a candidate that recomputes from t recomputes from t's sources
+#   instead (rp_time += t.rp_time), and a candidate that chosen recomputes
+#   read as a source carries their repeated work in ext_time. We apply a
+#   replacement only when t is really absent over that candidate's back
+#   access (its evicted gap contains it), and treat a swapped candidate the
+#   same way for the others' lineages (Algorithm 2 only knows recomputes).
+# - Chains are rebuilt from the final evictions when the plan is assembled:
+#   a later eviction of a source lengthens an earlier chain. A recompute
+#   whose chain can no longer be built is dropped and not tried again.
+# - Recompute overhead = the chain's predicted time (+ ext_time); it is not
+#   fed back into the timeline (Capuchin measures it in the next iteration).
+
+
+class Hybrid:
+    """Phase 2 over the candidates `pool` left at peak op `p` (NOTE [ Capuchin
+    recompute ]): `run(mem_saving)` chooses swaps and recomputes on `planner`
+    until the saving is reached or nothing is left."""
+
+    def __init__(self, planner: JobPlanner, pool: list[Candidate], p: int):
+        self.planner, self.p = planner, p
+        self.by_buf = {c.buffer: c for c in pool}
+        self.users: dict[int, set[int]] = {}  # source buffer -> candidates reading it
+        self.heap: list[tuple[float, int, int, int]] = []  # (-MSPS, tie, version, buffer)
+        if planner.opts.recompute:
+            for c in pool:
+                found = planner.lineage(c.buffer, c.back, self.by_buf)
+                if found is None:
+                    continue
+                ops, sources = found
+                c.rp_us = float(planner.dur[list(ops)].sum())
+                c.srcs = {s for s in sources if not planner.persistent[s]}
+                for s in c.srcs:
+                    self.users.setdefault(s, set()).add(c.buffer)
+                heapq.heappush(self.heap, (-c.msps, c.buffer, c.version, c.buffer))
+        self.swap_order = sorted(pool, key=lambda c: (-c.ft_us, c.buffer))
+        self.no_swap: set[int] = set()
+        self.recomps: set[int] = set()
+        self.alive = set(self.by_buf)
+
+    def run(self, mem_saving: int) -> None:
+        while mem_saving > 0:
+            s = self.best_swap()
+            r = self.best_recompute()
+            if s is None and r is None:
+                return
+            if s is not None and (r is None or s[1].overhead_us <= r.recompute_us):
+                c, sw = s
+                self.planner.choose_swap(c, sw)
+                self.alive.discard(c.buffer)
+                self.replace_source(c)
+                mem_saving -= c.nbytes
+            elif r is not None and self.take_recompute(r):
+                mem_saving -= r.nbytes
+
+    def best_recompute(self) -> Candidate | None:
+        heap = self.heap
+        while heap:
+            _neg, _tie, ver, b = heap[0]
+            c = self.by_buf[b]
+            if b not in self.alive or ver != c.version or math.isinf(c.rp_us):
+                heapq.heappop(heap)
+                continue
+            return c
+        return None
+
+    def best_swap(self) -> tuple[Candidate, SwapSlots] | None:
+        for c in self.swap_order:
+            if c.buffer not in self.alive or c.buffer in self.no_swap:
+                continue
+            sw = self.planner.swap_try(c, self.p)
+            if sw is None:
+                self.no_swap.add(c.buffer)
+                continue
+            return c, sw
+        return None
+
+    def touch(self, c: Candidate) -> None:
+        c.version += 1
+        if not math.isinf(c.rp_us):
+            heapq.heappush(self.heap, (-c.msps, c.buffer, c.version, c.buffer))
+
+    def replace_source(self, t: Candidate) -> None:
+        """Candidates reading t over its gap now recompute from t's sources."""
+        users = self.users
+        for b in list(users.get(t.buffer, ())):
+            cand = self.by_buf[b]
+            if b not in self.alive or not t.covers(cand.back):
+                continue
+            cand.srcs.discard(t.buffer)
+            users[t.buffer].discard(b)
+            if math.isinf(t.rp_us):
+                cand.rp_us = math.inf
+            else:
+                cand.srcs |= t.srcs
+                for s in t.srcs:
+                    users.setdefault(s, set()).add(b)
+                cand.rp_us += t.rp_us
+                cand.ext_us = cand.rp_us * len(users.get(b, set()) & self.recomps)
+            self.touch(cand)
+
+    def take_recompute(self, r: Candidate) -> bool:
+        """Choose recomputing `r` (False if its chain cannot be built now)."""
+        by_buf, users = self.by_buf, self.users
+        found = self.planner.lineage(r.buffer, r.back, self.alive)  # the others are still there
+        if found is None:
+            r.rp_us = math.inf
+            self.touch(r)
+            return False
+        # Algorithm 2, lines 5-15: chosen recomputes that read t now read t's sources
+        ext_ct = 1
+        for b in list(users.get(r.buffer, ())):
+            if b in self.recomps and r.covers(by_buf[b].back):
+                rp = by_buf[b]
+                rp.srcs.discard(r.buffer)
+                rp.srcs |= r.srcs
+                users[r.buffer].discard(b)
+                for x in r.srcs:
+                    users.setdefault(x, set()).add(b)
+                ext_ct += 1
+        self.recomps.add(r.buffer)
+        self.alive.discard(r.buffer)
+        self.planner.choose_recompute(r, found)
+        # lines 17-35: update the MSPS of the candidates left
+        self.replace_source(r)
+        for x in r.srcs:
+            cand = by_buf.get(x)
+            if cand is not None and x in self.alive and cand.covers(r.back):
+                cand.ext_us = ext_ct * cand.rp_us if not math.isinf(cand.rp_us) else 0.0
+                self.touch(cand)
+        return True
