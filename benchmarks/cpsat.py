@@ -36,16 +36,15 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from memplan.hwmodels.device import DeviceModel
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from memplan.hwmodels.device import DeviceModel  # noqa: E402
 from memplan.hwmodels.latency import LatencyModel, Measured, Roofline  # noqa: E402
 from memplan.hwmodels.profile import load_hardware  # noqa: E402
 from memplan.planners import registry  # noqa: E402
 from memplan.planners.analysis.bounds import bounds, gap_to_bound, peak_lower_bound  # noqa: E402
-from memplan.planners.cpsat.planner import cpsat  # noqa: E402
+from memplan.planners.cpsat.planner import CpsatOptions, cpsat  # noqa: E402
 from memplan.traces import io  # noqa: E402
 from memplan.traces.model import Trace  # noqa: E402
 from memplan.traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, unet  # noqa: E402
@@ -97,10 +96,11 @@ def run_instance(
     name, trace, latency: LatencyModel, frac, between, planners, args, hw, table, solves
 ):
     budget = budget_at(trace, frac, between)
-    b = bounds(trace, hw, latency, budget_bytes=budget)
+    device = DeviceModel(hw, latency)  # one lane
+    b = bounds(trace, device, budget_bytes=budget)
     opts = {"cpsat": [f"time_limit_s={args.time_limit}", f"num_workers={args.workers}"]}
     t0 = time.perf_counter()
-    c = compare_planners([trace], DeviceModel(hw, latency), planners, budget=budget, options=opts)
+    c = compare_planners([trace], device, planners, budget=budget, options=opts)
     wall = time.perf_counter() - t0
     label = f"{name} {'@lb+' if between else '@'}{frac:.2f}"
     row = {"instance": label, "ops": trace.n_ops, "bound_ms": b.time.seconds * 1e3}
@@ -162,8 +162,8 @@ def solve_times(args: argparse.Namespace, hw) -> None:
         for label, frac in (("tight", 0.5), ("loose", 0.75)):
             budget = budget_at(trace, frac, True)
             t0 = time.perf_counter()
-            r = cpsat([trace], hw, Measured(), budget_bytes=budget,
-                      time_limit_s=args.time_limit, num_workers=args.workers)  # fmt: skip
+            opts = CpsatOptions(time_limit_s=args.time_limit, num_workers=args.workers)
+            r = cpsat([trace], DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
             wall = time.perf_counter() - t0
             s = r.stats
             times.append(wall)

@@ -9,6 +9,8 @@ TENSILE reached. "plan" is the planner's wall time (time.perf_counter) on
 this machine, one run each; everything else is simulated and deterministic.
 
 Usage: python benchmarks/planners.py [--models resnet50,bert_base] [--jobs 1,4]
+       python benchmarks/planners.py --against REV   (planning time at commit REV
+       against this checkout, interleaved in one run, ratio printed: benchmarks/against.py)
 """
 
 from __future__ import annotations
@@ -53,4 +55,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.against import main_or_against
+
+    main_or_against(main, "planners")

@@ -9,6 +9,9 @@ one warm-up; machines are noisy, compare ratios measured in one run):
 - the same with the vanilla plan, two jobs sharing the GPU, and passive mode
   under a budget of 60% of the liveness peak (swaps on every iteration).
 Compiling a job (building its per-op tables and latencies) is timed apart.
+
+`--against REV` instead times the simulator at commit REV against this
+checkout, interleaved in one run, and prints the ratio (benchmarks/against.py).
 """
 
 from __future__ import annotations
@@ -121,4 +124,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.against import main_or_against
+
+    main_or_against(main, "sim")

@@ -48,7 +48,8 @@ from memplan.hwmodels.hostmem import cache_host_allocations  # noqa: E402
 from memplan.traces.capture import CaptureOptions, capture  # noqa: E402
 from memplan.traces.errors import MemplanError  # noqa: E402
 from memplan.traces.zoo import ZOO  # noqa: E402
-from memplan.validate.calibrate.simvsreal import ValidationReport, validate_plan  # noqa: E402
+from memplan.validate.calibrate.report import ValidationReport  # noqa: E402
+from memplan.validate.calibrate.simvsreal import validate_plan  # noqa: E402
 
 from memplan.units import parse_rate  # noqa: E402
 

@@ -161,9 +161,45 @@ def read_json(
         raise error(f"{p}: not valid JSON: {e}") from None
 
 
+# NOTE [ Shipped traces by name ]
+# The traces memplan ships are package data (memplan/traces/data/*.json.gz
+# once installed), so a path into the repository is not a name a user can
+# rely on. `zoo:NAME` names one wherever memplan is installed: NAME is the
+# file's stem (`zoo:resnet50_b16_adam`) or, when only one shipped trace
+# starts with it followed by `_`, the model alone (`zoo:resnet50`).
+SHIPPED_PREFIX = "zoo:"
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def shipped() -> list[str]:
+    """The names of the shipped traces (file stems), sorted."""
+    return sorted(p.name.removesuffix(".json.gz") for p in DATA_DIR.glob("*.json.gz"))
+
+
+def shipped_path(name: str) -> Path:
+    """The file of shipped trace `name` (NOTE [ Shipped traces by name ])."""
+    names = shipped()
+    if name in names:
+        return DATA_DIR / f"{name}.json.gz"
+    matches = [n for n in names if n.startswith(f"{name}_")]
+    if len(matches) == 1:
+        return DATA_DIR / f"{matches[0]}.json.gz"
+    known = ", ".join(names) or "none"
+    why = "names several" if matches else "is not"
+    raise TraceError(f"{SHIPPED_PREFIX}{name}: {why} a shipped trace (shipped: {known})")
+
+
+def resolve(spec: str | os.PathLike[str]) -> Path:
+    """A trace argument as a file: `zoo:NAME` or a path."""
+    if isinstance(spec, str) and spec.startswith(SHIPPED_PREFIX):
+        return shipped_path(spec[len(SHIPPED_PREFIX) :])
+    return Path(spec)
+
+
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Load and validate a trace file; any problem is a one-line `TraceError`."""
-    p, doc = read_json(path, TraceError, "trace file")
+    """Load and validate a trace file, or a shipped trace named `zoo:NAME`;
+    any problem is a one-line `TraceError`."""
+    p, doc = read_json(resolve(path), TraceError, "trace file")
     try:
         return from_dict(doc)
     except TraceError as e:

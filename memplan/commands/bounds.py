@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "every op under the budget). Optionally runs the CP-SAT planner for its bound."
         ),
     )
-    p.add_argument("trace", help="trace file (.json or .json.gz)")
+    p.add_argument("trace", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
     machine.add_gpu(p)
     machine.add_budget(p)
     machine.add_lanes(p)
@@ -45,11 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def cpsat_bound(trace: Any, hw: Any, latency: Any, budget: int, lanes: int, limit: float) -> dict:
+def cpsat_bound(trace: Any, device: Any, budget: int, limit: float) -> dict:
     """The CP-SAT planner's status, objective and bound (seconds) within `limit`."""
-    from memplan.planners.cpsat.planner import cpsat
+    from memplan.planners.cpsat.planner import CpsatOptions, cpsat
 
-    r = cpsat([trace], hw, latency, budget_bytes=budget, lanes=lanes, time_limit_s=limit)
+    r = cpsat([trace], device, budget_bytes=budget, options=CpsatOptions(time_limit_s=limit))
     s = r.stats
     return {
         "status": s["status"],
@@ -63,6 +63,7 @@ def cpsat_bound(trace: Any, hw: Any, latency: Any, budget: int, lanes: int, limi
 
 
 def run(args: argparse.Namespace) -> int:
+    from memplan.hwmodels.device import DeviceModel
     from memplan.planners.analysis.bounds import bounds
     from memplan.traces import io
 
@@ -72,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)
     budget = machine.budget(args) or hw.memory_bytes
-    b = bounds(trace, hw, latency, budget_bytes=budget, lanes=args.lanes)
+    device = DeviceModel(hw, latency, lanes=args.lanes)
+    b = bounds(trace, device, budget_bytes=budget)
     solver = None
     if args.time_limit > 0 and b.time.feasible:
-        solver = cpsat_bound(trace, hw, latency, budget, args.lanes, args.time_limit)
+        solver = cpsat_bound(trace, device, budget, args.time_limit)
     if args.json:
         out = {"trace": trace.meta.model, "gpu": hw.name, "lanes": args.lanes, **b.to_dict()}
         out["cpsat"] = solver

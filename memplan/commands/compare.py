@@ -63,14 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_jobs(specs: list[str]) -> list[Trace]:
-    """`path` or `path:COUNT` -> that trace COUNT times (loaded once)."""
+    """`path` or `path:COUNT` (a path may be `zoo:NAME`, a shipped trace) ->
+    that trace COUNT times (loaded once)."""
     traces: list[Trace] = []
     for spec in specs:
         path, count = spec, 1
         head, sep, tail = spec.rpartition(":")
         if sep and tail.isdigit():
             path, count = head, int(tail)
-        elif sep and head and not Path(spec).exists():
+        elif sep and head and head != "zoo" and not Path(spec).exists():
             raise MemplanError(f"{spec!r}: COUNT after ':' must be a positive integer")
         if count < 1:
             raise MemplanError(f"{spec!r}: COUNT must be >= 1")

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the vanilla (framework) peak and the op where it happens, the largest buffers."
         ),
     )
-    p.add_argument("trace", help="trace file (.json or .json.gz)")
+    p.add_argument("trace", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
     p.set_defaults(func=run)

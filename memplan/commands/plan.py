@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="make a swap / recompute / release plan with one planner",
         description="Plan the trace(s) with one planner, check the plan, and write it as JSON.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE[:COUNT]", help="trace files")
+    p.add_argument("traces", nargs="+", metavar="TRACE[:COUNT]", help="trace files, or zoo:NAME for shipped traces")
     p.add_argument("--planner", required=True, help="tensile, capuchin, vdnn, checkpoint, ...")
     machine.add_gpu(p)
     machine.add_budget(p, "none")

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "iteration time, peak memory, stalls and bytes moved per job."
         ),
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.json or .json.gz)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.json or .json.gz), or zoo:NAME for shipped traces")
     machine.add_gpu(p)
     p.add_argument(
         "--plan",

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the plan left every result bit-identical."
         ),
     )
-    p.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
+    p.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", metavar="PLAN", help="plan file (memplan.plan/1) for this trace")
     src.add_argument(
@@ -134,7 +134,8 @@ def _pct(x: float) -> str:
 
 
 def print_report(r: object, trace: str) -> None:
-    from memplan.validate.calibrate.simvsreal import PEAK_SPREAD, ValidationReport
+    from memplan.validate.calibrate.report import ValidationReport
+    from memplan.validate.calibrate.simvsreal import PEAK_SPREAD
 
     assert isinstance(r, ValidationReport)
     lane = r.lane

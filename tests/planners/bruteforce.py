@@ -9,7 +9,7 @@ every order of the copies on the lane and every op after which each swap-in
 may start, times each combination as early as it can run (ops never idle, a
 copy starts when its trigger has passed and the copy before it on the lane has
 ended), checks memory op window by op window and returns the best iteration
-time. It shares no code with `planners.cpsat.planner*`: it re-derives gaps, host-copy
+time. It shares no code with `planners.cpsat`: it re-derives gaps, host-copy
 epochs, recompute rules and memory from the trace, following the rules of
 NOTE [ CP-SAT semantics ] (closed op windows with a 1-tick margin, no
 cross-iteration swap-in may stall).

@@ -82,7 +82,7 @@ TIME_BUFS = [B(8), B(6)]
 def _time_bound(rng: bool) -> float:
     ops = [Step((), (0,), 1, rng), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
     t = tiny_trace(TIME_BUFS, ops)
-    return time_lower_bound(t, tiny_hw(), Fixed(durations_s(t)), 8 * MiB).seconds
+    return time_lower_bound(t, DeviceModel(tiny_hw(), Fixed(durations_s(t))), 8 * MiB).seconds
 
 
 def test_time_bound_mixes_lane_and_recompute_fractionally():
@@ -99,14 +99,14 @@ def test_time_bound_by_the_lane_alone():
 def test_time_bound_is_compute_when_nothing_is_hot():
     ops = [Step((), (0,), 1), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
     t = tiny_trace(TIME_BUFS, ops)
-    tb = time_lower_bound(t, tiny_hw(), Fixed(durations_s(t)), 64 * MiB)
+    tb = time_lower_bound(t, DeviceModel(tiny_hw(), Fixed(durations_s(t))), 64 * MiB)
     assert (tb.seconds, tb.memory_s, tb.op, tb.feasible) == (pytest.approx(0.004), 0.0, -1, True)
 
 
 def test_budget_below_the_peak_bound_has_no_plan():
     ops = [Step((), (0,), 1), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
     t = tiny_trace(TIME_BUFS, ops)
-    b = bounds(t, tiny_hw(), Fixed(durations_s(t)), budget_bytes=7 * MiB)
+    b = bounds(t, DeviceModel(tiny_hw(), Fixed(durations_s(t))), budget_bytes=7 * MiB)
     assert b.peak.nbytes == 8 * MiB
     assert math.isinf(b.time.seconds) and not b.time.feasible
     assert b.to_dict()["time_s"] is None
@@ -115,7 +115,7 @@ def test_budget_below_the_peak_bound_has_no_plan():
 def test_bad_budget_is_a_plan_error():
     t = tiny_trace([B(1)], [Step((), (0,), 1)])
     with pytest.raises(PlanError, match="budget=0 must be a positive number of bytes"):
-        bounds(t, tiny_hw(), Fixed([0.001]), budget_bytes=0)
+        bounds(t, DeviceModel(tiny_hw(), Fixed([0.001])), budget_bytes=0)
 
 
 def test_gap_to_bound():
@@ -131,7 +131,8 @@ def test_bounds_never_exceed_the_brute_force_optimum(seed):
     d = [round(op.duration_us * 1000) for op in t.ops]
     io_t = [int(b.nbytes // MiB) * MS // 4 for b in t.buffers]
     bf = brute_force(t, d, io_t, budget)
-    b = bounds(t, tiny_hw(lanes_bw_mib_per_ms=4), Fixed(durations_s(t)), budget_bytes=budget)
+    device = DeviceModel(tiny_hw(lanes_bw_mib_per_ms=4), Fixed(durations_s(t)))
+    b = bounds(t, device, budget_bytes=budget)
     if not b.time.feasible:
         assert bf.iteration_ticks is None
     elif bf.iteration_ticks is not None:
@@ -143,15 +144,16 @@ def test_bounds_hold_for_every_planners_simulated_plan(n_ops, seed, frac):
     t = random_dag(n_ops, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
     hw, lat = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096), Measured()
     budget = int(frac * t.peak("liveness")[0])
-    b = bounds(t, hw, lat, budget_bytes=budget)
+    device = DeviceModel(hw, lat)
+    b = bounds(t, device, budget_bytes=budget)
     ran = 0
     for name in registry.names():
-        opts = {"hint": None, "num_workers": 2, "time_limit_s": 10} if name == "cpsat" else {}
-        r = registry.get(name)([t], hw, lat, budget_bytes=budget, **opts)
+        opts = {"hint": None, "num_workers": 2, "time_limit_s": 10} if name == "cpsat" else None
+        r = registry.get(name)([t], device, budget_bytes=budget, options=opts)
         if not r.plans:
             continue
         check(r.plans[0], t)
-        job = simulate([Job(t, r.plans[0])], DeviceModel(hw, lat), budget=budget).jobs[0]
+        job = simulate([Job(t, r.plans[0])], device, budget=budget).jobs[0]
         if job.oom:
             continue
         ran += 1

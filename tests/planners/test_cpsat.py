@@ -16,7 +16,7 @@ from memplan.planners import registry
 from memplan.planners.analysis.bounds import peak_lower_bound
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
+from memplan.planners.core.plan import Reason, Recompute, Release, Status, SwapIn, SwapOut
 from memplan.planners.cpsat.data import INEXACT_MARGIN, build_data
 from memplan.planners.cpsat.model import Objective
 from memplan.planners.cpsat.planner import CpsatOptions, cpsat
@@ -39,11 +39,12 @@ from tests.planners.bruteforce import (
 NS = 1e-9
 
 
-def plan_one(trace, budget_mib, bw=1.0, **options):
+def plan_one(trace, budget_mib, bw=1.0, lanes=1, **options):
     hw = tiny_hw(lanes_bw_mib_per_ms=bw)
     lat = Fixed(durations_s(trace))
-    opts = {"hint": None, "num_workers": 1, "time_limit_s": 20.0, **options}
-    return cpsat([trace], hw, lat, budget_bytes=int(budget_mib * MiB), **opts), hw, lat
+    opts = CpsatOptions(**{"hint": None, "num_workers": 1, "time_limit_s": 20.0, **options})
+    device = DeviceModel(hw, lat, lanes=lanes)
+    return cpsat([trace], device, budget_bytes=int(budget_mib * MiB), options=opts), hw, lat
 
 
 def simulated(trace, plan, hw, lat, budget_bytes, lanes=1):
@@ -132,7 +133,7 @@ def test_tensile_refuses_a_swap_it_cannot_hide_cpsat_takes_it():
     ops = [Step((), (0,), 5), Step((), (1,), 2), Step((1,), (2,), 1), Step((0, 2), (), 1)]
     t = tiny_trace(bufs, ops)
     hw, lat = tiny_hw(lanes_bw_mib_per_ms=4), Fixed(durations_s(t))
-    ten = registry.get("tensile")([t], hw, lat, budget_bytes=5 * MiB)
+    ten = registry.get("tensile")([t], DeviceModel(hw, lat), budget_bytes=5 * MiB)
     assert ten.feasible
     _, ten_job = simulated(t, ten.plans[0], hw, lat, 5 * MiB)
     r, _, _ = plan_one(t, 5, bw=4)
@@ -219,6 +220,7 @@ def _agree(seed: int, max_reads: int = 2) -> None:
     assert r.stats["status"] in ("OPTIMAL", "INFEASIBLE"), r.stats
     if bf.iteration_ticks is None:
         assert r.stats["status"] == "INFEASIBLE" and not r.feasible
+        assert r.reason in (Reason.MODEL_INFEASIBLE, Reason.BELOW_BOUND), r.explain()
         return
     assert r.stats["status"] == "OPTIMAL"
     assert round(r.stats["objective"] / NS) == bf.iteration_ticks, (seed, bf.modes)
@@ -242,7 +244,8 @@ def test_synthetic_plans_check_and_simulate_as_the_model_says(n_ops, seed, frac)
     t = random_dag(n_ops, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
     hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
     budget = int(frac * t.peak("liveness")[0])
-    r = cpsat([t], hw, Measured(), budget_bytes=budget, hint=None, num_workers=2, time_limit_s=20)
+    opts = CpsatOptions(hint=None, num_workers=2, time_limit_s=20)
+    r = cpsat([t], DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
     assert r.stats["status"] == "OPTIMAL", r.stats
     _, job = simulated(t, r.plans[0], hw, Measured(), budget)
     assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=0.01)
@@ -254,25 +257,32 @@ def test_budget_below_the_peak_bound_is_infeasible_not_an_error():
     t = tiny_trace(LANE_BUFS, LANE_OPS)
     r, _, _ = plan_one(t, 4)  # op 3 alone needs 5 MiB
     assert not r.feasible and r.plans == ()
-    assert r.stats["status"] == "INFEASIBLE" and "peak lower bound" in r.stats["reason"]
+    assert r.status is Status.INFEASIBLE and r.reason is Reason.BELOW_BOUND
+    assert "peak lower bound" in r.detail and "reason" not in r.stats
+    assert r.stats["status"] == "INFEASIBLE"
 
 
-def test_a_budget_no_plan_of_the_model_meets_is_infeasible():
-    # op 1 runs right after op 0 made A: A cannot leave before op 1's window
+def test_a_budget_no_plan_of_the_model_meets_stops_model_infeasible():
+    # op 1 runs right after op 0 made A: A cannot leave before op 1's window.
+    # Not a proof for every plan (the model's moves are a subset): STOPPED.
     ops = [Step((), (0,), 1, True), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
     t = tiny_trace([B(2), B(2)], ops)
     r, _, _ = plan_one(t, 3)
     assert r.stats["peak_bound_bytes"] <= 3 * MiB
     assert not r.feasible and r.stats["status"] == "INFEASIBLE"
+    assert r.status is Status.STOPPED and r.reason is Reason.MODEL_INFEASIBLE
 
 
 def test_an_expired_time_limit_is_feasible_or_unknown():
     t = random_dag(200, seed=1, durations=Durations(TimeUnit.US, 20, 400))
     hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
     budget = int(0.6 * t.peak("liveness")[0])
-    r = cpsat([t], hw, Measured(), budget_bytes=budget, hint=None, num_workers=1, time_limit_s=1.0)
+    opts = CpsatOptions(hint=None, num_workers=1, time_limit_s=1.0)
+    r = cpsat([t], DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
     assert r.stats["status"] in ("FEASIBLE", "UNKNOWN")
     assert r.feasible == (r.stats["status"] == "FEASIBLE")
+    if not r.feasible:
+        assert r.status is Status.STOPPED and r.reason is Reason.TIME_LIMIT
 
 
 def test_no_hot_op_is_optimal_without_a_solve():
@@ -288,18 +298,11 @@ def test_windows_give_a_valid_plan_no_worse_than_the_hint():
     t = random_dag(120, seed=0, durations=Durations(TimeUnit.US, 20, 400))
     hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
     budget = int(0.8 * t.peak("liveness")[0])
-    ten = registry.get("tensile")([t], hw, Measured(), budget_bytes=budget)
-    r = cpsat(
-        [t],
-        hw,
-        Measured(),
-        budget_bytes=budget,
-        hint="tensile",
-        num_workers=2,
-        time_limit_s=12,
-        max_exact_terms=100,
-        lns_window_time_s=2.0,
+    ten = registry.get("tensile")([t], DeviceModel(hw, Measured()), budget_bytes=budget)
+    opts = CpsatOptions(
+        hint="tensile", num_workers=2, time_limit_s=12, max_exact_terms=100, lns_window_time_s=2.0
     )
+    r = cpsat([t], DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
     assert r.stats["search"] == "lns"
     assert r.stats["windows"] >= 1 or r.stats["status"] == "OPTIMAL"  # (stops at the bound)
     assert r.feasible
@@ -318,8 +321,7 @@ def test_registered_with_the_shared_signature_and_string_options():
     r = registry.run(
         "cpsat",
         [t],
-        hw,
-        lat,
+        DeviceModel(hw, lat),
         budget_bytes=5 * MiB,
         options=["time_limit_s=5", "num_workers=1", "hint=none", "objective=time"],
     )
@@ -331,17 +333,20 @@ def test_registered_with_the_shared_signature_and_string_options():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"time_limit": 3}, "unknown option 'time_limit'"),
         ({"objective": "speed"}, "objective='speed' must be 'time' or 'peak'"),
         ({"num_workers": 0}, "num_workers=0 must be an integer >= 1"),
         ({"max_eor": -1.0}, "max_eor=-1.0 must be a number > 0"),
-        ({"lanes": 3}, "lanes=3 must be 1 or 2"),
     ],
 )
 def test_bad_options_are_one_line_plan_errors(options, message):
-    t = tiny_trace(RECOMPUTE_BUFS, [Step((), (0,), 1), Step((0,), (1,), 1)])
     with pytest.raises(PlanError, match="cpsat: " + message.replace("(", r"\(")):
-        cpsat([t], tiny_hw(), Fixed(durations_s(t)), **options)
+        CpsatOptions(**options)
+
+
+@pytest.mark.parametrize("key", ["time_limit", "lanes"])  # lanes: the DeviceModel's now
+def test_unknown_options_are_named_by_the_registry(key):
+    with pytest.raises(PlanError, match=f"cpsat: unknown option '{key}'"):
+        registry.make_options("cpsat", {key: 2})
 
 
 def test_a_bad_budget_is_a_plan_error():
@@ -349,7 +354,7 @@ def test_a_bad_budget_is_a_plan_error():
     t = tiny_trace(RECOMPUTE_BUFS, [Step((), (0,), 1), Step((0,), (1,), 1)])
     hw, lat = tiny_hw(), Fixed(durations_s(t))
     with pytest.raises(PlanError, match="budget=-5 must be a positive number of bytes"):
-        cpsat([t], hw, lat, budget_bytes=-5)
+        cpsat([t], DeviceModel(hw, lat), budget_bytes=-5)
 
 
 def test_options_dataclass_defaults():
@@ -371,7 +376,7 @@ def test_copy_times_that_are_not_whole_ns_widen_the_margin():
     ops = [Step((), (0,), 1, rng=True), Step((), (1,), 5), Step((1,), (2,), 3), Step((0,), (3,), 1)]
     t = tiny_trace(RECOMPUTE_BUFS, ops)
     hw, lat = tiny_hw(lanes_bw_mib_per_ms=3), Fixed(durations_s(t))
-    data = build_data(t, hw, lat, 5 * MiB)
+    data = build_data(t, DeviceModel(hw, lat), 5 * MiB)
     assert not data.exact_transfers and data.margin == INEXACT_MARGIN
     assert int(data.out_ticks[0]) == 1333334
     r, _, _ = plan_one(t, 5, bw=3)
@@ -400,11 +405,7 @@ def test_a_coarse_model_too_coarse_to_fit_is_refined_then_windows_improve_it():
     hw = load_hardware("a100-pcie-40gb")
     lb, peak = peak_lower_bound(t).nbytes, t.peak("liveness")[0]
     budget = int(lb + 0.5 * (peak - lb))
-    r = cpsat(
-        [t],
-        hw,
-        Measured(),
-        budget_bytes=budget,
+    opts = CpsatOptions(
         hint=None,
         num_workers=2,
         time_limit_s=10,
@@ -412,6 +413,7 @@ def test_a_coarse_model_too_coarse_to_fit_is_refined_then_windows_improve_it():
         lns_coarse_segments=60,
         lns_window_time_s=1.0,
     )
+    r = cpsat([t], DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
     assert r.stats["search"] == "lns" and r.stats["block"] == 2 and r.feasible
     _, job = simulated(t, r.plans[0], hw, Measured(), budget)
     assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=0.01)

@@ -22,8 +22,8 @@ from memplan.planners.analysis.bounds import (
 )
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import Plan, SwapIn, SwapOut
-from memplan.planners.cpsat.planner import cpsat
+from memplan.planners.core.plan import Plan, Reason, Status, SwapIn, SwapOut
+from memplan.planners.cpsat.planner import CpsatOptions, cpsat
 from memplan.sim import Job, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.io import fingerprint
@@ -43,8 +43,9 @@ def two_step_job(a_mib: int, wait_ms: int, last_ms: int, name: str):
 
 
 def plan_jobs(traces, budget_mib, hw, **options):
-    opts = {"hint": None, "num_workers": 2, "time_limit_s": 20.0, **options}
-    return cpsat(traces, hw, Measured(), budget_bytes=int(budget_mib * MiB), **opts)
+    opts = CpsatOptions(**{"hint": None, "num_workers": 2, "time_limit_s": 20.0, **options})
+    device = DeviceModel(hw, Measured())
+    return cpsat(traces, device, budget_bytes=int(budget_mib * MiB), options=opts)
 
 
 def simulated(traces, plans, hw, budget_bytes, iterations=3):
@@ -107,6 +108,7 @@ def test_a_lane_per_job_would_plan_a_budget_the_shared_lane_cannot_meet():
     hw = tiny_hw(lanes_bw_mib_per_ms=2)
     r = plan_jobs(jobs, 14, hw)
     assert r.stats["status"] == "INFEASIBLE" and not r.feasible
+    assert r.status is Status.STOPPED and r.reason is Reason.MODEL_INFEASIBLE
     # the plan a lane per job allows runs out of memory in the simulator:
     # job 1 allocates X1 at 4 ms while A1 is still being copied out
     plans = [Plan(fingerprint(t), (SwapOut(0, 0), SwapIn(0, 2, 3, 0.001))) for t in jobs]
@@ -126,7 +128,8 @@ def test_joint_order_memory_and_bounds_by_hand():
     assert order.window_ops(0).tolist() == [0, 1, 1, 2, 2, 3, 3, 0]
     assert (joint_memory_curve(jobs, order) // MiB).tolist() == [7, 7, 7, 14, 21, 14, 7, 7]
     assert joint_peak_lower_bound(jobs).nbytes == 7 * MiB  # X0's op alone
-    b = joint_bounds(jobs, tiny_hw(lanes_bw_mib_per_ms=2), Measured(), budget_bytes=14 * MiB)
+    device = DeviceModel(tiny_hw(lanes_bw_mib_per_ms=2), Measured())
+    b = joint_bounds(jobs, device, budget_bytes=14 * MiB)
     # p4 needs 7 MiB gone, but X1 may not be allocated yet there (job 1 may
     # wait for a copy-in before it asks for the compute): no copy is forced,
     # and the bound is the compute of both jobs in series
@@ -137,9 +140,9 @@ def test_joint_order_memory_and_bounds_by_hand():
 def test_jobs_with_different_op_counts_are_a_plan_error():
     a, b = two_step_job(5, 1, 2, "j0"), random_dag(6, seed=0)
     with pytest.raises(PlanError, match="same number of ops .got \\[4, 6\\]"):
-        cpsat([a, b], tiny_hw(), Measured(), budget_bytes=64 * MiB)
+        cpsat([a, b], DeviceModel(tiny_hw(), Measured()), budget_bytes=64 * MiB)
     with pytest.raises(PlanError, match="same number of ops per iteration"):
-        joint_bounds([a, b], tiny_hw(), Measured(), budget_bytes=64 * MiB)
+        joint_bounds([a, b], DeviceModel(tiny_hw(), Measured()), budget_bytes=64 * MiB)
 
 
 # ---- seeded synthetic jobs agree with the simulator --------------------------------------
@@ -167,8 +170,8 @@ def test_synthetic_jobs_check_and_simulate_as_the_model_says(case):
     peak = int(joint_memory_curve(traces, in_step_order(traces)).max())
     lb = joint_peak_lower_bound(traces, workspace=False).nbytes
     budget = int(lb + frac * (peak - lb)) if frac > 0 else peak + int(frac) * MiB
-    r = cpsat(traces, hw, Measured(), budget_bytes=budget, hint=None, num_workers=2,
-              time_limit_s=20)  # fmt: skip
+    opts = CpsatOptions(hint=None, num_workers=2, time_limit_s=20)
+    r = cpsat(traces, DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
     assert r.stats["status"] == "OPTIMAL", r.stats
     assert sum(r.stats["decisions"].values()) > 0 and r.stats["decisions"]["swap"] > 0
     res = simulated(traces, r.plans, hw, budget)
@@ -185,8 +188,8 @@ def test_jobs_that_must_stall_agree_with_the_simulator():
     peak = int(joint_memory_curve(traces, in_step_order(traces)).max())
     lb = joint_peak_lower_bound(traces, workspace=False).nbytes
     budget = int(lb + 0.6 * (peak - lb))
-    r = cpsat(traces, hw, Measured(), budget_bytes=budget, hint=None, num_workers=2,
-              time_limit_s=30)  # fmt: skip
+    opts = CpsatOptions(hint=None, num_workers=2, time_limit_s=30)
+    r = cpsat(traces, DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
     assert r.stats["status"] in ("OPTIMAL", "FEASIBLE"), r.stats
     assert r.stats["objective"] > r.stats["compute_s"] * (1 + 1e-3)
     res = simulated(traces, r.plans, hw, budget, iterations=4)
@@ -199,7 +202,8 @@ def test_compare_two_jobs_with_cpsat_and_a_gap_to_the_joint_bound():
     jobs = [two_step_job(5, 1, 2, "j0"), two_step_job(2, 2, 1, "j1")]
     hw = tiny_hw(lanes_bw_mib_per_ms=2)
     opts = {"cpsat": ["hint=none", "num_workers=2", "time_limit_s=20"]}
-    c = compare_planners(jobs, DeviceModel(hw, Measured()), ["release_only", "cpsat"], budget=14 * MiB, options=opts)  # fmt: skip
+    device = DeviceModel(hw, Measured())
+    c = compare_planners(jobs, device, ["release_only", "cpsat"], budget=14 * MiB, options=opts)
     rows = {r.planner: r for r in c.rows}
     assert not rows["release_only"].feasible  # 21 MiB at p4
     row = rows["cpsat"]

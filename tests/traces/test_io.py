@@ -178,3 +178,24 @@ def test_bad_json_and_missing_file(tmp_path):
     gz.write_bytes(gzip.compress(b'{"schema": "memplan.trace/1"}')[:-6])
     with pytest.raises(TraceError, match=r"bad.json.gz: corrupt gzip data"):
         io.load(gz)
+
+
+def test_shipped_traces_by_name():
+    """NOTE [ Shipped traces by name ]: the stem, or the model alone when one
+    shipped trace starts with it."""
+    names = io.shipped()
+    assert "resnet50_b16_adam" in names
+    full = io.load("zoo:resnet50_b16_adam")
+    assert fingerprint(io.load("zoo:resnet50")) == fingerprint(full)
+    assert io.resolve("zoo:resnet50") == io.DATA_DIR / "resnet50_b16_adam.json.gz"
+    with pytest.raises(TraceError, match=r"zoo:resnet: is not a shipped trace \(shipped: bert"):
+        io.load("zoo:resnet")
+    with pytest.raises(TraceError, match="zoo:: is not a shipped trace"):
+        io.load("zoo:")
+
+
+def test_jobs_may_name_shipped_traces_with_a_count():
+    from memplan.commands.compare import parse_jobs
+
+    a, b = parse_jobs(["zoo:gpt2:2"])
+    assert a is b and a.meta.model == "gpt2"

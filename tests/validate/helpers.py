@@ -10,7 +10,7 @@ from memplan.traces.capture import CaptureOptions, capture
 from memplan.traces.model import Phase, Trace
 from memplan.traces.zoo import ZOO
 from memplan.validate import Direction, ReplayResult, replay
-from memplan.validate.replay.lanes import Transfer
+from memplan.validate.replay.transfer import Transfer
 
 
 @functools.cache

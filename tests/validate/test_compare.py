@@ -21,6 +21,7 @@ from memplan.sim import Job, simulate
 from memplan.traces.io import fingerprint
 from memplan.traces.zoo import BUILTIN
 from memplan.validate import Direction, TransferRecord, ValidationError, compare_results, replay
+from memplan.validate.calibrate.brackets import unsteadiness
 from memplan.validate.calibrate.measure import (
     PROBE_SWAPS,
     LaneModel,
@@ -31,7 +32,7 @@ from memplan.validate.calibrate.measure import (
     probe_plan,
     quietest,
 )
-from memplan.validate.calibrate.simvsreal import unsteadiness, validate_plan
+from memplan.validate.calibrate.simvsreal import validate_plan
 
 from tests.validate.helpers import (
     Order,

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from memplan.validate.replay.lanes import GIL_COPY_BYTES, Direction, Lane, Latch, Transfer, cpu_copy
+from memplan.validate.replay.lanes import Lane
+from memplan.validate.replay.mover import GIL_COPY_BYTES, cpu_copy
+from memplan.validate.replay.transfer import Direction, Latch, Transfer
 
 
 class _Mover:

@@ -1,7 +1,7 @@
 """The exported runtime in a real training step: the same gradients as a
 plain step for every planner's plan, the saved-tensor bytes on the device
 side drop by what the plan offloads, and a model that is not the traced one
-is a `ValidationError` naming the first difference."""
+is a `RuntimePlanError` naming the first difference."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from memplan.planners.core.plan import Plan, SwapIn, SwapOut
 from memplan.traces.io import fingerprint
 from memplan.traces.model import Phase
 from memplan.traces.zoo import BUILTIN, MLP, ZOO, TinyResNet
-from memplan.validate import ValidationError
+from memplan.validate.runtime.errors import RuntimePlanError
 from memplan.validate.runtime.hooks import PlanRuntime, apply_plan
 from memplan.validate.runtime.io import load, save
 from memplan.validate.runtime.plan import Action, export
@@ -171,14 +171,14 @@ def test_the_model_is_left_as_it_was():
 # ---- models that are not the traced one ---------------------------------------------------
 def test_a_model_without_the_traced_modules_is_refused_before_the_step():
     rp = export(plan_for("small_cnn", "vdnn"), trace_of("small_cnn"))
-    with pytest.raises(ValidationError, match="module 'block1.conv' of the trace is not in"):
+    with pytest.raises(RuntimePlanError, match="module 'block1.conv' of the trace is not in"):
         PlanRuntime(TinyResNet(), rp)
 
 
 def test_a_container_without_a_forward_cannot_be_checkpointed():
     rp = export(plan_for("tiny_transformer", "checkpoint"), trace_of("tiny_transformer"))
     net = workload("tiny_transformer").model
-    with pytest.raises(ValidationError, match="'blocks' is a ModuleList without a forward"):
+    with pytest.raises(RuntimePlanError, match="'blocks' is a ModuleList without a forward"):
         PlanRuntime(net, dataclasses.replace(rp, regions=("blocks",)))
 
 
@@ -186,7 +186,7 @@ def test_a_model_saving_in_other_modules_fails_at_the_first_difference():
     rp = export(plan_for("mlp", "vdnn"), trace_of("mlp"))
     net = copy.deepcopy(workload("mlp").model)
     net.fc2 = nn.Sequential(net.fc2)  # the same maths, one module deeper
-    with pytest.raises(ValidationError, match=r"saved tensor #2: packed in module 'fc2.0'"):
+    with pytest.raises(RuntimePlanError, match=r"saved tensor #2: packed in module 'fc2.0'"):
         step("mlp", rp, net=net)
 
 
@@ -195,7 +195,7 @@ def test_a_step_that_saves_fewer_tensors_fails_at_its_end():
     w = workload("mlp")
     net = MLP()
     with (
-        pytest.raises(ValidationError, match=r"saved 0 tensors .* first missing is #0"),
+        pytest.raises(RuntimePlanError, match=r"saved 0 tensors .* first missing is #0"),
         PlanRuntime(net, rp).step(),
         torch.no_grad(),
     ):
@@ -204,7 +204,7 @@ def test_a_step_that_saves_fewer_tensors_fails_at_its_end():
 
 def test_another_batch_size_is_a_mismatch():
     rp = export(plan_for("mlp", "vdnn"), trace_of("mlp"))
-    with pytest.raises(ValidationError, match="storage has 25088 bytes, the trace recorded 12544"):
+    with pytest.raises(RuntimePlanError, match="storage has 25088 bytes, the trace recorded 12544"):
         step("mlp", rp, batch=8)
 
 
@@ -212,7 +212,7 @@ def test_apply_plan_needs_the_trace_of_a_plan():
     trace = trace_of("mlp")
     plan = plan_for("mlp", "vdnn")
     net = copy.deepcopy(workload("mlp").model)
-    with pytest.raises(ValidationError, match="needs its trace"):
+    with pytest.raises(RuntimePlanError, match="needs its trace"):
         apply_plan(net, plan)
     w = workload("mlp")
     with apply_plan(net, plan, trace) as stats:
@@ -226,7 +226,7 @@ def test_a_runtime_plan_file_round_trips(tmp_path):
         save(rp, tmp_path / name)
         assert load(tmp_path / name) == rp
     (tmp_path / "bad.json").write_text('{"schema": "memplan.runtime/1", "saved": [{"index": 3}]}')
-    with pytest.raises(ValidationError, match=r"bad.json: saved\[0\].action: missing"):
+    with pytest.raises(RuntimePlanError, match=r"bad.json: saved\[0\].action: missing"):
         load(tmp_path / "bad.json")
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from memplan.traces.recorder import HIDDEN_WRITES
 from memplan.traces.model import Phase, Trace
+from memplan.traces.recorder import HIDDEN_WRITES
 from memplan.validate.errors import ValidationError
 
 

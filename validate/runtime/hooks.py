@@ -18,7 +18,7 @@ backward must run inside the step, as they did at capture.
   entry of the trace's `saved` list that the hooks see (entries packed
   inside a checkpointed region are the checkpoint's and are skipped); the
   module it was packed in must be the recorded one, and its storage the
-  recorded size, else `ValidationError`. Saved tensors are matched, not
+  recorded size, else `RuntimePlanError`. Saved tensors are matched, not
   guessed: a model that is not the traced one fails at its first
   difference, and at the end of the step if it saved fewer tensors.
 - Offload copies the whole storage (so the view, strides and offset come
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from memplan.planners.core.plan import Plan
 from memplan.traces.model import Trace
-from memplan.validate.errors import ValidationError
+from memplan.validate.runtime.errors import RuntimePlanError
 from memplan.validate.runtime.plan import Action, RuntimePlan, SavedDecision, export
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -155,13 +155,13 @@ class _Step:
         while self.cursor < len(saved) and saved[self.cursor].action in _REGION_ACTIONS:
             self.cursor += 1
         if self.cursor >= len(saved):
-            raise ValidationError(
+            raise RuntimePlanError(
                 f"saved tensor #{self.stats.packed} (in module {module!r}): the trace recorded "
                 f"only {self.rt.hooked} outside checkpointed modules"
             )
         d = saved[self.cursor]
         if d.module != module:
-            raise ValidationError(
+            raise RuntimePlanError(
                 f"saved tensor #{d.index}: packed in module {module!r}, the trace recorded "
                 f"{d.module!r} (is this the model the trace was captured from?)"
             )
@@ -179,7 +179,7 @@ class _Step:
         d = self._next(rt.stack[-1] if rt.stack else "")
         nbytes = t.untyped_storage().nbytes()
         if nbytes != d.nbytes:
-            raise ValidationError(
+            raise RuntimePlanError(
                 f"saved tensor #{d.index} (module {d.module!r}): its storage has {nbytes} bytes, "
                 f"the trace recorded {d.nbytes} (another batch size or dtype?)"
             )
@@ -299,7 +299,7 @@ class _Step:
             self.cursor += 1
         if self.cursor != len(saved):
             d = saved[self.cursor]
-            raise ValidationError(
+            raise RuntimePlanError(
                 f"the step saved {self.stats.packed} tensors outside checkpointed modules, the "
                 f"trace recorded {self.rt.hooked}: the first missing is #{d.index} in module "
                 f"{d.module!r} (run the forward pass, the loss and backward inside the step)"
@@ -320,14 +320,14 @@ class PlanRuntime:
         modules = dict(model.named_modules())
         for d in plan.saved:
             if d.module and d.module not in modules:
-                raise ValidationError(
+                raise RuntimePlanError(
                     f"saved tensor #{d.index}: module {d.module!r} of the trace is not in the model"
                 )
         for r in plan.regions:
             if r not in modules:
-                raise ValidationError(f"checkpointed module {r!r} of the plan is not in the model")
+                raise RuntimePlanError(f"checkpointed module {r!r} of the plan is not in the model")
             if not has_forward(modules[r]):
-                raise ValidationError(
+                raise RuntimePlanError(
                     f"checkpointed module {r!r} is a {type(modules[r]).__name__} without a "
                     f"forward: export the plan with the model (validate.runtime.hooks.export_for)"
                 )
@@ -457,7 +457,7 @@ class PlanRuntime:
     def check_recompute(self) -> None:
         for r in self.plan.recompute:
             if (r.region, r.invocation, r.module, r.target, r.occurrence) not in self.seen:
-                raise ValidationError(
+                raise RuntimePlanError(
                     f"the plan recomputes {r.target} #{r.occurrence} in module {r.module!r} "
                     f"(call {r.invocation} of {r.region!r}), which this step did not run"
                 )
@@ -484,6 +484,6 @@ def apply_plan(
     For many steps, make one `PlanRuntime` and call its `step()`."""
     if isinstance(plan, Plan):
         if trace is None:
-            raise ValidationError("apply_plan: a Plan needs its trace (or pass a RuntimePlan)")
+            raise RuntimePlanError("apply_plan: a Plan needs its trace (or pass a RuntimePlan)")
         plan = export_for(model, plan, trace)
     return PlanRuntime(model, plan).step()

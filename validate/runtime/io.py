@@ -1,6 +1,6 @@
 """Runtime plan files: JSON (optionally .json.gz) with
 ``"schema": "memplan.runtime/1"``, the only place a `RuntimePlan` is a dict.
-Every problem is a one-line `ValidationError` naming the field."""
+Every problem is a one-line `RuntimePlanError` naming the field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from memplan.traces.io import read_json, save_json
-from memplan.validate.errors import ValidationError
+from memplan.validate.runtime.errors import RuntimePlanError
 from memplan.validate.runtime.plan import Action, RecomputeOp, RuntimePlan, SavedDecision, Skipped
 
 SCHEMA = "memplan.runtime/1"
@@ -51,18 +51,18 @@ def to_dict(rp: RuntimePlan) -> dict[str, Any]:
 
 def _get(d: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
     if not isinstance(d, dict) or key not in d:
-        raise ValidationError(f"{where}.{key}: missing")
+        raise RuntimePlanError(f"{where}.{key}: missing")
     v = d[key]
     if not isinstance(v, typ) or (isinstance(v, bool) and typ is int):
-        raise ValidationError(f"{where}.{key}: unexpected value {json.dumps(v)[:40]}")
+        raise RuntimePlanError(f"{where}.{key}: unexpected value {json.dumps(v)[:40]}")
     return v
 
 
 def from_dict(doc: Any) -> RuntimePlan:
-    """The inverse of `to_dict`; `ValidationError` naming the bad field."""
+    """The inverse of `to_dict`; `RuntimePlanError` naming the bad field."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValidationError(f"schema: expected {SCHEMA!r}, got {got!r}")
+        raise RuntimePlanError(f"schema: expected {SCHEMA!r}, got {got!r}")
     saved = []
     for i, d in enumerate(_get(doc, "saved", list, "runtime")):
         w = f"saved[{i}]"
@@ -70,13 +70,13 @@ def from_dict(doc: Any) -> RuntimePlan:
         try:
             act = Action(action)
         except ValueError:
-            raise ValidationError(f"{w}.action: unknown action {action!r}") from None
+            raise RuntimePlanError(f"{w}.action: unknown action {action!r}") from None
         pre = d.get("prefetch_after") if isinstance(d, dict) else None
         if pre is not None and (not isinstance(pre, int) or isinstance(pre, bool)):
-            raise ValidationError(f"{w}.prefetch_after: expected a pack index or null")
+            raise RuntimePlanError(f"{w}.prefetch_after: expected a pack index or null")
         index = _get(d, "index", int, w)
         if index != i:
-            raise ValidationError(f"{w}.index: {index}, expected {i} (pack order)")
+            raise RuntimePlanError(f"{w}.index: {index}, expected {i} (pack order)")
         saved.append(
             SavedDecision(
                 index,
@@ -104,7 +104,7 @@ def from_dict(doc: Any) -> RuntimePlan:
     )
     regions = _get(doc, "regions", list, "runtime")
     if not all(isinstance(r, str) for r in regions):
-        raise ValidationError("runtime.regions: expected module paths")
+        raise RuntimePlanError("runtime.regions: expected module paths")
     return RuntimePlan(
         trace_fingerprint=_get(doc, "trace", str, "runtime"),
         model=str(doc.get("model", "")),
@@ -122,8 +122,8 @@ def save(rp: RuntimePlan, path: str | os.PathLike[str]) -> None:
 
 
 def load(path: str | os.PathLike[str]) -> RuntimePlan:
-    p, doc = read_json(path, ValidationError, "runtime plan file")
+    p, doc = read_json(path, RuntimePlanError, "runtime plan file")
     try:
         return from_dict(doc)
-    except ValidationError as e:
-        raise ValidationError(f"{p}: {e}") from None
+    except RuntimePlanError as e:
+        raise RuntimePlanError(f"{p}: {e}") from None

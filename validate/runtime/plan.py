@@ -76,7 +76,7 @@ from typing import Any
 
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe, validate
 from memplan.traces.model import Phase, Trace
-from memplan.validate.errors import ValidationError
+from memplan.validate.runtime.errors import RuntimePlanError
 
 
 class Action(enum.Enum):
@@ -181,10 +181,10 @@ def export(
     saved tensors ]). `callable_(path)` says whether a module has a forward
     to checkpoint (default: `assumed_callable`). Raises `PlanError` if the
     plan does not fit the trace,
-    `ValidationError` if the trace recorded no saved tensors."""
+    `RuntimePlanError` if the trace recorded no saved tensors."""
     validate(plan, trace)
     if not trace.saved:
-        raise ValidationError(
+        raise RuntimePlanError(
             f"trace {trace.meta.model!r} records no saved tensors: capture it again "
             f"(saved tensors are recorded since the trace format's first release)"
         )

@@ -1,0 +1,155 @@
+"""Old commit against new: the simulator's and the planners' speed at two
+commits of this repository, measured in one run.
+
+`python benchmarks/against.py [--rev REV] [--rounds N] [--only sim|planners]`
+checks REV (default: 0f2f132, the last commit before the namespace move) out
+into a temporary git worktree and times the same workloads there and in this
+checkout, each in a fresh subprocess of this interpreter, alternating old and
+new for N rounds (default 5) so that drifting machine load hits both alike.
+Each subprocess times its workloads with `time.perf_counter` after one
+warm-up call; the figures are the median over rounds, and the ratio is
+new / old (below 1: the new code is faster). The subprocess for REV imports
+only REV's code (this checkout's editable-install finder is removed from
+`sys.meta_path` there), whichever API generation REV has.
+
+Workloads, on the shipped traces with roofline latencies on rtx-a6000, one job:
+- sim: `simulate` of resnet50 for 3 iterations under release_only (plans
+  checked first), vanilla, and passive mode at 60% of the liveness peak;
+- planners: tensile, capuchin (budget: 80% of the vanilla peak), vdnn and
+  checkpoint on resnet50 and bert_base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REV = "0f2f132"
+
+# Runs inside the subprocess, with the code root as argv[1] and the workload as argv[2].
+PROBE = r"""
+import json, sys, time
+root, only = sys.argv[1], sys.argv[2]
+sys.meta_path = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
+sys.path.insert(0, root)
+try:
+    from memplan.hwmodels.device import DeviceModel
+    from memplan.hwmodels.latency import Roofline
+    from memplan.hwmodels.profile import load_hardware
+    from memplan.planners import registry
+    from memplan.planners.heuristics.vanilla import release_only_plan
+    from memplan.sim import Job, simulate
+    from memplan.traces import io
+    new = True
+except ImportError:
+    from hwmodels.latency import Roofline
+    from hwmodels.profile import load_hardware
+    from planners import registry
+    from planners.vanilla import release_only_plan
+    from sim import Job, simulate
+    from traces import io
+    new = False
+hw, lat = load_hardware("rtx-a6000"), Roofline()
+dev = DeviceModel(hw, lat) if new else None
+def sim(jobs, **kw):
+    return simulate(jobs, dev, **kw) if new else simulate(jobs, hw, lat, **kw)
+def plan(name, t, budget):
+    if new:
+        return registry.run(name, [t], dev, budget_bytes=budget)
+    return registry.run(name, [t], hw, lat, budget_bytes=budget)
+def load(model):
+    return io.load(f"{root}/traces/data/{model}_b16_adam.json.gz")
+def timed(fn):
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+out = {}
+if only in ("sim", "all"):
+    t = load("resnet50")
+    p = release_only_plan(t)
+    budget = int(t.peak("liveness")[0] * 0.6)
+    out["sim release_only x3"] = timed(lambda: sim([Job(t, p)], iterations=3))
+    out["sim vanilla x3"] = timed(lambda: sim([t], iterations=3))
+    out["sim passive 60% x3"] = timed(
+        lambda: sim([Job(t, p)], iterations=3, budget=budget, oom="passive"))
+if only in ("planners", "all"):
+    for model in ("resnet50", "bert_base"):
+        t = load(model)
+        budget = int(t.peak("framework")[0] * 0.8)
+        for name in ("tensile", "capuchin", "vdnn", "checkpoint"):
+            b = budget if name == "capuchin" else None
+            out[f"plan {name} {model}"] = timed(lambda name=name, t=t, b=b: plan(name, t, b))
+print(json.dumps({"api": "memplan.*" if new else "top-level", "seconds": out}))
+"""
+
+
+def run_probe(root: Path, only: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(root), only],
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"probe in {root} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default=DEFAULT_REV, help=f"the old commit (default {DEFAULT_REV})")
+    ap.add_argument("--rounds", type=int, default=5, help="old/new pairs, interleaved")
+    ap.add_argument("--only", choices=("sim", "planners", "all"), default="all")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        old_root = Path(tmp) / "old"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "-q", str(old_root), args.rev],
+            cwd=ROOT,
+            check=True,
+        )
+        try:
+            old_runs, new_runs = [], []
+            for r in range(args.rounds):
+                old_runs.append(run_probe(old_root, args.only))
+                new_runs.append(run_probe(ROOT, args.only))
+                print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_root)], cwd=ROOT)
+    print(
+        f"old: {args.rev} ({old_runs[0]['api']} API), new: this checkout "
+        f"({new_runs[0]['api']} API); {args.rounds} interleaved rounds, each a fresh "
+        f"process timing every workload once after one warm-up call; medians in ms"
+    )
+    print(f"{'workload':<34}{'old':>10}{'new':>10}{'new/old':>9}")
+    ratios = []
+    for key in old_runs[0]["seconds"]:
+        old = statistics.median(r["seconds"][key] for r in old_runs)
+        new = statistics.median(r["seconds"][key] for r in new_runs)
+        ratios.append(new / old)
+        print(f"{key:<34}{old * 1e3:10.1f}{new * 1e3:10.1f}{new / old:9.3f}")
+    print(f"{'geometric mean of ratios':<54}{statistics.geometric_mean(ratios):9.3f}")
+
+
+def main_or_against(own_main: Callable[[], None], only: str) -> None:
+    """A benchmark's entry: its own `own_main`, or with `--against REV` this
+    module's old-against-new timing of its workloads."""
+    if "--against" not in sys.argv:
+        own_main()
+        return
+    rev = sys.argv[sys.argv.index("--against") + 1]
+    sys.argv = [sys.argv[0], "--rev", rev, "--only", only]
+    main()
+
+
+if __name__ == "__main__":
+    main()
