@@ -14,6 +14,8 @@ this module re-exports their public names, so planners import from one place:
 - `planners.analysis.opgrid`: `MemoryState`, `FIRST` / `STEADY` / `BOTH`,
   `PeakAnalysis`, `peak_analysis`, `memory_of_plan` -- residency and its peak
   on the op grid (NOTE [ Peak analysis on the op grid ]).
+- `planners.analysis.queued`: `queued_peak` -- one job's peak with its copies
+  queued FIFO on the lane(s), as vDNN predicts it.
 - `planners.analysis.lanes`: `LaneSet` -- the PCIe lane timeline(s) and their free
   intervals (NOTE [ Lane timelines ]).
 
@@ -37,8 +39,8 @@ from memplan.planners.analysis.optimes import (
     op_durations_us,
     predict_timeline,
     predict_timelines,
-    transfer_us,
 )
+from memplan.planners.analysis.queued import queued_peak
 from memplan.planners.core.jobs import as_traces, check_budget
 
 __all__ = [
@@ -59,5 +61,5 @@ __all__ = [
     "peak_analysis",
     "predict_timeline",
     "predict_timelines",
-    "transfer_us",
+    "queued_peak",
 ]

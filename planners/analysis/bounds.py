@@ -1,5 +1,19 @@
 """Lower bounds that hold for every plan of one job: the peak no plan can go
-below, and the iteration time no plan can beat under a budget.
+below, and the iteration time no plan can beat under a budget on a
+`DeviceModel` (NOTE [ Lower bounds ]); for several jobs, bounds on runs that
+keep them in step (NOTE [ Jobs in step ]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+from memplan.planners.core.errors import PlanError
+from memplan.traces.model import Trace
 
 # NOTE [ Lower bounds ]
 # Peak: while op k runs, every buffer it reads or writes is on the device,
@@ -32,18 +46,6 @@ below, and the iteration time no plan can beat under a budget.
 # The CP-SAT planner's best bound is a bound over the plans its model can
 # express (NOTE [ CP-SAT semantics ] lists its rules); it is reported beside
 # these, as `model_bound_s`, and is not claimed for every plan.
-"""
-
-from __future__ import annotations
-
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-import numpy as np
-from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
-from memplan.planners.core.errors import PlanError
-from memplan.traces.model import Trace
 
 
 @dataclass(frozen=True, slots=True)

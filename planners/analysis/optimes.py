@@ -1,4 +1,4 @@
-"""When each op of a job runs, and what a copy costs.
+"""When each op of a job runs (what a copy costs is `DeviceModel.copy_time`).
 
 TENSILE's time model (§III-A), shared by every planner; numpy over the
 trace's cached arrays:
@@ -8,8 +8,6 @@ trace's cached arrays:
   (NOTE [ Jobs on one GPU ]); `predict_timeline` for one job alone.
 - `Timeline.trigger`: the (after_op, delay_us, iteration) a plan event uses
   to fire at a given time.
-- `transfer_us(hw, nbytes, direction)`: a copy's lane time, fixed cost +
-  bytes / bandwidth.
 
 Times are microseconds throughout (what `delay_us` in a plan is).
 """
@@ -25,7 +23,6 @@ from functools import cached_property
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, TimeUnit
 from memplan.hwmodels.errors import LatencyError
-from memplan.hwmodels.profile import Hardware
 from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
 
@@ -218,15 +215,3 @@ def _interleave(durs: list[np.ndarray]) -> list[Timeline]:
         e = np.asarray(ends[j][:k])
         out.append(Timeline(s, e, starts[j][k] - starts[j][0]))
     return out
-
-
-def transfer_us(hw: Hardware, nbytes: int | np.ndarray, direction: str) -> float | np.ndarray:
-    """Microseconds one copy holds its lane: fixed cost + bytes / bandwidth
-    (as `sim.pcie.Pcie.full_speed_us`). `direction` is "h2d" or "d2h"."""
-    if direction == "h2d":
-        bw = hw.h2d_bytes_per_s
-    elif direction == "d2h":
-        bw = hw.d2h_bytes_per_s
-    else:
-        raise ValueError(f"direction={direction!r} must be 'h2d' or 'd2h'")
-    return hw.transfer_fixed_s * 1e6 + np.asarray(nbytes, np.float64) * 1e6 / bw

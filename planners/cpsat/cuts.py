@@ -1,5 +1,12 @@
 """Redundant constraints of the CP-SAT model: implied by its other
 constraints, stated so that the LP relaxation sees them.
+"""
+
+from __future__ import annotations
+
+from memplan.planners.cpsat.data import CpsatData, GapKind
+from memplan.planners.cpsat.spec import BuiltModel
+from ortools.sat.python import cp_model
 
 # NOTE [ Lane windows ]
 # A copy-out of a buffer absent at hot op h runs between the end of the
@@ -22,13 +29,7 @@ constraints, stated so that the LP relaxation sees them.
 # the gaps sorted by a (or c), so the terms grow as hot ops x gaps^2; above
 # WINDOW_TERMS_MAX only the widest window of each hot op is kept (from the
 # earliest a, up to the latest c).
-"""
 
-from __future__ import annotations
-
-from memplan.planners.cpsat.data import CpsatData, GapKind
-from memplan.planners.cpsat.spec import BuiltModel
-from ortools.sat.python import cp_model
 
 WINDOW_TERMS_MAX = 60_000
 

@@ -1,6 +1,21 @@
 """The large neighbourhood search for traces too large for the exact model:
 a coarse model, then windows around the memory peaks (NOTE [ Windows ]).
 `cpsat/search.py` decides when it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from memplan.planners.cpsat.data import CpsatData
+from memplan.planners.cpsat.model import build
+from memplan.planners.cpsat.options import CpsatOptions
+from memplan.planners.cpsat.solution import absent_bytes
+from memplan.planners.cpsat.solve import solve, time_left
+from memplan.planners.cpsat.spec import ModelSpec, Objective, Solution
 
 # NOTE [ Windows ]
 # The exact model has one absence literal per (gap, hot op): up to a million
@@ -19,21 +34,7 @@ a coarse model, then windows around the memory peaks (NOTE [ Windows ]).
 # its infeasibility a proof. Otherwise a restricted model proves nothing
 # globally, so the reported best bound is the analytic one of
 # `planners/analysis/bounds.py`; the stats say `search: "lns"`.
-"""
 
-from __future__ import annotations
-
-import math
-from dataclasses import replace
-from typing import Any
-
-import numpy as np
-from memplan.planners.cpsat.data import CpsatData
-from memplan.planners.cpsat.model import build
-from memplan.planners.cpsat.options import CpsatOptions
-from memplan.planners.cpsat.solution import absent_bytes
-from memplan.planners.cpsat.solve import solve, time_left
-from memplan.planners.cpsat.spec import ModelSpec, Objective, Solution
 
 COARSE_SHARE = 0.4  # of what is left, for the coarse model before the windows
 COARSE_SHARE_COLD = 0.75  # the same when there is no incumbent yet

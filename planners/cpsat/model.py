@@ -8,6 +8,19 @@ copies, recompute sources, transfers, the op chain, FIFO order, the lanes,
 absence and memory in `cpsat/memory.py`, redundant cuts in `cpsat/cuts.py`),
 objective. Parameters, solve, status check and read-out are
 `cpsat/solve.py`'s.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from memplan.hwmodels.device import Direction
+from memplan.planners.cpsat.cuts import add_lane_windows
+from memplan.planners.cpsat.data import CpsatData, GapKind, horizon
+from memplan.planners.cpsat.memory import add_absence, add_memory
+from memplan.planners.cpsat.spec import KEEP, RECOMPUTE, SWAP, BuiltModel, ModelSpec, Objective
+from ortools.sat.python import cp_model
 
 # NOTE [ CP-SAT semantics ]
 # The model costs a plan the way `sim` runs it (NOTE [ Event semantics ] in
@@ -65,24 +78,13 @@ objective. Parameters, solve, status check and read-out are
 # the model's timing and stays under the budget.
 #
 # NOTE [ Two lanes ]
-# With lanes=2 each direction has its own lane; an H2D copy is costed at the
-# duplex rate (`h2d_duplex_factor`), the slowest the simulator can run it.
+# With two lanes (`DeviceModel.lanes == 2`) each direction has its own lane;
+# an H2D copy is costed at the duplex rate (`copy_time(..., duplex=True)`,
+# `h2d_duplex_factor`), the slowest the simulator can run it.
 # When the factor is below 1 the simulator may finish an H2D copy sooner
 # than the model; the plan stays valid in memory but may run a little
 # faster than the objective says.
-"""
 
-from __future__ import annotations
-
-from collections import defaultdict
-
-import numpy as np
-from memplan.hwmodels.device import Direction
-from memplan.planners.cpsat.cuts import add_lane_windows
-from memplan.planners.cpsat.data import CpsatData, GapKind, horizon
-from memplan.planners.cpsat.memory import add_absence, add_memory
-from memplan.planners.cpsat.spec import KEEP, RECOMPUTE, SWAP, BuiltModel, ModelSpec, Objective
-from ortools.sat.python import cp_model
 
 __all__ = ["BuiltModel", "ModelSpec", "Objective", "build"]
 

@@ -269,9 +269,7 @@ def vdnn(
     opts = options or VdnnOptions()
     timelines = predict_timelines(jobs, device)
     plans = [vdnn_plan(t, opts) for t in jobs]
-    peaks = [
-        queued_peak(t, tl, p, device) for t, tl, p in zip(jobs, timelines, plans, strict=True)
-    ]
+    peaks = [queued_peak(t, tl, p, device) for t, tl, p in zip(jobs, timelines, plans, strict=True)]
     return fit_result(
         "vdnn",
         plans,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.device import DeviceModel, Direction
 from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.profile import Hardware
 from memplan.planners.analysis import (
@@ -29,6 +29,7 @@ from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta
 
 # ---- hand traces: whole MiB, whole ms, copies of 1 MiB per ms ------------------------
 MiB = 1 << 20
+H2D, D2H = Direction.H2D, Direction.D2H
 HAND_PERSISTENT = (BufferKind.PARAM, BufferKind.OPTIMIZER_STATE)
 
 
@@ -209,18 +210,18 @@ def test_access_gaps_and_writes():
 def test_lane_free_intervals_and_slots():
     t, lat = four_ops()
     lanes = LaneSet([predict_timeline(t, DeviceModel(HW, lat))])  # a circle of 8000 us
-    assert lanes.free_intervals(0, 0, 8000) == [(0, 8000)]
-    lanes.book(0, 2000, 1000)
-    assert lanes.free_intervals(0, 0, 8000) == [(0, 2000), (3000, 8000)]
-    assert lanes.earliest(0, 1500, 8000, 1000) == 3000
-    assert lanes.latest(0, 0, 7000, 1000) == 6000
-    assert lanes.latest(0, 0, 2500, 1000) == 1000
-    assert lanes.earliest(0, 1500, 3900, 1000) is None
-    lanes.book(0, 7500, 1000)  # wraps: busy [7500, 8000) and [0, 500)
-    assert lanes.free_intervals(0, 0, 8000) == [(500, 2000), (3000, 7500)]
-    assert lanes.free_intervals(0, 7000, 9000) == [(7000, 7500), (8500, 9000)]
-    assert lanes.earliest(0, 7200, 20000, 400) == 8500  # the next iteration's lane
-    assert lanes.is_free(0, 3000, 4500) and not lanes.is_free(0, 3000, 4600)
+    assert lanes.free_intervals(0, 0, 8000, H2D) == [(0, 8000)]
+    lanes.book(0, 2000, 1000, H2D)
+    assert lanes.free_intervals(0, 0, 8000, H2D) == [(0, 2000), (3000, 8000)]
+    assert lanes.earliest(0, 1500, 8000, 1000, H2D) == 3000
+    assert lanes.latest(0, 0, 7000, 1000, H2D) == 6000
+    assert lanes.latest(0, 0, 2500, 1000, H2D) == 1000
+    assert lanes.earliest(0, 1500, 3900, 1000, H2D) is None
+    lanes.book(0, 7500, 1000, H2D)  # wraps: busy [7500, 8000) and [0, 500)
+    assert lanes.free_intervals(0, 0, 8000, H2D) == [(500, 2000), (3000, 7500)]
+    assert lanes.free_intervals(0, 7000, 9000, H2D) == [(7000, 7500), (8500, 9000)]
+    assert lanes.earliest(0, 7200, 20000, 400, H2D) == 8500  # the next iteration's lane
+    assert lanes.is_free(0, 3000, 4500, H2D) and not lanes.is_free(0, 3000, 4600, H2D)
 
 
 def test_shared_lane_replicates_a_shorter_jobs_copies():
@@ -228,15 +229,15 @@ def test_shared_lane_replicates_a_shorter_jobs_copies():
     b, lb = make([B(1)], [O([], [0], 8)], "b")  # period 8 ms
     tla, tlb = predict_timeline(a, DeviceModel(HW, la)), predict_timeline(b, DeviceModel(HW, lb))
     lanes = LaneSet([tla, tlb])
-    lanes.book(0, 1000, 1000)  # A's copy recurs at 5000 within B's period
-    assert lanes.free_intervals(1, 0, 8000) == [(0, 1000), (2000, 5000), (6000, 8000)]
-    lanes.book(1, 6200, 1000)
+    lanes.book(0, 1000, 1000, H2D)  # A's copy recurs at 5000 within B's period
+    assert lanes.free_intervals(1, 0, 8000, H2D) == [(0, 1000), (2000, 5000), (6000, 8000)]
+    lanes.book(1, 6200, 1000, H2D)
     # A's slot must be free in both of its repetitions: [2000, 2500) is, but
     # [6000, 6500) is B's, so A's earliest 500 us slot after 2000 is at 3200
-    assert lanes.earliest(0, 2000, 4000, 500) == pytest.approx(3200)
+    assert lanes.earliest(0, 2000, 4000, 500, H2D) == pytest.approx(3200)
     own = LaneSet([tla, tlb], per_job_lane=True)
-    own.book(0, 1000, 1000)
-    assert own.free_intervals(1, 0, 8000) == [(0, 8000)]  # each job its own lane
+    own.book(0, 1000, 1000, H2D)
+    assert own.free_intervals(1, 0, 8000, H2D) == [(0, 8000)]  # each job its own lane
 
 
 def gap_chain():
@@ -371,3 +372,18 @@ def test_jobs_and_budget_arguments():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(PlanError, match="budget_bytes"):
             check_budget(bad)
+
+
+def test_two_lanes_book_each_direction_apart():
+    """With `lanes=2` a D2H booking leaves the H2D lane free (the simulator's
+    one copy engine per direction); with one lane both directions share it."""
+    t, lat = four_ops()
+    tl = predict_timeline(t, DeviceModel(HW, lat))  # a circle of 8000 us
+    two, one = LaneSet([tl], lanes=2), LaneSet([tl])
+    for lanes in (two, one):
+        lanes.book(0, 2000, 1000, D2H)
+    assert two.free_intervals(0, 0, 8000, H2D) == [(0, 8000)]
+    assert two.free_intervals(0, 0, 8000, D2H) == [(0, 2000), (3000, 8000)]
+    assert one.free_intervals(0, 0, 8000, H2D) == [(0, 2000), (3000, 8000)]
+    assert two.earliest(0, 1500, 8000, 1000, H2D) == 1500
+    assert one.earliest(0, 1500, 8000, 1000, H2D) == 3000

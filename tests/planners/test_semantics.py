@@ -100,8 +100,7 @@ def chain():
 
 
 TWICE = (
-    "events[2] (recompute of buffer 0): a second recompute of buffer 0 before op 3 "
-    "(also events[1])"
+    "events[2] (recompute of buffer 0): a second recompute of buffer 0 before op 3 (also events[1])"
 )
 
 

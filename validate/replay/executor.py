@@ -6,66 +6,7 @@
 frees buffers where the framework did (`Buffer.freed_after`), and applies the
 plan's swaps, releases and recomputes on the way. It measures op and
 iteration times and device bytes, and returns the final persistent state so
-that `compare_results` can check a plan changed nothing computed.
-
-# NOTE [ Iterations and randomness ]
-Every iteration replays the same recorded step: parameters, optimizer state
-and module buffers carry over; inputs are re-materialised from the seed with
-the same bytes each time; every other buffer is made by its op. Before each
-iteration the default generator of the run device is seeded from
-(seed, iteration), so dropout masks differ between iterations but not
-between runs. The caller's generator state is restored when the replay ends.
-
-# NOTE [ Applying a plan ]
-Semantics are the simulator's (NOTE [ Event semantics ] in `sim/model.py`),
-so that a replay measures what a simulation predicts:
-- Events with `after_op = i` fire when op i ends (-1: when the iteration
-  starts), in plan order, before the framework's own frees after op i (a
-  checked plan has no event on a buffer freed there, so the order is moot).
-- `SwapOut` queues a copy to the host pool; the device copy is freed when
-  the copy ends (NOTE [ Device bytes ]). The buffer stays usable until then;
-  needing it again keeps it (NOTE [ Keep ] in `validate/replay/pool.py`). A
-  swap-out of a buffer whose host copy is still valid moves no bytes. One of
-  a buffer already leaving or arriving does nothing, as in the simulator.
-  Its `before_op`, if set, waits until the transfer is over (planners.core.plan
-  NOTE [ Swap-out deadlines ]), counted in `wait_seconds`.
-- `SwapIn` queues a copy back; its device bytes are taken when the copy
-  starts. `before_op` (of the next iteration if `next_iteration`) waits for
-  it, and so does any op that needs the buffer: both count in
-  `wait_seconds`. A swap-in of a buffer on the device does nothing; of one
-  still leaving, it keeps it (no copy either way); of one arriving, it
-  waits for that copy. The host copy stays valid until the buffer is
-  written, so a `Release` followed by another `SwapIn` needs no second
-  `SwapOut`. In the last iteration a `next_iteration` swap-in is not started.
-- `Release` frees the device copy at once; of a leaving buffer it undoes a
-  keep; of an arriving one it does nothing; of one not on the device it is
-  an error.
-- Each op first waits for the swap-ins due before it and the swap-outs
-  with it as deadline, then makes every buffer it needs present, in buffer
-  order: leaving is present (and kept), arriving is waited for, absent is
-  recomputed by a `Recompute` for that buffer and op (NOTE [ Recompute ])
-  -- else the replay stops with a `ValidationError` naming the op and the
-  buffer.
-- Lanes (NOTE [ Throttled copies ] in `validate/replay/lanes.py`): with one lane
-  every copy shares it, in order of ready time; with two, swap-outs use
-  lane 0 and swap-ins lane 1.
-
-# NOTE [ Recompute ]
-A `Recompute` runs on demand: only when `before_op` needs its buffer and it
-is absent. Its ops are re-run in order, each after its sources are made
-present as an op's inputs are (waiting for a swap-in, or another
-`Recompute` of the source before the same op); outputs for buffers that are
-absent are bound (the chain's intermediates are freed again when the chain
-ends, only `buffer` stays), outputs for buffers still present are dropped
-at once. An op of the chain that writes in place a
-buffer the chain did not bring back (BatchNorm's running statistics, see
-NOTE [ Hidden mutations ]) writes a scratch copy instead: a recompute never
-changes live data. RNG ops run with the generator state saved before their
-first run in this iteration, then the current state is put back. The replay
-checks the chain reproduces the data that was dropped: every buffer it reads
-has the version it had at the original run, and every buffer it brings back
-is written by the same ops, in order, as the dropped copy was.
-"""
+that `compare_results` can check a plan changed nothing computed."""
 
 from __future__ import annotations
 
@@ -97,6 +38,64 @@ from memplan.validate.replay.program import Program, compile_trace
 from memplan.validate.replay.result import ReplayResult
 from memplan.validate.replay.schedule import Schedule, Triggered, build_schedule
 from memplan.validate.replay.transfer import Direction, Transfer
+
+# NOTE [ Iterations and randomness ]
+# Every iteration replays the same recorded step: parameters, optimizer state
+# and module buffers carry over; inputs are re-materialised from the seed with
+# the same bytes each time; every other buffer is made by its op. Before each
+# iteration the default generator of the run device is seeded from
+# (seed, iteration), so dropout masks differ between iterations but not
+# between runs. The caller's generator state is restored when the replay ends.
+
+# NOTE [ Applying a plan ]
+# Semantics are the simulator's (NOTE [ Event semantics ] in `sim/model.py`),
+# so that a replay measures what a simulation predicts:
+# - Events with `after_op = i` fire when op i ends (-1: when the iteration
+#   starts), in plan order, before the framework's own frees after op i (a
+#   checked plan has no event on a buffer freed there, so the order is moot).
+# - `SwapOut` queues a copy to the host pool; the device copy is freed when
+#   the copy ends (NOTE [ Device bytes ]). The buffer stays usable until then;
+#   needing it again keeps it (NOTE [ Keep ] in `validate/replay/pool.py`). A
+#   swap-out of a buffer whose host copy is still valid moves no bytes. One of
+#   a buffer already leaving or arriving does nothing, as in the simulator.
+#   Its `before_op`, if set, waits until the transfer is over (planners.core.plan
+#   NOTE [ Swap-out deadlines ]), counted in `wait_seconds`.
+# - `SwapIn` queues a copy back; its device bytes are taken when the copy
+#   starts. `before_op` (of the next iteration if `next_iteration`) waits for
+#   it, and so does any op that needs the buffer: both count in
+#   `wait_seconds`. A swap-in of a buffer on the device does nothing; of one
+#   still leaving, it keeps it (no copy either way); of one arriving, it
+#   waits for that copy. The host copy stays valid until the buffer is
+#   written, so a `Release` followed by another `SwapIn` needs no second
+#   `SwapOut`. In the last iteration a `next_iteration` swap-in is not started.
+# - `Release` frees the device copy at once; of a leaving buffer it undoes a
+#   keep; of an arriving one it does nothing; of one not on the device it is
+#   an error.
+# - Each op first waits for the swap-ins due before it and the swap-outs
+#   with it as deadline, then makes every buffer it needs present, in buffer
+#   order: leaving is present (and kept), arriving is waited for, absent is
+#   recomputed by a `Recompute` for that buffer and op (NOTE [ Recompute on demand ])
+#   -- else the replay stops with a `ValidationError` naming the op and the
+#   buffer.
+# - Lanes (NOTE [ Throttled copies ] in `validate/replay/lanes.py`): with one lane
+#   every copy shares it, in order of ready time; with two, swap-outs use
+#   lane 0 and swap-ins lane 1.
+
+# NOTE [ Recompute on demand ]
+# A `Recompute` runs on demand: only when `before_op` needs its buffer and it
+# is absent. Its ops are re-run in order, each after its sources are made
+# present as an op's inputs are (waiting for a swap-in, or another
+# `Recompute` of the source before the same op); outputs for buffers that are
+# absent are bound (the chain's intermediates are freed again when the chain
+# ends, only `buffer` stays), outputs for buffers still present are dropped
+# at once. An op of the chain that writes in place a
+# buffer the chain did not bring back (BatchNorm's running statistics, see
+# NOTE [ Hidden mutations ]) writes a scratch copy instead: a recompute never
+# changes live data. RNG ops run with the generator state saved before their
+# first run in this iteration, then the current state is put back. The replay
+# checks the chain reproduces the data that was dropped: every buffer it reads
+# has the version it had at the original run, and every buffer it brings back
+# is written by the same ops, in order, as the dropped copy was.
 
 
 class ReplaySync(LaneSync, Protocol):
@@ -301,7 +300,7 @@ class Executor:
     def _swap_out(self, ev: SwapOut) -> None:
         try:  # NOTE [ Keep ]: a skip or a discard needs no copy
             t = self.pool.begin_swap_out(
-                ev.buffer, not ev.delay_us, lambda lifetime: self._transfer(ev, lifetime)
+                ev.buffer, not ev.delay_us, lambda life: self._transfer(Direction.D2H, ev, life)
             )
         except NotOnDevice:
             raise self._absent(ev) from None
@@ -316,17 +315,20 @@ class Executor:
             return  # no next iteration to serve (planners.core.plan NOTE [ Cross-iteration swaps ])
         due = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
         # NOTE [ Keep ]: a copy in flight serves this one too; a leaving buffer is kept
-        t, new = self.pool.begin_swap_in(ev.buffer, lambda lifetime: self._transfer(ev, lifetime))
+        t, new = self.pool.begin_swap_in(
+            ev.buffer, lambda life: self._transfer(Direction.H2D, ev, life)
+        )
         if t is None:
             return
         self.deadlines.setdefault(due, []).append(t)
         if new:
             self.lanes[-1].submit(t)
 
-    def _transfer(self, ev: SwapOut | SwapIn, lifetime: int) -> Transfer:
+    def _transfer(self, direction: Direction, ev: SwapOut | SwapIn, lifetime: int) -> Transfer:
+        """The transfer `ev` queues now; `lifetime`: its buffer's, from the pool."""
         now = time.perf_counter()
         return Transfer(
-            Direction.D2H if isinstance(ev, SwapOut) else Direction.H2D,
+            direction,
             ev.buffer,
             self.it,
             label=f"{describe(ev)} after op {ev.after_op} of iteration {self.it}",
@@ -341,7 +343,7 @@ class Executor:
         return ValidationError(f"{describe(ev)} after op {ev.after_op}: it is not on the device")
 
     def _recompute(self, ev: Recompute) -> None:
-        """NOTE [ Recompute ]: `ev.buffer` is absent and `ev.before_op` needs it."""
+        """NOTE [ Recompute on demand ]: `ev.buffer` is absent and `ev.before_op` needs it."""
         pool = self.pool
         who = f"recompute of {self.invoker.name(ev.buffer)} before op {ev.before_op}"
         t0 = time.perf_counter()

@@ -3,38 +3,7 @@ before op 0 (persistent buffers and inputs).
 
 Values are made on the host from a generator seeded by (seed, buffer id), so
 a buffer's bytes depend on nothing else: the same on CPU and CUDA, whatever
-the other buffers are, in every iteration.
-
-# NOTE [ Initial values ]
-The replay checks that a plan never changes what is computed, so values
-must exercise the arithmetic (random, not zeros) and keep every op finite:
-- floating params: randn / sqrt(fan_in) for weights (a view of two or more
-  dims: fan_in is the product of all dims but the first, as in Kaiming
-  init), which keeps activations O(1) through deep stacks; 0.1 * randn for
-  vectors (biases, norm scales) and module buffers; inputs: randn.
-- optimizer state: 0.01 * randn, except second moments, which a real
-  optimizer keeps non-negative and takes the square root of
-  (`exp_avg_sq`, `max_exp_avg_sq`, `square_avg`, Adagrad's `sum`): their
-  absolute value. A BatchNorm `running_var` is a variance: 1 + |0.1 randn|.
-- integer inputs are labels or indices: see NOTE [ Index ranges ].
-- other integer buffers (`num_batches_tracked`) start at 0, bool inputs
-  are random bits, other bool buffers False.
-
-# NOTE [ Index ranges ]
-An integer input is only valid in the range the ops consuming it accept:
-class labels must be < the number of classes, token ids < the embedding's
-rows. We read that bound from how the trace uses the buffer: for every op in
-`INDEX_BOUNDS` whose index argument is a view of the buffer, the bound is
-the size of the dimension it indexes (the logits' class dimension for
-`nll_loss`, the weight's rows for `embedding`, `num_weights` for its
-backward, `self.size(dim)` for `gather` / `index_select` / `scatter`, the
-indexed dimension for `index.Tensor`). A buffer copied into another
-(`clone`, `_to_copy`, `copy_`) inherits the bound of its copy. The smallest
-bound over all uses wins, and values are uniform in [0, bound). An integer
-input no recognised op consumes gets zeros: 0 is a valid index into any
-non-empty dimension, so the replay cannot fail on it (a new index op
-should be added to the table rather than relying on that).
-"""
+the other buffers are, in every iteration."""
 
 from __future__ import annotations
 
@@ -46,6 +15,37 @@ import numpy as np
 import torch
 from memplan.traces.io import DTYPE_BYTES
 from memplan.traces.model import Buffer, BufferKind, Trace
+
+# NOTE [ Initial values ]
+# The replay checks that a plan never changes what is computed, so values
+# must exercise the arithmetic (random, not zeros) and keep every op finite:
+# - floating params: randn / sqrt(fan_in) for weights (a view of two or more
+#   dims: fan_in is the product of all dims but the first, as in Kaiming
+#   init), which keeps activations O(1) through deep stacks; 0.1 * randn for
+#   vectors (biases, norm scales) and module buffers; inputs: randn.
+# - optimizer state: 0.01 * randn, except second moments, which a real
+#   optimizer keeps non-negative and takes the square root of
+#   (`exp_avg_sq`, `max_exp_avg_sq`, `square_avg`, Adagrad's `sum`): their
+#   absolute value. A BatchNorm `running_var` is a variance: 1 + |0.1 randn|.
+# - integer inputs are labels or indices: see NOTE [ Index ranges ].
+# - other integer buffers (`num_batches_tracked`) start at 0, bool inputs
+#   are random bits, other bool buffers False.
+
+# NOTE [ Index ranges ]
+# An integer input is only valid in the range the ops consuming it accept:
+# class labels must be < the number of classes, token ids < the embedding's
+# rows. We read that bound from how the trace uses the buffer: for every op in
+# `INDEX_BOUNDS` whose index argument is a view of the buffer, the bound is
+# the size of the dimension it indexes (the logits' class dimension for
+# `nll_loss`, the weight's rows for `embedding`, `num_weights` for its
+# backward, `self.size(dim)` for `gather` / `index_select` / `scatter`, the
+# indexed dimension for `index.Tensor`). A buffer copied into another
+# (`clone`, `_to_copy`, `copy_`) inherits the bound of its copy. The smallest
+# bound over all uses wins, and values are uniform in [0, bound). An integer
+# input no recognised op consumes gets zeros: 0 is a valid index into any
+# non-empty dimension, so the replay cannot fail on it (a new index op
+# should be added to the table rather than relying on that).
+
 
 NON_NEGATIVE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum"})
 

@@ -35,7 +35,7 @@ class Invoker:
     ) -> float:
         """Run `step` and bind its new outputs (only those in `bind`, if
         given; the others are dropped at once). In-place writes to buffers in
-        `scratch` go to clones (NOTE [ Recompute ] in `validate/replay/executor.py`).
+        `scratch` go to clones (NOTE [ Recompute on demand ] in `validate/replay/executor.py`).
         Returns the op's seconds (host time; the executor reads CUDA events)."""
         pool = self.pool
         writes = tuple(b for b in step.writes if b not in scratch) if scratch else step.writes

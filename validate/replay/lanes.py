@@ -5,64 +5,7 @@ A transfer is queued when its trigger op ends and may not start before
 `ready_s` (the trigger's end plus the plan's `delay_us`). The lane takes it
 through its steps (`validate/replay/mover.py`): it arrives at its ready
 time, queues for the lane, FIFO in order of ready time, starts when it gets
-the lane, and ends when the lane has been busy for it.
-
-# NOTE [ Throttled copies ]
-On CPU a copy is a memcpy on the lane's thread, far faster than PCIe. Given
-`bandwidth_bytes_per_s`, the lane emulates the link on a schedule: a
-transfer occupies the link from the later of its ready time and the end of
-the link's previous transfer, for `nbytes / bandwidth`, and the lane holds
-it until then, so its end (a swap-out's free, a swap-in's arrival) comes
-when the link's would. The schedule is the link's, not the thread's: a
-thread that wakes late (timer overshoot, the GIL, a busy CPU) does not push
-every later transfer back by as much -- the link was free on time -- it
-only ends that transfer late, and catches up. Waiting out the span is the
-emulation of a device lane, not a wait for a result: the thread sleeps
-until the earlier of the copy's end and the next transfer's ready time, and
-wakes for either or for a new transfer; nothing polls. What the emulation
-adds -- the thread's wake-up after the span, its bookkeeping, which bounds
-how fast it can take transfers whose bytes take less (tens of us here) --
-is the lane's fixed cost, measured by the lane probe (NOTE [ The lane
-probe ] in `validate/calibrate/measure.py`). To keep it small and steady the lane
-thread asks the kernel for exact timer wake-ups (`PR_SET_TIMERSLACK`; the
-default slack lets every timed wait overshoot by up to 50 us) and, where
-allowed, a higher scheduling priority than the compute thread (a copy
-engine does not wait for a CPU); both Linux only, best effort. On CUDA the
-copy runs on the lane's own stream into (or out of) pinned host memory; the
-lane waits for the copy's event before it ends the transfer, so the lane is
-busy at least while the copy engine is.
-
-# NOTE [ Lean lanes ]
-On CPU the lane thread is Python: every step of a transfer it runs holds the
-GIL, and an op that returns meanwhile waits for it; every wake-up of the
-lane thread is a kernel round trip. That cost lands on the compute thread,
-which the simulator's copy engine never slows (NOTE [ Transfers cost the
-compute thread too ] in `validate/calibrate/measure.py`), and it swings with the
-machine, so the lane does as little as it can per transfer:
-- a transfer that is ready when queued arrives on the queueing thread, and
-  the lane thread is woken only for what it must do before it wakes anyway:
-  a copy for an idle lane, an earlier ready time; a busy lane takes a new
-  copy when its current one ends, without a wake-up of its own;
-- a copy up to `GIL_COPY_BYTES` (`validate/replay/mover.py`) is a
-  `memmove` that keeps the GIL (a few microseconds here, less than handing
-  the GIL over and back), a larger one lets the compute thread run
-  meanwhile; the copies go between untyped storages, with no tensor made
-  per copy;
-- a transfer's `done` is a `Latch` (a held lock), not a `threading.Event`;
-- the pool's lock is taken once per step of a transfer, inside the pool's
-  own methods, and never for the lane's records (NOTE [ One lock ] in
-  `validate/replay/pool.py`).
-Measured on tiny_resnet's TENSILE plan (about 135 transfers an iteration,
-most under 1 KiB): the compute thread's extra wall time per transfer went
-from 35 to 29 us, the lane thread's CPU from 28 to 25 us.
-
-# NOTE [ Test synchronisation ]
-`LaneSync.copy_started(t)` is called on the lane thread once a copy holds
-the lane, `copy_ending(t)` when its span is over, before it ends: a test can
-hold the copy there (on a `threading.Event`) until the compute thread has
-reached a given op, or let the compute thread wait for it, to put the two
-threads in a chosen order without timing. Replays pass None.
-"""
+the lane, and ends when the lane has been busy for it."""
 
 from __future__ import annotations
 
@@ -80,6 +23,63 @@ from typing import Any, Protocol
 import torch
 from memplan.validate.replay.mover import Mover
 from memplan.validate.replay.transfer import Transfer, TransferRecord
+
+# NOTE [ Throttled copies ]
+# On CPU a copy is a memcpy on the lane's thread, far faster than PCIe. Given
+# `bandwidth_bytes_per_s`, the lane emulates the link on a schedule: a
+# transfer occupies the link from the later of its ready time and the end of
+# the link's previous transfer, for `nbytes / bandwidth`, and the lane holds
+# it until then, so its end (a swap-out's free, a swap-in's arrival) comes
+# when the link's would. The schedule is the link's, not the thread's: a
+# thread that wakes late (timer overshoot, the GIL, a busy CPU) does not push
+# every later transfer back by as much -- the link was free on time -- it
+# only ends that transfer late, and catches up. Waiting out the span is the
+# emulation of a device lane, not a wait for a result: the thread sleeps
+# until the earlier of the copy's end and the next transfer's ready time, and
+# wakes for either or for a new transfer; nothing polls. What the emulation
+# adds -- the thread's wake-up after the span, its bookkeeping, which bounds
+# how fast it can take transfers whose bytes take less (tens of us here) --
+# is the lane's fixed cost, measured by the lane probe (NOTE [ The lane
+# probe ] in `validate/calibrate/measure.py`). To keep it small and steady the lane
+# thread asks the kernel for exact timer wake-ups (`PR_SET_TIMERSLACK`; the
+# default slack lets every timed wait overshoot by up to 50 us) and, where
+# allowed, a higher scheduling priority than the compute thread (a copy
+# engine does not wait for a CPU); both Linux only, best effort. On CUDA the
+# copy runs on the lane's own stream into (or out of) pinned host memory; the
+# lane waits for the copy's event before it ends the transfer, so the lane is
+# busy at least while the copy engine is.
+
+# NOTE [ Lean lanes ]
+# On CPU the lane thread is Python: every step of a transfer it runs holds the
+# GIL, and an op that returns meanwhile waits for it; every wake-up of the
+# lane thread is a kernel round trip. That cost lands on the compute thread,
+# which the simulator's copy engine never slows (NOTE [ Transfers cost the
+# compute thread too ] in `validate/calibrate/measure.py`), and it swings with the
+# machine, so the lane does as little as it can per transfer:
+# - a transfer that is ready when queued arrives on the queueing thread, and
+#   the lane thread is woken only for what it must do before it wakes anyway:
+#   a copy for an idle lane, an earlier ready time; a busy lane takes a new
+#   copy when its current one ends, without a wake-up of its own;
+# - a copy up to `GIL_COPY_BYTES` (`validate/replay/mover.py`) is a
+#   `memmove` that keeps the GIL (a few microseconds here, less than handing
+#   the GIL over and back), a larger one lets the compute thread run
+#   meanwhile; the copies go between untyped storages, with no tensor made
+#   per copy;
+# - a transfer's `done` is a `Latch` (a held lock), not a `threading.Event`;
+# - the pool's lock is taken once per step of a transfer, inside the pool's
+#   own methods, and never for the lane's records (NOTE [ One lock ] in
+#   `validate/replay/pool.py`).
+# Measured on tiny_resnet's TENSILE plan (about 135 transfers an iteration,
+# most under 1 KiB): the compute thread's extra wall time per transfer went
+# from 35 to 29 us, the lane thread's CPU from 28 to 25 us.
+
+# NOTE [ Test synchronisation ]
+# `LaneSync.copy_started(t)` is called on the lane thread once a copy holds
+# the lane, `copy_ending(t)` when its span is over, before it ends: a test can
+# hold the copy there (on a `threading.Event`) until the compute thread has
+# reached a given op, or let the compute thread wait for it, to put the two
+# threads in a chosen order without timing. Replays pass None.
+
 
 _PR_SET_TIMERSLACK = 29
 LANE_NICE = -10  # the lane thread's nice value where the process may raise it

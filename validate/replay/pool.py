@@ -1,43 +1,6 @@
 """Where every buffer's bytes are during a replay: the device pool (with
 exact byte accounting), the host pool of swapped-out copies, and the data
-versions that tell a valid host copy from a stale one.
-
-# NOTE [ One lock ]
-The compute loop and the copy lanes both move buffers in and out. The pool
-owns the lock that orders them: every state transition is a method that
-takes it once, for exactly the checks and moves that must be seen together,
-and no other module touches the lock or the state. Readers of one value (is
-a buffer on the device, the bytes held now) need no lock: one load under
-the GIL. An op's argument views are made after `begin_op`, outside the
-lock: the buffers an op needs cannot move while it runs (an arriving one
-was waited for, a leaving one is kept or pinned, NOTE [ Keep ]).
-
-# NOTE [ Keep ]
-As in the simulator (NOTE [ Event semantics ] in `sim/model.py`), a buffer
-whose swap-out is queued or running stays usable, and needing it again
-cancels the free: an op that needs it, or a `SwapIn` of it, puts it in
-`keep`. A swap-out that finds it in `keep` when it would take the lane does
-not start (no bytes move); one whose copy ends while it is in `keep`, or
-while the op being run accesses it (`pinned`), makes the host copy and
-leaves the device copy where it is. A `Release` of a leaving buffer takes it
-out of `keep` again. A swap-out of a buffer whose host copy is still valid
-moves no bytes either: the device copy is dropped (a discard), unless kept.
-
-# NOTE [ Device bytes ]
-The device pool is accounted, not measured: a buffer is on the device while
-the pool holds its storage, and `current_bytes` is the sum of the trace's
-`nbytes` of the buffers held (plus, while they exist, outputs an op makes
-that are dropped at once). On CPU this is the only notion of device memory
-there is; on CUDA the allocator's own peak is reported beside it. For a
-vanilla replay the pool follows the trace's `memory_curve("framework")` to
-the byte (counting the trace's sizes even where a real storage is larger,
-see `ReplayResult.size_mismatches`). A swapped-out buffer leaves the pool
-when its copy ends (NOTE [ Keep ] for when it stays). An op's outputs are
-counted when it starts, as the simulator allocates them (`begin_op`); a
-swap-in's bytes when its copy starts. A buffer the framework frees while a
-copy of it runs keeps its bytes until that copy ends (the copy engine still
-reads or writes them; the simulator's `_framework_free`).
-"""
+versions that tell a valid host copy from a stale one."""
 
 from __future__ import annotations
 
@@ -49,6 +12,42 @@ import torch
 from memplan.traces.model import Trace
 from memplan.validate.replay.transfer import Direction, Transfer
 from memplan.validate.replay.views import ViewCache
+
+# NOTE [ One lock ]
+# The compute loop and the copy lanes both move buffers in and out. The pool
+# owns the lock that orders them: every state transition is a method that
+# takes it once, for exactly the checks and moves that must be seen together,
+# and no other module touches the lock or the state. Readers of one value (is
+# a buffer on the device, the bytes held now) need no lock: one load under
+# the GIL. An op's argument views are made after `begin_op`, outside the
+# lock: the buffers an op needs cannot move while it runs (an arriving one
+# was waited for, a leaving one is kept or pinned, NOTE [ Keep ]).
+
+# NOTE [ Keep ]
+# As in the simulator (NOTE [ Event semantics ] in `sim/model.py`), a buffer
+# whose swap-out is queued or running stays usable, and needing it again
+# cancels the free: an op that needs it, or a `SwapIn` of it, puts it in
+# `keep`. A swap-out that finds it in `keep` when it would take the lane does
+# not start (no bytes move); one whose copy ends while it is in `keep`, or
+# while the op being run accesses it (`pinned`), makes the host copy and
+# leaves the device copy where it is. A `Release` of a leaving buffer takes it
+# out of `keep` again. A swap-out of a buffer whose host copy is still valid
+# moves no bytes either: the device copy is dropped (a discard), unless kept.
+
+# NOTE [ Device bytes ]
+# The device pool is accounted, not measured: a buffer is on the device while
+# the pool holds its storage, and `current_bytes` is the sum of the trace's
+# `nbytes` of the buffers held (plus, while they exist, outputs an op makes
+# that are dropped at once). On CPU this is the only notion of device memory
+# there is; on CUDA the allocator's own peak is reported beside it. For a
+# vanilla replay the pool follows the trace's `memory_curve("framework")` to
+# the byte (counting the trace's sizes even where a real storage is larger,
+# see `ReplayResult.size_mismatches`). A swapped-out buffer leaves the pool
+# when its copy ends (NOTE [ Keep ] for when it stays). An op's outputs are
+# counted when it starts, as the simulator allocates them (`begin_op`); a
+# swap-in's bytes when its copy starts. A buffer the framework frees while a
+# copy of it runs keeps its bytes until that copy ends (the copy engine still
+# reads or writes them; the simulator's `_framework_free`).
 
 NOTHING: frozenset[int] = frozenset()
 

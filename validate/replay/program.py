@@ -1,25 +1,7 @@
 """A trace compiled for replay: per op its `torch.ops` callable, its decoded
 arguments with view placeholders, and the buffer sets the executor needs.
 
-Built once per replay, so the loop over ops never walks JSON again.
-
-# NOTE [ Mapping outputs to buffers ]
-Capture records as an op's new buffers the storages among its outputs that
-no live buffer owned, in output order (`traces/capture.py`, NOTE [ Buffer
-identity ]). Replay mirrors that: the distinct storages among the outputs
-that are on the run device and belong to no argument are, in order, the
-buffers the op creates (`Step.creates`: buffers whose `created_at` is this
-op, in the order their views appear in `Op.writes`). In-place writes need no
-binding: they happen through the argument views.
-
-# NOTE [ Hidden mutations ]
-Some aten ops write arguments their schema does not mark as mutable: in
-training mode `native_batch_norm` (and its cuDNN / MIOpen twins) update
-`running_mean` and `running_var` in place. Capture records them as writes
-(`traces.recorder.HIDDEN_WRITES`, NOTE [ Writes the schema does not declare ]);
-here the same table names the argument slots, so a recompute of the op
-redirects them to scratch copies instead of updating the statistics twice.
-"""
+Built once per replay, so the loop over ops never walks JSON again."""
 
 from __future__ import annotations
 
@@ -31,6 +13,23 @@ import torch
 from memplan.traces.model import Phase, Trace
 from memplan.traces.recorder import HIDDEN_WRITES
 from memplan.validate.errors import ValidationError
+
+# NOTE [ Mapping outputs to buffers ]
+# Capture records as an op's new buffers the storages among its outputs that
+# no live buffer owned, in output order (`traces/capture.py`, NOTE [ Buffer
+# identity ]). Replay mirrors that: the distinct storages among the outputs
+# that are on the run device and belong to no argument are, in order, the
+# buffers the op creates (`Step.creates`: buffers whose `created_at` is this
+# op, in the order their views appear in `Op.writes`). In-place writes need no
+# binding: they happen through the argument views.
+
+# NOTE [ Hidden mutations ]
+# Some aten ops write arguments their schema does not mark as mutable: in
+# training mode `native_batch_norm` (and its cuDNN / MIOpen twins) update
+# `running_mean` and `running_var` in place. Capture records them as writes
+# (`traces.recorder.HIDDEN_WRITES`, NOTE [ Writes the schema does not declare ]);
+# here the same table names the argument slots, so a recompute of the op
+# redirects them to scratch copies instead of updating the statistics twice.
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,34 +11,7 @@
 from `validate.runtime.plan` (NOTE [ From plan events to saved tensors ]):
 offloads become `saved_tensors_hooks`, recomputes selective activation
 checkpointing of the planned modules. The forward pass, the loss and
-backward must run inside the step, as they did at capture.
-
-# NOTE [ Offload and prefetch ]
-- Pack: every saved tensor on the model's device is matched to the next
-  entry of the trace's `saved` list that the hooks see (entries packed
-  inside a checkpointed region are the checkpoint's and are skipped); the
-  module it was packed in must be the recorded one, and its storage the
-  recorded size, else `RuntimePlanError`. Saved tensors are matched, not
-  guessed: a model that is not the traced one fails at its first
-  difference, and at the end of the step if it saved fewer tensors.
-- Offload copies the whole storage (so the view, strides and offset come
-  back exactly) into host memory, once per buffer in the step. CUDA: on a
-  persistent side stream that first waits for the stream current at the
-  call, into pinned memory from a reused pool; the source storage is kept
-  alive until the copy's event has completed (checked at every later pack
-  and unpack), so the caching allocator cannot hand it out mid-copy. CPU:
-  a synchronous copy.
-- Prefetch starts at the unpack named by `prefetch_after`: CUDA, a copy on
-  the side stream into memory allocated on it, which the compute stream
-  waits for (and records) at the unpack that needs it; CPU, a copy into a
-  separate host tensor standing for the device copy. A tensor whose
-  prefetch never started is fetched when unpacked (`StepStats.late`).
-- Accounting: bytes of distinct non-persistent storages (not the model's
-  parameters or buffers) that saved tensors hold on the device side, now
-  and at peak: a kept tensor from pack until autograd lets go of it, an
-  offloaded one while its copy is in flight and from prefetch until
-  released.
-"""
+backward must run inside the step, as they did at capture."""
 
 from __future__ import annotations
 
@@ -58,6 +31,32 @@ from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
 )
+
+# NOTE [ Offload and prefetch ]
+# - Pack: every saved tensor on the model's device is matched to the next
+#   entry of the trace's `saved` list that the hooks see (entries packed
+#   inside a checkpointed region are the checkpoint's and are skipped); the
+#   module it was packed in must be the recorded one, and its storage the
+#   recorded size, else `RuntimePlanError`. Saved tensors are matched, not
+#   guessed: a model that is not the traced one fails at its first
+#   difference, and at the end of the step if it saved fewer tensors.
+# - Offload copies the whole storage (so the view, strides and offset come
+#   back exactly) into host memory, once per buffer in the step. CUDA: on a
+#   persistent side stream that first waits for the stream current at the
+#   call, into pinned memory from a reused pool; the source storage is kept
+#   alive until the copy's event has completed (checked at every later pack
+#   and unpack), so the caching allocator cannot hand it out mid-copy. CPU:
+#   a synchronous copy.
+# - Prefetch starts at the unpack named by `prefetch_after`: CUDA, a copy on
+#   the side stream into memory allocated on it, which the compute stream
+#   waits for (and records) at the unpack that needs it; CPU, a copy into a
+#   separate host tensor standing for the device copy. A tensor whose
+#   prefetch never started is fetched when unpacked (`StepStats.late`).
+# - Accounting: bytes of distinct non-persistent storages (not the model's
+#   parameters or buffers) that saved tensors hold on the device side, now
+#   and at peak: a kept tensor from pack until autograd lets go of it, an
+#   offloaded one while its copy is in flight and from prefetch until
+#   released.
 
 
 @dataclass(slots=True)
@@ -329,7 +328,8 @@ class PlanRuntime:
             if not has_forward(modules[r]):
                 raise RuntimePlanError(
                     f"checkpointed module {r!r} is a {type(modules[r]).__name__} without a "
-                    f"forward: export the plan with the model (validate.runtime.hooks.export_for)"
+                    "forward: export the plan with the model "
+                    "(memplan.validate.runtime.hooks.export_for)"
                 )
         first = next(iter(model.parameters()), None)
         self.device = (
