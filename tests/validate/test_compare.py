@@ -295,6 +295,7 @@ def test_peak_span_finds_a_copy_that_races_an_allocation():
     holds b2 (1 MiB) for `ms` ms; op 2 allocates b1 (2 MiB). If op 2 starts
     before 5 ms, b0 is still there: 4 + 2 = 6 MiB; if after, the peak is op
     1's 4 + 1 = 5 MiB. Op 4 needs b0 back (4 MiB alone)."""
+    from memplan.validate.calibrate.measure import Measurement
     from memplan.validate.calibrate.simvsreal import peak_span
 
     from tests.sim.handtraces import B, MiB, gpu, make
@@ -313,9 +314,40 @@ def test_peak_span_finds_a_copy_that_races_an_allocation():
             .jobs[0]
             .peak_bytes
         )
-        lo, hi = peak_span(trace, plan, gpu(), lat, peak, iterations=1, lanes=1, spread=0.05)
+        model = Measurement(gpu(), lat.durations_s, overhead_s=0.0, iteration_s=0.0)
+        lo, hi = peak_span(trace, plan, model, peak, iterations=1, lanes=1, spread=0.05)
         return lo // MiB, hi // MiB
 
     assert span(3.9) == (5, 6)  # op 2 at 4.9 ms; 5% slower: at 5.095 ms, after the copy
     assert span(3.0) == (6, 6)  # op 2 at 4 ms: before the copy ends at any speed
     assert span(5.0) == (5, 5)  # op 2 at 6 ms: after it at any speed
+
+
+def test_a_measurement_charges_each_transfer_on_the_op_that_triggers_it():
+    """The replay's compute-thread cost per transfer is the device's
+    `extra_per_transfer_s`: the simulator adds it to the triggering op
+    (the iteration's start charges op 0), not to the latencies."""
+    from memplan.validate.calibrate.measure import Measurement
+
+    from tests.sim.handtraces import B, MiB, gpu, make
+    from tests.sim.handtraces import Call as SimCall
+
+    trace, lat = make([B(1), B(1)], [SimCall([], [0]), SimCall([], [1]), SimCall([0, 1], [])])
+    plan = Plan(fingerprint_of(trace), (SwapOut(0, 0), SwapIn(0, 1, 2)), "hand")
+    m = Measurement(gpu(), lat.durations_s, overhead_s=0.0, iteration_s=0.0, compute_s=2e-4)
+    device = m.device(1)
+    assert device.extra_per_transfer_s == 2e-4 and device.latency.durations_s.tolist() == [
+        1e-3,
+        1e-3,
+        1e-3,
+    ]
+    # ops of 1 ms; op 0 and op 1 each trigger one copy (+0.2 ms): op 0 ends at
+    # 1.2, op 1 at 2.4; the swap-in (1 MiB, 1 ms) starts then and ends at 3.4,
+    # op 2 stalls 1 ms and ends at 4.4 ms
+    r = simulate([Job(trace, plan)], device, iterations=1)
+    assert r.jobs[0].iteration_times_s[0] == pytest.approx(4.4e-3)
+    assert r.jobs[0].stall_s == pytest.approx(1e-3)
+    assert simulate([trace], device, iterations=1).jobs[0].iteration_times_s[0] == pytest.approx(
+        3e-3
+    )
+    assert r.jobs[0].peak_bytes == 2 * MiB

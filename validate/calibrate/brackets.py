@@ -10,8 +10,8 @@ from typing import Any
 from memplan.planners.core.plan import Plan
 from memplan.traces.model import Trace
 from memplan.validate.calibrate.measure import (
-    DeviceModel,
     LaneModel,
+    Measurement,
     Sample,
     best_iteration,
     compute_sample,
@@ -83,7 +83,7 @@ class Pair:
 
     bracket: Bracket
     sim: Any  # sim.JobResult
-    model: DeviceModel
+    model: Measurement
     peak_span: tuple[int, int]  # NOTE [ Timing-sensitive peaks ]
 
 

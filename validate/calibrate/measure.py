@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import torch
+from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.microbench import measure_copy
 from memplan.hwmodels.profile import Hardware, load_hardware
@@ -205,29 +206,34 @@ class LaneModel:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceModel:
-    """Per-op seconds (call + harness share, NOTE [ What the simulator is
-    told ]) and the hardware profile to simulate with."""
+class Measurement:
+    """What vanilla replays measured: per-op seconds (call + harness share,
+    NOTE [ What the simulator is told ]), the hardware profile of the replay
+    device, and the compute-thread seconds each transfer costs."""
 
     hardware: Hardware
     op_seconds: np.ndarray  # float64[n_ops]
     overhead_s: float  # the harness share included in every op, seconds
     iteration_s: float  # the vanilla replay's median steady iteration
-
     compute_s: float = 0.0  # per transfer, on the op that triggers it
 
     @property
     def latency(self) -> Fixed:
         return Fixed(self.op_seconds)
 
-    def latency_for(self, plan: Plan) -> Fixed:
-        """The latencies with each swap's compute-thread cost on the op whose
-        end triggers it (the first op for the iteration's start)."""
-        ops = self.op_seconds.copy()
-        for ev in plan.events:
-            if isinstance(ev, SwapOut | SwapIn):
-                ops[max(ev.after_op, 0)] += self.compute_s
-        return Fixed(ops)
+    def device(self, lanes: int = 1, *, scale: float = 1.0) -> DeviceModel:
+        """The replay device as planners and the simulator cost it: the
+        measured latencies (times `scale`), the lane's figures in the
+        profile, and each planned transfer's compute-thread cost as the
+        device's `extra_per_transfer_s` (NOTE [ Transfers cost the compute
+        thread too ]): the simulator charges it to the op that triggers the
+        copy, not a latency folded by hand."""
+        return DeviceModel(
+            self.hardware,
+            Fixed(self.op_seconds * scale),
+            lanes,
+            extra_per_transfer_s=self.compute_s,
+        )
 
 
 def steady(values: np.ndarray) -> np.ndarray:
@@ -355,9 +361,10 @@ def busy_s(result: ReplayResult) -> float:
 
 
 def device_hardware(device: str, lane: LaneModel, lanes: int, overhead_s: float) -> Hardware:
-    """A profile of the replay device: the lane's copy figures, the harness's
-    per-op cost as the launch overhead, the device's memory; compute figures
-    (unused by a `Fixed` latency) from `cpu-local` on CPU."""
+    """The profile of the replay device, field by field: its copy figures
+    and memory measured here, the harness's per-op cost as the launch
+    overhead; its compute figures, which a `Fixed` latency never reads, are
+    the base profile's (`cpu-local` on CPU, a measured profile on CUDA)."""
     dev = torch.device(device)
     how = "measured by memplan validate on this replay device"
     bw_source = (
@@ -375,37 +382,39 @@ def device_hardware(device: str, lane: LaneModel, lanes: int, overhead_s: float)
         base = load_hardware("cpu-local")
         memory = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
         duplex = 1.0  # each lane thread sleeps out its own throttle; unthrottled: see README
-    source = dict(base.source)
-    source.update(
-        h2d_bytes_per_s=bw_source,
-        d2h_bytes_per_s=bw_source,
-        transfer_fixed_s=f"{how}: lane probe, median of {lane.probes} transfers",
-        copy_engines="the replay's copy lanes",
-        h2d_duplex_factor="throttled lanes do not slow each other"
+    source = {
+        "h2d_bytes_per_s": bw_source,
+        "d2h_bytes_per_s": bw_source,
+        "transfer_fixed_s": f"{how}: lane probe, median of {lane.probes} transfers",
+        "copy_engines": "the replay's copy lanes",
+        "h2d_duplex_factor": "throttled lanes do not slow each other"
         if lane.throttled
         else base.source.get("h2d_duplex_factor", ""),
-        launch_overhead_s=f"{how}: the replay harness's per-op cost",
-        memory_bytes="the device's memory; replays run without a budget",
-    )
-    return dataclasses.replace(
-        base,
+        "launch_overhead_s": f"{how}: the replay harness's per-op cost",
+        "memory_bytes": "the device's memory; replays run without a budget",
+        "peak_flops": f"{base.name} (unused: the latencies are measured)",
+        "mem_bw_bytes_per_s": f"{base.name} (unused: the latencies are measured)",
+    }
+    return Hardware(
         name=f"{dev.type}-replay",
-        description=f"the replay device {device} as memplan validate measured it",
         memory_bytes=memory,
         h2d_bytes_per_s=lane.bandwidth_bytes_per_s,
         d2h_bytes_per_s=lane.bandwidth_bytes_per_s,
         transfer_fixed_s=lane.fixed_s,
         copy_engines=max(lanes, 1),
         h2d_duplex_factor=duplex,
+        peak_flops=dict(base.peak_flops),
+        mem_bw_bytes_per_s=base.mem_bw_bytes_per_s,
         launch_overhead_s=overhead_s,
         source=source,
+        description=f"the replay device {device} as memplan validate measured it",
     )
 
 
-def device_model(hardware: Hardware, lane: LaneModel, *vanilla: ReplayResult) -> DeviceModel:
+def measurement(hardware: Hardware, lane: LaneModel, *vanilla: ReplayResult) -> Measurement:
     """The latencies vanilla replays measured, with `hardware` and the
     compute-thread cost of the lane's transfers."""
     if vanilla[0].op_seconds.shape[1] == 0:
         raise ValidationError("the vanilla replay ran no ops")
     ops, overhead, iteration = op_latencies(*vanilla)
-    return DeviceModel(hardware, ops, overhead, iteration, lane.compute_s)
+    return Measurement(hardware, ops, overhead, iteration, lane.compute_s)

@@ -19,19 +19,18 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from memplan.hwmodels.device import DeviceModel as SimDevice
-from memplan.hwmodels.latency import Fixed
+from memplan.hwmodels.profile import Hardware
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
 from memplan.sim import Job, simulate
 from memplan.traces.model import Trace
 from memplan.validate.calibrate.brackets import Bracket, Pair, run_bracket, unsteadiness, verdict
 from memplan.validate.calibrate.measure import (
-    DeviceModel,
     LaneModel,
+    Measurement,
     device_hardware,
-    device_model,
     measure_lane,
+    measurement,
     op_latencies,
     probe_plan,
 )
@@ -75,9 +74,10 @@ def intra_op_threads(threads: int | None) -> Iterator[None]:
 def resolve_plan(
     trace: Trace,
     plan: Plan | str,
-    model: DeviceModel,
+    model: Measurement,
     budget_bytes: int | None,
     options: object,
+    lanes: int = 1,
 ) -> tuple[Plan, str, bool]:
     """(plan, planner name, feasible): `plan` itself, or the plan the named
     planner makes for the measured device."""
@@ -89,7 +89,7 @@ def resolve_plan(
     result = registry.run(
         plan,
         [trace],
-        DeviceModel(model.hardware, model.latency),
+        model.device(lanes),
         budget_bytes=budget_bytes,
         options=options,
     )
@@ -105,8 +105,7 @@ PEAK_SPREAD = 0.05
 def peak_span(
     trace: Trace,
     plan: Plan,
-    hardware: Any,
-    latency: Fixed,
+    model: Measurement,
     peak_bytes: int,
     *,
     iterations: int,
@@ -114,29 +113,27 @@ def peak_span(
     spread: float = PEAK_SPREAD,
 ) -> tuple[int, int]:
     """The least and largest of `peak_bytes` (the simulated peak of `plan`
-    with `latency` as given) and the simulated peaks with every op `spread`
+    on `model`'s device) and the simulated peaks with every op `spread`
     faster and `spread` slower (NOTE [ Timing-sensitive peaks ])."""
     peaks = [peak_bytes]
     for f in (1.0 - spread, 1.0 + spread):
-        scaled = Fixed(latency.durations_s * f)
-        sim = simulate(
-            [Job(trace, plan)], SimDevice(hardware, scaled, lanes), iterations=iterations
-        )
+        device = model.device(lanes, scale=f)
+        sim = simulate([Job(trace, plan)], device, iterations=iterations)
         peaks.append(sim.jobs[0].peak_bytes)
     return min(peaks), max(peaks)
 
 
 def _simulated(
-    trace: Trace, plan: Plan, bracket: Bracket, hardware: Any, lane: LaneModel, **kw: Any
+    trace: Trace, plan: Plan, bracket: Bracket, hardware: Hardware, lane: LaneModel, **kw: Any
 ) -> Pair:
-    """The simulation of `plan` with the latencies of both vanilla replays of
-    `bracket` and the compute-thread cost per transfer of `lane`, and its
-    peak span (two more simulations: only kept brackets are simulated)."""
-    model = device_model(hardware, lane, bracket.before, bracket.after)
-    latency = model.latency_for(plan)
-    device = SimDevice(model.hardware, latency, kw["lanes"])
+    """The simulation of `plan` on the device measured by both vanilla
+    replays of `bracket`, with the compute-thread cost per transfer of
+    `lane`, and its peak span (two more simulations: only kept brackets are
+    simulated)."""
+    model = measurement(hardware, lane, bracket.before, bracket.after)
+    device = model.device(kw["lanes"])
     sim = simulate([Job(trace, plan)], device, iterations=kw["iterations"]).jobs[0]
-    span = peak_span(trace, plan, model.hardware, latency, sim.peak_bytes, **kw)
+    span = peak_span(trace, plan, model, sim.peak_bytes, **kw)
     return Pair(bracket, sim, model, span)
 
 
@@ -202,8 +199,8 @@ def validate_plan(
             samples=samples if lane_samples is None else lane_samples,
         )
         hardware = device_hardware(device, lane, lanes, op_latencies(reference)[1])
-        first = device_model(hardware, lane, reference)
-        chosen, planner, feasible = resolve_plan(trace, plan, first, budget_bytes, options)
+        first = measurement(hardware, lane, reference)
+        chosen, planner, feasible = resolve_plan(trace, plan, first, budget_bytes, options, lanes)
         probe = probe_plan(trace) if lane.probes else None
         runs_of: list[list[Bracket]] = []
         mismatch = ""
