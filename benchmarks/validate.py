@@ -8,10 +8,12 @@ compute-thread cost per transfer from a probe replay), the planner plans
 for that measured device, the simulator predicts the plan, and the plan is
 replayed between two vanilla replays. Figures are medians over 3 runs;
 each run keeps the steadiest of 3 brackets (vanilla, plan, vanilla), and a
-replay's time is its best steady iteration (validate/calibrate/simvsreal.py NOTE
-[ Paired runs ], NOTE [ Steady figures ]); the lane is measured on 7
-vanilla/probe pairs before planning, and its cost per transfer on the
-compute thread is pooled with a probe in every bracket. Capuchin gets a budget of 80% of the vanilla peak.
+replay's time is its best steady iteration (NOTE [ Paired runs ] in
+validate/calibrate/brackets.py, NOTE [ Steady figures ] in
+validate/calibrate/report.py); the lane is measured on 7 vanilla/probe
+pairs before planning, and its cost per transfer on the compute thread is
+pooled with a probe in every bracket. Capuchin gets a budget of 80% of the
+vanilla peak.
 The acceptance item is about the four heuristic planners; release_only
 (no copies, no recomputes: its error is the machine's noise floor) is the
 control.
@@ -22,11 +24,11 @@ replays around the plan's were; `cont`: the share of the compute thread's
 wall time spent waiting for a CPU. Time errors mean little when either is
 high (the machine is shared). `lane us`: the lane's measured fixed cost per
 transfer; `xfer`: each transfer's measured cost on the compute thread, in
-microseconds (validate/calibrate/measure.py NOTE [ Transfers cost the compute thread
-too ]). `peak ±5%`: where the simulated peak changes with compute 5% faster
-or slower, its range; a plan whose peak hinges on such a race can land on
-either side of it in a replay (validate/calibrate/simvsreal.py NOTE [ Timing-sensitive
-peaks ]).
+microseconds (validate/calibrate/measure.py
+NOTE [ Transfers cost the compute thread too ]). `peak ±5%`: where the
+simulated peak changes with compute 5% faster or slower, its range; a plan
+whose peak hinges on such a race can land on either side of it in a replay
+(validate/calibrate/simvsreal.py NOTE [ Timing-sensitive peaks ]).
 
     .venv/bin/python benchmarks/validate.py [--bandwidth 1.5GB/s] [--models a,b] [--planners a,b]
 """

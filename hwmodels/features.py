@@ -354,10 +354,11 @@ def _elementwise(op: Op, trace: Trace) -> list[float]:
     in_numel = [math.prod(trace.views[v].shape) for v in tensors] or [1]
     outs = op.writes or tuple(tensors[:1])
     out_numel = max((math.prod(trace.views[v].shape) for v in outs), default=1)
-    # NOTE [ Scalar arguments ]: a Python int (alpha=1, a counter's += 1) and a
-    # float (alpha=0.3, x * 1.7) take different paths through dispatch and the
-    # kernel (a float is wrapped and multiplied in); on a tiny op that is most
-    # of its time, so they are counted apart
+    # NOTE [ Scalar arguments ]
+    # A Python int (alpha=1, a counter's += 1) and a float (alpha=0.3, x * 1.7)
+    # take different paths through dispatch and the kernel (a float is wrapped
+    # and multiplied in); on a tiny op that is most of its time, so they are
+    # counted apart.
     numbers = [x for x in a.values() if isinstance(x, int | float) and not isinstance(x, bool)]
     n_float = sum(1 for x in numbers if isinstance(x, float))
     contiguous = all(_contiguous(trace.views[v].shape, trace.views[v].stride) for v in tensors)

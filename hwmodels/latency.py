@@ -70,9 +70,10 @@ def usage_stretch(usage: float | np.ndarray) -> float | np.ndarray:
 # planners, which replay its timing) model that sharing explicitly: kernels of
 # all jobs queue FIFO on one compute resource and each holds the device
 # alone while it runs. Passing 1 - 1/n as the usage there would count the
-# sharing twice -- four ResNet-50 jobs came out 16x slower per iteration
-# instead of 4x. So a queued kernel is predicted at the usage it sees while it
-# holds the device: none from the other jobs.
+# sharing twice -- n jobs would each run about n^2 times slower per
+# iteration instead of n times (docs/latency.md). So a queued kernel is
+# predicted at the usage it sees while it holds the device: none from the
+# other jobs.
 def queued_usage(n_jobs: int) -> float:
     """The `usage` to predict a kernel at when `n_jobs` share the device through
     a FIFO compute queue (NOTE [ Usage under a compute queue ]): 0."""

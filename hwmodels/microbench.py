@@ -7,51 +7,8 @@ calls the aten op by its target name, and times it at each usage level
 (`hwmodels.load`): warm-up, then the median of `repeats` blocks, each block
 long enough (`min_block_s`) to average over the load's duty cycle.
 
-# NOTE [ CPU measurement setup ]
-On CPU the op runs with `threads` intra-op threads, and the process is
-pinned to cores 0..threads-1 for the run; the load workers are pinned to the
-same cores, so `usage` is the share of *those* cores a competitor wants
-(with one spinner per core, usage=1 roughly halves the op's share). Pinning
-also keeps the measurement away from whatever else runs on the other cores.
-Denormals are flushed while measuring (repeated in-place updates would
-otherwise decay into slow denormal arithmetic). Everything is restored after
-but the allocator setting: glibc is made to keep freed memory, as a device's
-caching allocator does, so an op's time does not depend on which allocations
-came before it (NOTE [ Host allocations ] in `hwmodels/hostmem.py`).
-
-# NOTE [ Observed usage ]
-TENSILE's input is the device's *current* utilisation, not a load setting.
-On a shared CPU the share a competitor gets is up to the scheduler (and to
-whatever else runs on the machine), so a load level alone is a noisy label:
-the same op at "usage 0.5" measured 1.0x-3x its idle time in trials here.
-Each CPU measurement therefore records the usage it saw: per block,
-1 - (CPU time the measuring process got) / (wall time x threads), and the
-row keeps the median block's (latency, usage) pair. Latency and usage then
-agree (latency ~ idle latency / (1 - usage), within ~2% at the median)
-whether the time went to our load workers or to someone else's job. What
-usage cannot see is interference that steals no CPU time (another core's
-job thrashing the shared cache or memory bus, a busy hypervisor): on this
-shared VM two measurements of one shape 20 s apart differ by 8-10% at the
-median (3.5% back to back), and neither a min-of-blocks statistic nor
-normalising by a reference kernel timed alongside narrowed that. CUDA rows
-keep the load level (a per-kernel utilisation is not observable from the
-host).
-
-# NOTE [ Block length ]
-A timed block must span several scheduler time slices, or the load level
-decides nothing: with 2 ms blocks most blocks at "usage 0.5" ran whole
-before a competitor got the core (observed usage 0 in the median block), and
-two back-to-back timings of 150 shapes disagreed by a median 11.4%. With
-10 ms blocks and the median of 5-7 of them the same check gives 3.0% (and
-88% of shapes within ±20%, against 65%), so those are the defaults; a
-600-shape-per-class CPU run took about 17 minutes, and the shipped
-1000-per-class data 23 minutes on a newer core.
-What no block length removes is a neighbour: with other work (a test suite)
-running on the *other* core of this 2-core VM, the same back-to-back check
-gave 19.5%, through the shared cache and memory bus. A CPU run therefore
-records how busy the cores it does not measure on were (`other_busy_cores`,
-from /proc/stat) and the CLI warns when it is not near zero: measure on an
-idle machine.
+See NOTE [ Block length ], NOTE [ Observed usage ] and
+NOTE [ CPU measurement setup ] next to the code they explain.
 """
 
 from __future__ import annotations
@@ -80,6 +37,17 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 
+# NOTE [ Block length ]
+# A timed block must span several scheduler time slices, or the load level
+# decides nothing: a block much shorter than a time slice mostly runs whole
+# before a competitor gets the core (observed usage 0 in the median block at
+# "usage 0.5"). So the defaults are 10 ms blocks and the median of 5-7 of
+# them. What no block length removes is a neighbour: other work running on
+# the cores not measured on disturbs the timing through the shared cache and
+# memory bus. A CPU run therefore records how busy the cores it does not
+# measure on were (`other_busy_cores`, from /proc/stat) and the CLI warns
+# when it is not near zero: measure on an idle machine. The measurements
+# that chose these defaults: docs/latency.md.
 @dataclass(frozen=True, slots=True)
 class MicrobenchOptions:
     device: str = "cpu"
@@ -178,6 +146,20 @@ def time_cpu(
     return min(times) if best else statistics.median(times)
 
 
+# NOTE [ Observed usage ]
+# TENSILE's input is the device's *current* utilisation, not a load setting.
+# On a shared CPU the share a competitor gets is up to the scheduler (and to
+# whatever else runs on the machine), so a load level alone is a noisy label:
+# the same op at one load level can take from its idle time to several times
+# that. Each CPU measurement therefore records the usage it saw: per block,
+# 1 - (CPU time the measuring process got) / (wall time x threads), and the
+# row keeps the median block's (latency, usage) pair. Latency and usage then
+# agree (latency ~ idle latency / (1 - usage)) whether the time went to our
+# load workers or to someone else's job. What usage cannot see is
+# interference that steals no CPU time (another core's job thrashing the
+# shared cache or memory bus, a busy hypervisor): it stays in the labels as
+# noise. CUDA rows keep the load level (a per-kernel utilisation is not
+# observable from the host). The figures behind this: docs/latency.md.
 def time_cpu_usage(
     fn: Callable[[], Any], repeats: int, min_block_s: float, threads: int = 1
 ) -> tuple[float, float]:
@@ -325,6 +307,17 @@ def dataset_specs(ds: Dataset) -> list[SampleSpec]:
     return kept
 
 
+# NOTE [ CPU measurement setup ]
+# On CPU the op runs with `threads` intra-op threads, and the process is
+# pinned to cores 0..threads-1 for the run; the load workers are pinned to the
+# same cores, so `usage` is the share of *those* cores a competitor wants
+# (with one spinner per core, usage=1 roughly halves the op's share). Pinning
+# also keeps the measurement away from whatever else runs on the other cores.
+# Denormals are flushed while measuring (repeated in-place updates would
+# otherwise decay into slow denormal arithmetic). Everything is restored after
+# but the allocator setting: glibc is made to keep freed memory, as a device's
+# caching allocator does, so an op's time does not depend on which allocations
+# came before it (NOTE [ Host allocations ] in `hwmodels/hostmem.py`).
 @contextlib.contextmanager
 def cpu_setup(threads: int) -> Iterator[list[int] | None]:
     """Pin to cores 0..threads-1 with `threads` intra-op threads, flush

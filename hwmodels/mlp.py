@@ -6,26 +6,7 @@ share of the device other work takes). Trained with torch on microbenchmarks
 (`hwmodels.microbench`, `hwmodels.mlptrain`); inference runs in numpy on
 weights extracted once, over feature matrices cached per trace.
 
-# NOTE [ MLP target ]
-A network does not predict seconds directly but the log of an op's latency
-relative to two known effects, which it then only has to correct:
-    t = base(op) * stretch(usage) * exp(mean_k net_k(features, usage))
-- base(op) = overhead + max(flops / F, bytes / B): a roofline whose three
-  constants are fitted on the training data (`Baseline`), so a conv twice
-  the FLOPs starts out twice as slow and the net learns efficiency, not scale;
-- stretch(usage) = 1 / (1 - usage): time-sharing (NOTE [ Usage ] in
-  `hwmodels.latency`); the net still sees `usage` and learns how far each
-  op class departs from it;
-- k networks (an ensemble over seeds) are averaged in log space.
-
-# NOTE [ MLP fallback ]
-An MLP interpolates; outside the shapes it saw it can be wildly wrong. Per
-class the model keeps the training range of every input feature; an op with
-any feature beyond that range (by more than `RANGE_MARGIN` of the range's
-width), a name the class never saw, or a class with no network, is timed by
-the fallback model (the roofline on the same hardware) instead. A usage above
-the highest it saw is fed in clipped, and the stretch covers the rest.
-`MLPLatency.last_stats` says how many ops took each path and why.
+See NOTE [ MLP target ] and NOTE [ MLP fallback ].
 """
 
 from __future__ import annotations
@@ -114,6 +95,17 @@ class FeatureSpec:
         return Z, ok, reasons
 
 
+# NOTE [ MLP target ]
+# A network does not predict seconds directly but the log of an op's latency
+# relative to two known effects, which it then only has to correct:
+#     t = base(op) * stretch(usage) * exp(mean_k net_k(features, usage))
+# - base(op) = overhead + max(flops / F, bytes / B): a roofline whose three
+#   constants are fitted on the training data (`Baseline`), so a conv twice
+#   the FLOPs starts out twice as slow and the net learns efficiency, not scale;
+# - stretch(usage) = 1 / (1 - usage): time-sharing (NOTE [ Usage ] in
+#   `hwmodels.latency`); the net still sees `usage` and learns how far each
+#   op class departs from it;
+# - k networks (an ensemble over seeds) are averaged in log space.
 @dataclass(frozen=True, slots=True)
 class Baseline:
     """The roofline the networks correct: seconds = overhead_s +
@@ -196,6 +188,14 @@ class ClassNet:
         return total / len(self.members)
 
 
+# NOTE [ MLP fallback ]
+# An MLP interpolates; outside the shapes it saw it can be wildly wrong. Per
+# class the model keeps the training range of every input feature; an op with
+# any feature beyond that range (by more than `RANGE_MARGIN` of the range's
+# width), a name the class never saw, or a class with no network, is timed by
+# the fallback model (the roofline on the same hardware) instead. A usage above
+# the highest it saw is fed in clipped, and the stretch covers the rest.
+# `MLPLatency.last_stats` says how many ops took each path and why.
 class MLPLatency(LatencyModel):
     """Per-class MLPs with a roofline fallback (see NOTE [ MLP fallback ])."""
 

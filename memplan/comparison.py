@@ -5,16 +5,7 @@ both `planners` and `sim`: each planner plans the jobs, `check` verifies
 every plan, the simulator runs the plans and the vanilla baseline on the
 same hardware, and TENSILE's metrics (MSR, EOR, CBR) compare the two.
 
-# NOTE [ Budgets in a comparison ]
-- The vanilla reference runs without a budget: its peak (VMP) is what the
-  jobs need when nothing is planned, even where that exceeds the card.
-- A planner is feasible when it says so, its plans pass `check`, and the
-  simulated run finishes without OOM under the budget (the `--budget`, or the
-  GPU's memory when none is given).
-- Capuchin saves only what a budget asks for, so without `--budget` it gets
-  the peak TENSILE reached in the same comparison (as the TENSILE paper did).
-- A planner that raises a `MemplanError` instead of returning infeasible is
-  reported as infeasible with the message: one planner never stops a sweep.
+See NOTE [ Budgets in a comparison ] above `compare_planners`.
 """
 
 from __future__ import annotations
@@ -208,6 +199,16 @@ def _failed(
     )
 
 
+# NOTE [ Budgets in a comparison ]
+# - The vanilla reference runs without a budget: its peak (VMP) is what the
+#   jobs need when nothing is planned, even where that exceeds the card.
+# - A planner is feasible when it says so, its plans pass `check`, and the
+#   simulated run finishes without OOM under the budget (the `--budget`, or the
+#   GPU's memory when none is given).
+# - Capuchin saves only what a budget asks for, so without `--budget` it gets
+#   the peak TENSILE reached in the same comparison (as the TENSILE paper did).
+# - A planner that raises a `MemplanError` instead of returning infeasible is
+#   reported as infeasible with the message: one planner never stops a sweep.
 def compare_planners(
     traces: Sequence[Trace],
     device: DeviceModel,
@@ -269,12 +270,15 @@ def compare_planners(
     return Comparison(vanilla, tuple(ordered))
 
 
+# NOTE [ Gap to the bound ]
+# gap = (simulated iteration time - bound) / bound, with the analytic lower
+# bound at the same budget (`planners.analysis.bounds`). For one job it holds
+# for every plan. For several jobs it is the bound on the period of jobs in
+# step (NOTE [ Jobs in step ] in planners/analysis/bounds.py), the mean
+# iteration time of a run that keeps them in step; none when their op counts
+# differ.
 def _with_gap(row: Row, traces: Sequence[Trace], device: DeviceModel) -> Row:
-    """NOTE [ Gap to the bound ]: (simulated iteration time - bound) / bound,
-    with the analytic lower bound at the same budget (`planners.analysis.bounds`). For
-    one job it holds for every plan. For several jobs it is the bound on the
-    period of jobs in step (NOTE [ Jobs in step ]), the mean iteration time of
-    a run that keeps them in step; none when their op counts differ."""
+    """`row` with its gap to the lower bound (NOTE [ Gap to the bound ])."""
     if not row.feasible:
         return row
     budget = row.budget_bytes if row.budget_bytes is not None else device.hw.memory_bytes

@@ -39,25 +39,42 @@ class Pcie:
         """Microseconds a copy holds its lane when nothing slows it."""
         return self.device.copy_time(nbytes, direction, TimeUnit.US)
 
-    def transfer(self, nbytes: int, direction: Direction) -> Generator[simpy.Event, Any, None]:
-        """Move `nbytes` on the lane the caller already holds."""
+    def transfer(
+        self, nbytes: int, direction: Direction
+    ) -> Generator[simpy.Event, Any, simpy.Interrupt | None]:
+        """Move `nbytes` on the lane the caller already holds.
+
+        A copy that has started runs to its end (NOTE [ Stopping a job ] in
+        sim/model.py): if the caller's process is interrupted meanwhile, the
+        `Interrupt` is returned, for the caller to raise once it has put the
+        buffer where the copy leaves it."""
         env = self.env
         if direction is Direction.D2H or self.duplex_factor == 1.0:
-            if direction is Direction.D2H and self.duplex_factor != 1.0:
+            busy = direction is Direction.D2H and self.duplex_factor != 1.0
+            if busy:
                 self._set_d2h_busy(True)
-                try:
-                    yield env.timeout(self.full_speed_us(nbytes, direction))
-                finally:
+            done = env.timeout(self.full_speed_us(nbytes, direction))
+            try:
+                yield done
+            except simpy.Interrupt as stop:
+                yield done
+                return stop
+            finally:
+                if busy:
                     self._set_d2h_busy(False)
-            else:
-                yield env.timeout(self.full_speed_us(nbytes, direction))
-            return
+            return None
         # H2D beside a D2H lane: the rate changes whenever a D2H copy starts
         # or ends, so wait for whichever comes first -- the end of the copy at
         # the current rate, or the change -- and carry over what is left,
         # counted in microseconds at full speed.
+        stop = None
         if self.fixed_us:
-            yield env.timeout(self.fixed_us)
+            done = env.timeout(self.fixed_us)
+            try:
+                yield done
+            except simpy.Interrupt as e:
+                stop = e
+                yield done
         left = nbytes * 1e6 / self.device.bandwidth(direction)
         while left > 1e-9:
             factor = self.duplex_factor if self._d2h_busy else 1.0
@@ -65,8 +82,14 @@ class Pcie:
                 self._d2h_changed = env.event()
             changed = self._d2h_changed
             t0 = env.now
-            yield env.timeout(left / factor) | changed
+            either = env.timeout(left / factor) | changed
+            try:
+                yield either
+            except simpy.Interrupt as e:
+                stop = e
+                yield either
             left = 0.0 if not changed.triggered else left - (env.now - t0) * factor
+        return stop
 
     def _set_d2h_busy(self, busy: bool) -> None:
         self._d2h_busy = busy

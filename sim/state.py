@@ -27,12 +27,9 @@ class OomPolicy(enum.Enum):
     PASSIVE = "passive"
 
 
-class Stop(Exception):
-    """The job has stopped (out of memory): unwinds whichever process noticed."""
-
-
 class JobState:
-    """The run-time state of one job: per-buffer lists and counters."""
+    """The run-time state of one job: per-buffer lists, its processes and
+    counters."""
 
     def __init__(self, c: CompiledJob):
         nb = len(c.nbytes)
@@ -42,9 +39,9 @@ class JobState:
         self.host = [False] * nb
         self.keep = [False] * nb
         # NOTE [ Incarnations ]: epoch[b] numbers b's lives (the framework's
-        # free starts the next); copying[b] is the epoch of the life whose D2H
-        # copy is running, -1 if none -- never a bare flag, which would outlive
-        # the life it was set for.
+        # free starts the next; the job's end ends them all); copying[b] is
+        # the epoch of the life whose D2H copy is running, -1 if none -- never
+        # a bare flag, which would outlive the life it was set for.
         self.epoch = [0] * nb
         self.copying = [-1] * nb
         self.wcount = [0] * nb
@@ -53,6 +50,10 @@ class JobState:
         self.deadlines: dict[tuple[int, int], list[tuple[int, simpy.Event]]] = {}
         self.dur: list[float] = c.durations
         self.iteration = 0
+        # NOTE [ Stopping a job ]: the job's own process and its planned
+        # copies still running (a dict: interrupted in the order they started).
+        self.proc: simpy.Process | None = None
+        self.copy_procs: dict[simpy.Process, None] = {}
         self.stopped = False
         self.oom: tuple[int, int, int] | None = None  # (iteration, op, buffer)
         self.start_us = self.end_us = float("nan")

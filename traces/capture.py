@@ -4,33 +4,8 @@ Forward, loss, backward, `optimizer.step()` and `zero_grad(set_to_none=True)`
 run under a `TorchDispatchMode` that records every aten call that reaches
 the backend, with the storages it reads and writes.
 
-# NOTE [ Buffer identity ]
-A buffer is a storage. We key live storages by their StorageImpl address and
-hold a `StorageWeakRef` to each; before every op we ask which of them expired
-and record the free as happening after the previous op. Because a free is
-noticed before the next op's outputs are registered, an address reused by a
-later allocation is a new buffer, never an alias of the dead one. Persistent
-storages (params, optimizer state, module buffers) are known before
-recording and are not polled.
-
-# NOTE [ What is recorded ]
-- Pure view ops (every output aliases an input, nothing written: view, t,
-  expand, detach, ...) launch no kernel and move no data; they are not ops of
-  the trace. Their results still appear as `View`s when a later op uses them.
-- Ops that touch no tensor of the capture device are host work (Adam's
-  `step` counter lives on the host unless `capturable=True`) and are skipped;
-  the host-side `step` tensors are not device buffers.
-- Reads are the device tensors an op takes except schema `out=` arguments;
-  writes are its new outputs plus every argument its schema marks as mutated.
-
-# NOTE [ Buffer kinds ]
-Decided by identity after the iteration: parameters -> param; the storages
-of `p.grad` after backward -> grad; optimizer state -> optimizer_state; the
-batch and labels -> input; module buffers (BatchNorm statistics) -> other,
-persistent. Everything else is a temporary: activation when created in
-forward or backward, other when created in the optimizer phase. Buffers
-still alive when the iteration ends (the loss, the grads that zero_grad
-drops) are freed after the last op.
+See NOTE [ Buffer identity ] and NOTE [ What is recorded ] in traces/recorder.py,
+and NOTE [ Buffer kinds ] here.
 """
 
 from __future__ import annotations
@@ -199,6 +174,14 @@ def _identity(x: Any) -> Any:
     return x
 
 
+# NOTE [ Buffer kinds ]
+# Decided by identity after the iteration: parameters -> param; the storages
+# of `p.grad` after backward -> grad; optimizer state -> optimizer_state; the
+# batch and labels -> input; module buffers (BatchNorm statistics) -> other,
+# persistent. Everything else is a temporary: activation when created in
+# forward or backward, other when created in the optimizer phase. Buffers
+# still alive when the iteration ends (the loss, the grads that zero_grad
+# drops) are freed after the last op.
 def _register_persistent(w: Workload, opt: torch.optim.Optimizer, rec: Recorder) -> None:
     def add(t: torch.Tensor, kind: BufferKind, name: str, persistent: bool = True) -> int | None:
         if not isinstance(t, torch.Tensor) or not rec.on_device(t):

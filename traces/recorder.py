@@ -1,7 +1,7 @@
 """The recording side of capture: a `TorchDispatchMode` that records every
 aten call reaching the backend with the storages it reads and writes, and the
-per-storage records it keeps (NOTE [ Buffer identity ], NOTE [ What is
-recorded ] in traces/capture.py)."""
+per-storage records it keeps (NOTE [ Buffer identity ],
+NOTE [ What is recorded ])."""
 
 from __future__ import annotations
 
@@ -55,6 +55,14 @@ class BufRec:
     freed_after: int | None = None
 
 
+# NOTE [ Buffer identity ]
+# A buffer is a storage. We key live storages by their StorageImpl address and
+# hold a `StorageWeakRef` to each; before every op we ask which of them expired
+# and record the free as happening after the previous op. Because a free is
+# noticed before the next op's outputs are registered, an address reused by a
+# later allocation is a new buffer, never an alias of the dead one. Persistent
+# storages (params, optimizer state, module buffers) are known before
+# recording and are not polled.
 @dataclass(slots=True)
 class Recorder:
     device: torch.device
@@ -158,6 +166,15 @@ def tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
 
 
+# NOTE [ What is recorded ]
+# - Pure view ops (every output aliases an input, nothing written: view, t,
+#   expand, detach, ...) launch no kernel and move no data; they are not ops of
+#   the trace. Their results still appear as `View`s when a later op uses them.
+# - Ops that touch no tensor of the capture device are host work (Adam's
+#   `step` counter lives on the host unless `capturable=True`) and are skipped;
+#   the host-side `step` tensors are not device buffers.
+# - Reads are the device tensors an op takes except schema `out=` arguments;
+#   writes are its new outputs plus every argument its schema marks as mutated.
 class CaptureMode(TorchDispatchMode):
     def __init__(self, rec: Recorder):
         super().__init__()

@@ -7,31 +7,7 @@ SGD-with-momentum update per parameter. Sizes are whole MiB, so expected
 memory works out by hand; each docstring states the peaks of a small case
 and the tests check exactly those numbers.
 
-# NOTE [ What a synthetic step looks like ]
-- Buffers: the batch and the target are `input` buffers resident from the
-  start and freed after the last op. Weights (`param`) and momentum buffers
-  (`optimizer_state`) are persistent. Each weight's `grad` is freed after the
-  optimizer op that consumes it (without an optimizer it stays to the end of
-  the step, the step's result). Every other buffer is an `activation`, freed
-  after its last access -- what PyTorch does for a temporary once its last
-  reference (an autograd node holding a saved tensor, or a pending grad)
-  goes away. So `framework` and `liveness` peaks differ only by the inputs
-  (and, without an optimizer, the grads).
-- The loss (`aten.mse_loss.default`) and the backward seed
-  (`aten.ones_like.default`) are 4-byte scalars: the only sizes that are
-  not whole MiB.
-- Backward follows the engine: nodes run in reverse creation order; a tensor
-  used twice gets its grad summed by an `aten.add.Tensor` emitted when the
-  second contribution arrives; `add` and `cat` backward are free (the grad,
-  or slices of it, pass through as views).
-- Every buffer has one contiguous 1-D view of all its elements (plus slice
-  views of concatenation grads). Targets and argument layouts are those of
-  the real aten ops, but shapes are flat: the traces are for planners and the
-  simulator, not for replay with real tensors.
-- Layer FLOPs are those of a 1x1 convolution (a matmul) whose weight is a
-  square matrix: ``2 * out_elements * isqrt(weight_elements)``; elementwise
-  ops count one FLOP per element. Durations are whole `TimeUnit`s drawn from
-  the seed (`Durations`).
+See NOTE [ What a synthetic step looks like ] below the imports.
 """
 
 from __future__ import annotations
@@ -53,6 +29,32 @@ from memplan.traces.synthetic_builder import (  # noqa: F401  (re-exported)
     _Kind,
     _Node,
 )
+
+# NOTE [ What a synthetic step looks like ]
+# - Buffers: the batch and the target are `input` buffers resident from the
+#   start and freed after the last op. Weights (`param`) and momentum buffers
+#   (`optimizer_state`) are persistent. Each weight's `grad` is freed after the
+#   optimizer op that consumes it (without an optimizer it stays to the end of
+#   the step, the step's result). Every other buffer is an `activation`, freed
+#   after its last access -- what PyTorch does for a temporary once its last
+#   reference (an autograd node holding a saved tensor, or a pending grad)
+#   goes away. So `framework` and `liveness` peaks differ only by the inputs
+#   (and, without an optimizer, the grads).
+# - The loss (`aten.mse_loss.default`) and the backward seed
+#   (`aten.ones_like.default`) are 4-byte scalars: the only sizes that are
+#   not whole MiB.
+# - Backward follows the engine: nodes run in reverse creation order; a tensor
+#   used twice gets its grad summed by an `aten.add.Tensor` emitted when the
+#   second contribution arrives; `add` and `cat` backward are free (the grad,
+#   or slices of it, pass through as views).
+# - Every buffer has one contiguous 1-D view of all its elements (plus slice
+#   views of concatenation grads). Targets and argument layouts are those of
+#   the real aten ops, but shapes are flat: the traces are for planners and the
+#   simulator, not for replay with real tensors.
+# - Layer FLOPs are those of a 1x1 convolution (a matmul) whose weight is a
+#   square matrix: ``2 * out_elements * isqrt(weight_elements)``; elementwise
+#   ops count one FLOP per element. Durations are whole `TimeUnit`s drawn from
+#   the seed (`Durations`).
 
 
 # ---- the generators ----------------------------------------------------------------

@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if m.other_busy_cores > 0.05:
         print(
             f"warning: other processes kept {m.other_busy_cores:.2f} of the cores not measured "
-            f"on busy while measuring; shared caches make these timings noisier (NOTE [ Block "
-            f"length ] in hwmodels/microbench.py): measure on an idle machine",
+            f"on busy while measuring; shared caches make these timings noisier "
+            f"(NOTE [ Block length ] in hwmodels/microbench.py): measure on an idle machine",
             file=sys.stderr,
         )
     print(f"wrote {args.out}")

@@ -34,9 +34,10 @@ EPS_US = 1e-3
 # NOTE [ Jobs on one GPU ]
 # Planners see traces, not arrival times: every job is taken to arrive at
 # time 0 and to run until the end, as `sim.simulate` runs jobs by default.
-# The simulator (NOTE [ Usage ] in sim/model.py) predicts each op at
-# usage = 1 - 1/n_jobs and queues the kernels of all jobs FIFO on one compute
-# resource, so n jobs that are always ready interleave op by op.
+# The simulator predicts each op at usage 0 (hwmodels
+# NOTE [ Usage under a compute queue ]) and queues the kernels of all jobs
+# FIFO on one compute resource, so n jobs that are always ready interleave op
+# by op.
 # `predict_timelines` replays exactly that queue (a heap of request times,
 # ties in the order the requests were made) until every job has run two
 # iterations, and keeps iteration 0 of each; a job's `period_us` is the
@@ -45,11 +46,11 @@ EPS_US = 1e-3
 # identical jobs that start together (their plans simulate with no stall and
 # exactly the predicted per-job peaks). Jobs of different lengths drift
 # against each other, and the one that finishes last runs its final
-# iterations alone (at usage 0, ops faster than planned), so their copies
-# can collide or arrive late: resnet50 + bert_base on rtx-a6000 simulate at
-# EOR 1.10 with a global peak 1% above the prediction. That is the limit of
-# any fixed schedule for asynchronous jobs, and why TENSILE caps each job's
-# share of swaps. Durations are rounded to 1 ns as the simulator rounds
+# iterations alone (its kernels queue behind no other job's: iterations
+# shorter than planned), so their copies
+# can collide or arrive late (a measured case: docs/planners.md). That is the
+# limit of any fixed schedule for asynchronous jobs, and why TENSILE caps each
+# job's share of swaps. Durations are rounded to 1 ns as the simulator rounds
 # them, so one job's plan times match it exactly.
 # A job is *ready* for op i when op i-1 ends (op 0: when its iteration
 # starts); in the simulator it then waits for the op's swap-ins and
@@ -173,8 +174,9 @@ def _timeline_from_durations(d: np.ndarray) -> Timeline:
 
 def predict_timelines(traces: Sequence[Trace], device: DeviceModel) -> tuple[Timeline, ...]:
     """Per job, iteration 0 as the jobs run together (NOTE [ Jobs on one GPU ]):
-    every kernel predicted at usage 0 (hwmodels NOTE [ Usage under a compute
-    queue ]), the jobs interleaved on the FIFO compute queue."""
+    every kernel predicted at usage 0 (hwmodels
+    NOTE [ Usage under a compute queue ]), the jobs interleaved on the FIFO
+    compute queue."""
     durs = [op_durations_us(t, device) for t in traces]
     if len(traces) == 1:
         return (_timeline_from_durations(durs[0]),)

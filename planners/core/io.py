@@ -1,8 +1,8 @@
 """Plan files: JSON (or .json.gz) with ``"schema": "memplan.plan/1"``.
 
 The only place where a plan is a dict. A file holds one `PlanResult`: the
-planner, its options, its outcome (`status`, `reason`, `detail`: NOTE
-[ Planner outcomes ]; `feasible` is written too, for readers of older
+planner, its options, its outcome (`status`, `reason`, `detail`:
+NOTE [ Planner outcomes ]; `feasible` is written too, for readers of older
 files), the solve time, its stats and one plan per job, each naming its
 trace by fingerprint::
 

@@ -96,12 +96,9 @@ from memplan.traces.model import Trace
 # - Each swap-out names the first op that starts after its planned copy
 #   end as its deadline (`SwapOut.before_op`): the op this plan counts the
 #   buffer gone for waits for a late copy instead of running with it
-#   (planners.core.plan NOTE [ Swap-out deadlines ]). Measured on CPU replays,
-#   without it tiny_resnet's plan peaked 1.8% over the simulation in one
-#   run of 16. It costs stall where the lane is congested (simulated for
-#   the CPU replay: +4.6% iteration time on mlp, +8.2% on linear_chain,
-#   nothing on the three others); without it those plans ran with more
-#   memory than the planner counted at the ops it checked.
+#   (planners.core.plan NOTE [ Swap-out deadlines ]). It costs stall where
+#   the lane is congested; without it those plans ran with more memory than
+#   the planner counted at the ops it checked (measured: docs/planners.md).
 
 
 class JobPlanner:

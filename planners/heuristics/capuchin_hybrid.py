@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 
 class Hybrid:
-    """Phase 2 over the candidates `pool` left at peak op `p` (NOTE [ Capuchin
-    recompute ]): `run(mem_saving)` chooses swaps and recomputes on `planner`
-    until the saving is reached or nothing is left."""
+    """Phase 2 over the candidates `pool` left at peak op `p`
+    (NOTE [ Capuchin recompute ]): `run(mem_saving)` chooses swaps and
+    recomputes on `planner` until the saving is reached or nothing is left."""
 
     def __init__(self, planner: JobPlanner, pool: list[Candidate], p: int):
         self.planner, self.p = planner, p

@@ -13,8 +13,8 @@ NO_BUDGET = "capuchin saves only what a budget needs: give budget_bytes"
 class CapuchinOptions:
     """- `recompute`: consider recomputation (False: swap only).
     - `max_recompute_ops`: longest recompute chain (lineage) in ops.
-    - `max_rounds`: cap on Algorithm 1 rounds per job (NOTE [ Capuchin
-      candidates and rounds ])."""
+    - `max_rounds`: cap on Algorithm 1 rounds per job
+      (NOTE [ Capuchin candidates and rounds ])."""
 
     recompute: bool = True
     max_recompute_ops: int = 32

@@ -84,16 +84,13 @@ from memplan.traces.model import Trace
 # NOTE [ Swap-out deadlines in TENSILE ]
 # A committed swap counts the buffer absent from the first op that starts
 # after its copy ends (the hole's first op); the swap-out names that op as
-# its deadline (`SwapOut.before_op`, planners.core.plan NOTE [ Swap-out
-# deadlines ]). A copy that ends late then stalls compute, which the
-# simulator and a replay show as time, instead of holding its bytes past
-# the op the plan counted it gone by. Without it, a peak-minimising plan,
+# its deadline (`SwapOut.before_op`, planners.core.plan
+# NOTE [ Swap-out deadlines ]). A copy that ends late then stalls compute,
+# which the simulator and a replay show as time, instead of holding its bytes
+# past the op the plan counted it gone by. Without it, a peak-minimising plan,
 # whose forward and backward peaks end up level, peaks higher wherever the
-# lane falls behind: measured on tiny_transformer replayed on CPU with a
-# 1.5 GB/s lane, 13 of 80 replays peaked 1-80% above the simulation, in
-# forward, with 7-20 swap-outs still queued; with deadlines, 0 of 60, and
-# iteration times still within 6% of the simulation. A swap-out that moves
-# no bytes (a discard) needs none.
+# lane falls behind (replays with and without deadlines: docs/planners.md).
+# A swap-out that moves no bytes (a discard) needs none.
 
 # NOTE [ Recompute candidates ]
 # §IV-D recomputes only "tensor accesses which have never been released" so
@@ -333,12 +330,12 @@ class _Tensile:
         if s_out is None:
             # a valid host copy: the simulator discards the device copy without
             # a transfer. Not a Release: if timing shifts and the copy this
-            # relies on was cancelled, a SwapOut still copies (NOTE [ Which gap
-            # is swapped ])
+            # relies on was cancelled, a SwapOut still copies
+            # (NOTE [ Which gap is swapped ])
             jb.events.append(SwapOut(b, prev, 0.0))
         else:
             self.lanes.book(jb.j, s_out, float(jb.d_out[b]), Direction.D2H)
-            # NOTE [ Swap-out deadlines in TENSILE ]
+            # the deadline: NOTE [ Swap-out deadlines in TENSILE ]
             due = next((lo for lo, _hi, rr in ranges if rr == 0), -1)
             delay_out = us(s_out - jb.t_end(prev))
             jb.events.append(SwapOut(b, prev, delay_out, before_op=due if due > prev else -1))
@@ -414,8 +411,8 @@ class _Tensile:
 
     def _recompute_safe(self, jb: JobState, op: int) -> bool:
         """Whether a recompute just before `op` leaves the job's swaps as
-        planned: no copy of the job is running when `op` is ready (NOTE
-        [ Recompute candidates ])."""
+        planned: no copy of the job is running when `op` is ready
+        (NOTE [ Recompute candidates ])."""
         t = jb.t_ready(op)
         P = jb.tl.period_us
         for j, s, d, _direction in self.lanes.bookings:

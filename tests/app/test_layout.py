@@ -190,7 +190,8 @@ def note_sites() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     defs: dict[str, list[str]] = defaultdict(list)
     refs: dict[str, list[str]] = defaultdict(list)
     files = [p for p in MODULES.values()]
-    files += sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    files += [p for p in sorted((ROOT / "tests").rglob("*.py")) if p != Path(__file__)]
+    files += sorted((ROOT / "benchmarks").glob("*.py"))
     files += [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     for path in files:
         if not path.exists():
