@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import torch
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import LatencyModel
 from memplan.planners.analysis.opgrid import memory_of_plan
 from memplan.planners.analysis.optimes import predict_timeline
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import Event
+from memplan.planners.core.plan import Event, SwapIn, SwapOut
 from memplan.sim import Job, simulate
 from memplan.sim.errors import SimError
 from memplan.sim.log import LogEntry, LogKind
@@ -32,6 +33,7 @@ from memplan.validate.replay.executor import replay
 from tests.semantics.cases import HW, Case, Impl
 
 ITERATIONS = 3  # iteration 1 is steady: a cross-iteration swap-in of it has a next one
+REPLAY_DELAY_SCALE = 50  # NOTE [ The simulator's order on the replay ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,20 +79,31 @@ def run_sim(case: Case) -> Run:
 
 
 def run_replay(case: Case) -> Run:
-    """On CPU, copy lanes put in the simulator's order (NOTE [ The
-    simulator's order on the replay ]); free-running if the simulator
-    rejected the plan."""
+    """On CPU, copy lanes put in the simulator's order and delays in the
+    replay's time (NOTE [ The simulator's order on the replay ]);
+    free-running if the simulator rejected the plan."""
     trace, _ = case.built()
     result = _simulated(case)[1]
     order = None if result is None else SimOrder(result, trace, case.events)
+    plan = replace(case.plan(), events=tuple(_replay_delay(ev) for ev in case.events))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as tests/validate: tiny ops, no waits for pool threads
     try:
-        r = replay(trace, plan=case.plan(), device="cpu", iterations=ITERATIONS, sync=order)
+        r = replay(trace, plan=plan, device="cpu", iterations=ITERATIONS, sync=order)
     except (ValidationError, PlanError) as e:
         if SimOrder.STUCK in str(e):
             raise AssertionError(str(e)) from None
         return Run(False, str(e))
+    finally:
+        torch.set_num_threads(threads)
     curve = r.memory_curve
     return Run(True, "", tuple(curve[0].tolist()), tuple(curve[1].tolist()), int(r.peak_bytes))
+
+
+def _replay_delay(ev: Event) -> Event:
+    if isinstance(ev, SwapOut | SwapIn) and ev.delay_us:
+        return replace(ev, delay_us=ev.delay_us * REPLAY_DELAY_SCALE)
+    return ev
 
 
 _SIM_RUNS: dict[str, tuple[Run, SimResult | None]] = {}
@@ -103,7 +116,9 @@ def _simulated(case: Case) -> tuple[Run, SimResult | None]:
     if hit is None:
         trace, latency = case.built()
         try:
-            r = simulate([Job(trace, case.plan())], device(latency), iterations=ITERATIONS, check=False)
+            r = simulate(
+                [Job(trace, case.plan())], device(latency), iterations=ITERATIONS, check=False
+            )
         except (SimError, PlanError) as e:
             hit = (Run(False, str(e)), None)
         else:
@@ -172,6 +187,17 @@ def sim_bytes_per_op(result: SimResult, n_ops: int, iteration: int) -> tuple[int
 # - a swap-in ending in X's span, and any copy ending before X starts, ends
 #   before X is called (its bytes count from its start either way);
 # - one lane runs copies FIFO: none starts before the one ahead has ended.
+# The hooks say by when a copy has started, never "not before": a plan's
+# delay does that, and on the replay it is wall time while the table's op
+# times are the hand device's milliseconds. A CPU op of these traces takes
+# 0.1 to 2 ms whatever its hand duration, so a delay that starts a copy an op
+# or two after its trigger in the simulator could start it before the replay
+# has sampled the next op. The replay runs the plan with its delays
+# multiplied by REPLAY_DELAY_SCALE, on one intra-op thread: its ops took at
+# most 2 ms here (8 ms with a thread pool on a busy 2-CPU machine), so one
+# would have to take 25 times that (50 ms per hand millisecond) for a
+# delayed copy to start early. A delay of 0 stays 0 (a swap-out without
+# delay discards at its trigger).
 # Copies are named (direction, buffer, iteration of the trigger, n-th such).
 # Two orders have no hook: a copy that the simulator ends during op X when
 # X's end triggers another event of the same buffer (the replay's hooks
@@ -256,7 +282,10 @@ class SimOrder:
                 self.holds[key] = hook
                 self.waits.setdefault(hook, []).append((True, key))
 
-    def _trigger_iteration(self, e: LogEntry, spans, it_start) -> int:  # noqa: ANN001
+    @staticmethod
+    def _trigger_iteration(
+        e: LogEntry, spans: dict[tuple[int, int], tuple[float, float]], it_start: dict[int, float]
+    ) -> int:
         """The last iteration whose trigger op (`e.op`, -1: its start) fired by `e`."""
         k = e.iteration
         while k > 0:

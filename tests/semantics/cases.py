@@ -21,9 +21,10 @@ bytes but is in the peak over the run (`Case.peak_mib`). The simulator's
 figure is that span's maximum over its memory samples. The replay samples
 its pool once per op, right after the call (`ReplayResult.memory_curve`),
 with its copy lanes put in the simulator's order (adapters.py NOTE [ The
-simulator's order on the replay ]); so per-op bytes are compared for all
-four, plus the peak for the simulator and the replay. The checker has no
-bytes: only its outcome is compared.
+simulator's order on the replay ]). So per-op bytes are compared for the op
+grid, the simulator and the replay, the peak for the simulator and the
+replay (the op grid's is its curves' maximum). The checker has no bytes:
+only its outcome is compared.
 
 # NOTE [ The hand device ]
 Ops last whole milliseconds (1 ms unless a case says otherwise). Both PCIe
@@ -195,9 +196,7 @@ def build(name: str, buffers: Sequence[B], calls: Sequence[Call]) -> Built:
             target = _UPDATE[len(ins)]
             reads, writes, args = (ov, *ins), (ov,), [ov, *ins]
         arg_json = {"args": [{"view": v} for v in args], "kwargs": {}}
-        ops.append(
-            Op(i, target, Phase(c.phase), reads, writes, arg_json, 0, c.ms * 1e3, rng=c.rng)
-        )
+        ops.append(Op(i, target, Phase(c.phase), reads, writes, arg_json, 0, c.ms * 1e3, rng=c.rng))
     trace = Trace(TraceMeta(name, 1), tuple(bufs), tuple(views), tuple(ops))
     trace = io.from_dict(io.to_dict(trace))  # the loader's validation
     return trace, Fixed([c.ms * 1e-3 for c in calls])

@@ -29,11 +29,6 @@ SIM_SKIPS = (
     "[ Event semantics ]) and runs on: it rejects this plan only through the checker "
     "(simulate(check=True)); the checker and the replay reject it"
 )
-TAKES_LAST = (
-    "takes the last of two Recomputes of one buffer before one op; the shared core's "
-    "IndexedPlan (one rule: reject) is not wired in here yet"
-)
-
 ERROR_CASES: tuple[Case, ...] = (
     Case(
         "read_of_absent_buffer",
@@ -69,8 +64,7 @@ ERROR_CASES: tuple[Case, ...] = (
     ),
     Case(
         "release_of_dead_buffer",
-        "a3 (b5) is freed by the framework after op 4; a Release after op 5 names a "
-        "dead buffer.",
+        "a3 (b5) is freed by the framework after op 4; a Release after op 5 names a dead buffer.",
         c.step,
         (Release(5, 5),),
         reject=Reject("is not alive then", 5),
@@ -89,14 +83,11 @@ ERROR_CASES: tuple[Case, ...] = (
     Case(
         "duplicate_recompute",
         "Two Recomputes of a2 (b4) before op 5: one buffer, one op, one rule -- "
-        "reject (NOTE [ Duplicate events ]).",
+        "reject (NOTE [ Duplicate events ]): all four index the plan with the shared "
+        "core's IndexedPlan, the op grid included.",
         c.step,
         (Release(4, 2), Recompute(4, 5, (1,)), Recompute(4, 5, (1,))),
         reject=Reject("a second recompute of buffer 4", 4),
-        xfail={
-            Impl.SIM: f"sim/job.py {TAKES_LAST}",
-            Impl.REPLAY: f"validate/replay/schedule.py {TAKES_LAST}",
-        },
     ),
     Case(
         "recompute_source_absent",
@@ -118,8 +109,7 @@ ERROR_CASES: tuple[Case, ...] = (
     ),
     Case(
         "recompute_rng_not_restored",
-        "`recompute_rng_restored` without restore_rng: re-running op 0 draws new "
-        "numbers.",
+        "`recompute_rng_restored` without restore_rng: re-running op 0 draws new numbers.",
         c.dropout,
         (Release(1, 1), Recompute(1, 3, (0,))),
         reject=Reject("consumes RNG state", 1),
