@@ -70,6 +70,17 @@ class DeviceModel:
             raise LatencyError(f"extra_per_transfer_s={x!r} must be a finite number >= 0")
 
     # ---- compute ------------------------------------------------------------------
+    # NOTE [ Usage under a compute queue ]
+    # `usage` (LatencyModel.predict_all) is a time share: a model stretches an op
+    # by 1 / (1 - usage) because the device is shared while the op runs. The
+    # simulator (and the planners, which replay its timing) model that sharing
+    # explicitly: kernels of all jobs queue FIFO on one compute resource and each
+    # holds the device alone while it runs. Passing 1 - 1/n as the usage there
+    # would count the sharing twice -- n jobs would each run about n^2 times
+    # slower per iteration instead of n times (docs/latency.md). So a queued
+    # kernel is predicted at the usage it sees while it holds the device: none
+    # from the other jobs; `op_durations` takes only load from outside the
+    # modelled jobs.
     def op_durations(
         self, trace: Trace, unit: TimeUnit = TimeUnit.US, *, usage: float = 0.0
     ) -> np.ndarray:

@@ -64,24 +64,6 @@ def usage_stretch(usage: float | np.ndarray) -> float | np.ndarray:
     return 1.0 / (1.0 - np.minimum(usage, MAX_USAGE))
 
 
-# NOTE [ Usage under a compute queue ]
-# `usage` above is a time share: a model stretches an op by 1 / (1 - usage)
-# because the device is shared while the op runs. The simulator (and the
-# planners, which replay its timing) model that sharing explicitly: kernels of
-# all jobs queue FIFO on one compute resource and each holds the device
-# alone while it runs. Passing 1 - 1/n as the usage there would count the
-# sharing twice -- n jobs would each run about n^2 times slower per
-# iteration instead of n times (docs/latency.md). So a queued kernel is
-# predicted at the usage it sees while it holds the device: none from the
-# other jobs.
-def queued_usage(n_jobs: int) -> float:
-    """The `usage` to predict a kernel at when `n_jobs` share the device through
-    a FIFO compute queue (NOTE [ Usage under a compute queue ]): 0."""
-    if n_jobs < 1:
-        raise LatencyError(f"n_jobs={n_jobs} must be >= 1")
-    return 0.0
-
-
 class Fixed(LatencyModel):
     """Given durations, one per op, in seconds: for hand-worked tests and for
     replaying latencies measured elsewhere. Ignores `usage`."""

@@ -147,11 +147,3 @@ def test_measured_and_fixed():
     assert Fixed([1.0, 2.0]).predict(t.ops[1], t, device()) == 2.0
     with pytest.raises(LatencyError, match="2 durations for a trace of 3 ops"):
         Fixed([1.0, 2.0]).predict_all(make([add(1)] * 3), device())
-
-
-def test_queued_kernels_see_no_usage():
-    from memplan.hwmodels.latency import queued_usage
-
-    assert queued_usage(1) == 0.0 and queued_usage(4) == 0.0
-    with pytest.raises(LatencyError, match="n_jobs=0"):
-        queued_usage(0)
