@@ -24,7 +24,7 @@ from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
-from memplan.sim import Job, SimResult, compare, simulate
+from memplan.sim import Job, SimResult, savings, simulate
 from memplan.traces.errors import MemplanError
 from memplan.traces.model import Trace
 
@@ -149,7 +149,7 @@ def run_planner(
         oom="fail",
         check=False,
     )
-    metrics = compare(vanilla, sim).total
+    metrics = savings(vanilla, sim).total
     reasons = []
     if not result.feasible:
         reasons.append(result.explain())

@@ -4,12 +4,11 @@ metrics and timelines."""
 from memplan.sim.errors import SimError
 from memplan.sim.job import Job
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.metrics import Comparison, JobResult, MemoryCurve, Metrics, SimResult, compare
+from memplan.sim.metrics import JobResult, MemoryCurve, Metrics, Savings, SimResult, savings
 from memplan.sim.simulate import simulate
 from memplan.sim.state import OomPolicy
 
 __all__ = [
-    "Comparison",
     "Job",
     "JobResult",
     "LogEntry",
@@ -17,8 +16,9 @@ __all__ = [
     "MemoryCurve",
     "Metrics",
     "OomPolicy",
+    "Savings",
     "SimError",
     "SimResult",
-    "compare",
+    "savings",
     "simulate",
 ]

@@ -162,6 +162,9 @@ class CopyEngine:
         s.where[b] = ARRIVING
         try:
             yield from self.copy_in(s, b, i, passive=True)
+        except simpy.Interrupt:  # the job stopped: the stall ends with it
+            s.stall_us += env.now - t0
+            raise
         finally:
             self._arrived(s, b, ep, done)
         s.stall_us += env.now - t0

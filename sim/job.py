@@ -102,7 +102,7 @@ class CompiledJob:
         self.durations = self._durations(device, plan)
 
     def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
-        """Op durations in microseconds (NOTE [ Usage ] in sim/model.py), each
+        """Op durations in microseconds (NOTE [ Op durations ] in sim/model.py), each
         op that triggers planned copies longer by the device's compute-stream
         cost per copy (the iteration's start charges op 0)."""
         try:

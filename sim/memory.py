@@ -125,7 +125,11 @@ class MemoryPool:
         """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
         c = s.c
         s.where[b] = OFF
-        self.free(c.index, c.kind[b], c.nbytes[b])
+        n = c.nbytes[b]
+        self.used -= n
+        self.samples.append((self.env.now, c.index, c.kind[b], -n))
+        if self._changed is not None:
+            self.notify()
 
     def stay(self, s: JobState, b: int) -> None:
         """`b`, leaving, stays on the device (its swap-out found it needed)."""
@@ -199,8 +203,10 @@ class PassivePool(StallPool):
         self.lru[(s.c.index, b)] = None
 
     def drop(self, s: JobState, b: int) -> None:
-        self.lru.pop((s.c.index, b), None)
-        MemoryPool.drop(self, s, b)
+        c = s.c
+        s.where[b] = OFF
+        self.lru.pop((c.index, b), None)
+        self.free(c.index, c.kind[b], c.nbytes[b])
 
     def stay(self, s: JobState, b: int) -> None:
         s.where[b] = DEV

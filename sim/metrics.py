@@ -205,17 +205,20 @@ class Metrics:
 
 
 @dataclass(frozen=True, slots=True)
-class Comparison:
+class Savings:
+    """TENSILE's metrics of a planned run against the vanilla run of the same
+    jobs: per job, and in total (global peak, makespan)."""
+
     jobs: tuple[Metrics, ...]
     total: Metrics
 
 
-def compare(vanilla: SimResult, planned: SimResult) -> Comparison:
+def savings(vanilla: SimResult, planned: SimResult) -> Savings:
     """TENSILE's MSR, EOR and CBR of `planned` against `vanilla` (the same
     jobs on the same hardware), per job and in total."""
     if len(vanilla.jobs) != len(planned.jobs):
         raise SimError(
-            f"compare: the vanilla run has {len(vanilla.jobs)} jobs, "
+            f"savings: the vanilla run has {len(vanilla.jobs)} jobs, "
             f"the planned run {len(planned.jobs)}"
         )
     per_job = tuple(
@@ -229,4 +232,4 @@ def compare(vanilla: SimResult, planned: SimResult) -> Comparison:
         planned.makespan_s,
         not (vanilla.oom or planned.oom),
     )
-    return Comparison(per_job, total)
+    return Savings(per_job, total)

@@ -1,9 +1,10 @@
 """The SimPy model of one GPU: compute, PCIe lane(s) and device memory.
 
-One process per job walks its ops; every plan event with a delay or a copy is
-a process of its own. Processes wait on events only -- the compute resource,
-lane requests, copy-done events, the memory pool's `changed()` -- never poll.
-Everything observable goes to `GpuModel.log` and the pool's samples.
+One process per job walks its ops; every planned copy is a process of its
+own (`CopyEngine`). Processes wait on events only -- the compute resource,
+lane requests, copy-done events, the memory pool's `changed()` -- never
+poll; a job that stops interrupts its processes. Everything observable goes
+to `GpuModel.log` and the pool's samples.
 
 Times inside the model are microseconds (op durations are rounded to 1 ns),
 so hand-worked cases with whole milliseconds come out exact.
@@ -15,26 +16,25 @@ from collections.abc import Sequence
 
 import simpy
 from memplan.hwmodels.device import DeviceModel
+from memplan.sim.copies import CopyEngine
 from memplan.sim.errors import SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.memory import MemoryPool
+from memplan.sim.memory import POOLS, OutOfMemory
 from memplan.sim.pcie import Pcie
-from memplan.sim.state import (
-    ARRIVING,
-    DEV,
-    LEAVING,
-    OFF,
-    Gen,
-    JobState,
-    OomPolicy,
-    Stop,
-)
-from memplan.sim.transfers import Transfers
+from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Gen, JobState, OomPolicy
+from simpy.core import EmptySchedule
+from simpy.resources.resource import Request
 
 K = LogKind
 
 # NOTE [ Event semantics ]
+# Who does what: the job's process (`_job`) walks the ops, triggers plan
+# events (`_trigger`), waits for swap-ins and swap-out deadlines, makes
+# absent inputs present (`_ensure`: recompute, or `CopyEngine.fetch`) and
+# asks the pool for its outputs' bytes (`MemoryPool.get`, which applies the
+# OOM policy). Planned swaps run in processes the `CopyEngine` starts;
+# evictions and fetches run in the process that needs them.
 # - SwapOut: at its trigger the buffer is marked leaving (still usable); after
 #   the delay it queues for the D2H lane; the device memory is freed when the
 #   copy ends. If the buffer already has a valid host copy, no bytes move: the
@@ -100,9 +100,10 @@ K = LogKind
 # A non-persistent buffer lives once per iteration, from its creation to the
 # framework's free; a recompute chain may make a dead one again for a while.
 # Each life is an incarnation, numbered by `JobState.epoch[b]`, which the
-# framework's free (`_framework_free`, the only place) bumps. All per-buffer
-# state is the current incarnation's: the free clears `alive`, `host` and
-# `keep`, and `_create` starts the next life clean. A process that outlives a
+# framework's free (`_framework_free`) bumps, as does the job's stop for
+# every buffer (NOTE [ Stopping a job ]). All per-buffer state is the
+# current incarnation's: the free clears `alive`, `host` and `keep`, and
+# `_create` starts the next life clean. A process that outlives a
 # wait (a delayed swap, a copy queued for or holding a lane, a swap-in, an
 # eviction) captures the epoch when it starts and, after each wait, touches
 # the buffer's state only if the epoch is unchanged -- else it only gives back
@@ -114,7 +115,7 @@ K = LogKind
 # once. A swap-in's `done` event likewise stays its own (`in_ev[b]` is
 # cleared only by the process that set it).
 #
-# NOTE [ Usage ]
+# NOTE [ Op durations ]
 # An op lasts what `DeviceModel.op_durations` predicts at usage 0, however
 # many jobs are active. Kernels of different jobs queue FIFO on one compute
 # resource: that queue is the time-slicing, so the usage a kernel is
@@ -122,24 +123,32 @@ K = LogKind
 # NOTE [ Usage under a compute queue ]: none), not the share the other jobs
 # take. Each job's durations are therefore computed once, when it is compiled.
 #
-# NOTE [ Out of memory ]
-# An allocation that does not fit the budget: `fail` logs `oom`, stops the
-# job and returns its memory (other jobs go on). `stall` waits for memory
-# while the free bytes plus those that triggered swap-outs will return could
-# cover it, else it is an OOM; other frees wake it too. `passive` (Capuchin's
-# passive mode, applied to the shared pool) evicts the least recently used
-# buffer on the device -- of any job, as long as its job's current op does
-# not use it and no copy of it is running -- with a synchronous swap-out on
-# the lane (one that only drops the device copy when the host copy is valid),
-# until the allocation fits; with nothing left to evict it behaves as
-# `stall`. Each eviction and each on-demand fetch counts as a passive swap of
-# the job that owns the buffer (as do its bytes); the wait is stall of the
-# job that needed the room. Recency is an op's start (for every buffer it
-# accesses), an allocation, or the end of a swap-in. Prefetching swap-ins
-# make room the same way, but their waiting is not compute stall.
+# NOTE [ Out of memory ] is in sim/memory.py, next to the pools that apply it.
+#
+# NOTE [ Stopping a job ]
+# A job stops when its last iteration ends, or when one of its processes --
+# its own, or a swap-in's -- gets `OutOfMemory` from the pool and calls
+# `GpuModel.stop`. The stop returns the job's memory (the bytes a running
+# copy reads come back when the copy ends), ends every buffer's life (bumps
+# each epoch, NOTE [ Incarnations ], so that another job's process holding
+# one of them -- an eviction -- finds the life over after its wait), and
+# interrupts the job's other processes (`Process.interrupt`): its own and
+# its planned copies still running (`JobState.copy_procs`). What was waiting
+# to start is dropped at once: a delay, a place in the compute or a lane's
+# queue (the request is cancelled), a wait for memory, a stall on a swap-in
+# or a deadline (which logs its `stall_end` then). What has started runs to
+# its end, as on a GPU: a kernel holds the compute stream until it ends
+# (`_hold`), a copy its lane (`Pcie.transfer` hands the interrupt back, to
+# be raised once the copy has put the buffer where it goes; an eviction of
+# another job's buffer completes for that job). Interrupts are events, so
+# two places read `stopped` instead: a copy process started in the instant
+# its job stopped runs its first step before its interrupt lands (it
+# returns at once), and the pool's `changed()` wakes its waiters in one
+# step, so a waiter woken after the process that stopped its job waits for
+# its interrupt rather than take memory (`StallPool.get`).
 
 
-class GpuModel(Transfers):
+class GpuModel:
     """Compute, lanes and memory of one GPU, running `jobs` to the end."""
 
     def __init__(
@@ -154,45 +163,48 @@ class GpuModel(Transfers):
         self.compute = simpy.Resource(env, capacity=1)
         self.shared = len(jobs) > 1  # alone, a job never queues for compute
         self.pcie = Pcie(env, device)
-        self.mem = MemoryPool(env, budget_bytes)
         self.policy = oom
-        self.passive = oom is OomPolicy.PASSIVE
         self.log: list[LogEntry] = []
-        # NOTE [ Out of memory ]: (job, buffer) of every resident buffer, least
-        # recently used first (passive mode only)
-        self.lru: dict[tuple[int, int], None] = {}
         self.jobs = [JobState(c) for c in jobs]
-        self.active: list[JobState] = []
+        self.mem = POOLS[oom](self, budget_bytes)
+        self.copies = CopyEngine(self)
 
     def run(self) -> None:
+        env = self.env
         for s in self.jobs:
-            self.env.process(self._job(s))
-        self.env.run()
-        # SimPy numbers every event it schedules from the counter `_eid`;
-        # reading it once at the end counts them without wrapping `schedule`
-        # on the hot path.
-        self.n_events = next(self.env._eid)
+            s.proc = env.process(self._job(s))
+        # SimPy's `Environment.run()` to the end, counting the events it steps
+        step, n = env.step, 0
+        try:
+            while True:
+                step()
+                n += 1
+        except EmptySchedule:
+            pass
+        self.n_events = n
         stuck = [s.c.name for s in self.jobs if not s.stopped]
         if stuck:  # every wait is on something that happens: this is a model bug
             raise RuntimeError(f"simulation ended with jobs still waiting: {stuck}")
 
-    # ---- the job process ---------------------------------------------------------
+    # ---- the job process ---------------------------------------------------------------
     def _job(self, s: JobState) -> Gen:
-        c = s.c
+        c, env = s.c, self.env
         try:
             if c.arrival_us:
-                yield self.env.timeout(c.arrival_us)
-            self._set_active(s, True)
-            s.start_us = self.env.now
+                yield env.timeout(c.arrival_us)
+            s.start_us = env.now
             if c.persistent_bytes:
-                yield from self._make_room(s, c.persistent_bytes, -1, True)
+                yield from self.mem.get(s, c.persistent_bytes, -1, -1, True)
             for b in c.persistent:
                 self._create(s, b)
             for it in range(c.iterations):
                 yield from self._iteration(s, it)
-        except Stop:
+        except OutOfMemory as oom:
+            self.stop(s, oom)
             return
-        self._retire(s)
+        except simpy.Interrupt:
+            return  # one of its copies ran out of memory (NOTE [ Stopping a job ])
+        self.stop(s)
 
     def _iteration(self, s: JobState, it: int) -> Gen:
         c, env, mem, log = s.c, self.env, self.mem, self.log.append
@@ -201,15 +213,16 @@ class GpuModel(Transfers):
         s.iter_start_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_START))
         if c.input_bytes:
-            yield from self._make_room(s, c.input_bytes, -1, True, c.inputs[0])
+            yield from mem.get(s, c.input_bytes, -1, c.inputs[0], True)
         for b in c.inputs:
             self._create(s, b)
         if c.triggers[0]:
             self._trigger(s, c.triggers[0], it)
         accs, need, create, cbytes = c.accs, c.need, c.create, c.create_bytes
-        writes, frees, triggers = c.writes, c.frees, c.triggers
-        where, host, wcount, deadlines = s.where, s.host, s.wcount, s.deadlines
-        shared, passive, compute = self.shared, self.passive, self.compute
+        writes, frees, triggers, dur = c.writes, c.frees, c.triggers, s.dur
+        where, alive, host, keep = s.where, s.alive, s.host, s.keep
+        wcount, deadlines = s.wcount, s.deadlines
+        shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
         new, start, end = tuple.__new__, K.OP_START, K.OP_END  # LogEntry without its __new__
         for i in range(c.n_ops):
             s.pinned = accs[i]
@@ -222,11 +235,13 @@ class GpuModel(Transfers):
                     yield from self._ensure(s, b, i)
             if cbytes[i]:
                 if not mem.fits(cbytes[i]):
-                    yield from self._make_room(s, cbytes[i], i, True, create[i][0])
-                for b in create[i]:
-                    self._create(s, b)
+                    yield from mem.get(s, cbytes[i], i, create[i][0], True)
+                for b in create[i]:  # `_create`, inline
+                    take(s, b)
+                    alive[b] = True
+                    host[b] = keep[b] = False
             if passive:  # recency for the LRU eviction, see NOTE [ Out of memory ]
-                lru = self.lru
+                lru = mem.lru
                 for b in accs[i]:
                     key = (j, b)
                     if key in lru:
@@ -234,16 +249,24 @@ class GpuModel(Transfers):
                         lru[key] = None
             if shared:
                 req = compute.request()
-                yield req
+                try:
+                    yield req
+                except simpy.Interrupt:  # the job stopped while queued
+                    req.cancel()
+                    compute.release(req)
+                    raise
             log(new(LogEntry, (env.now, j, it, start, i, -1, -1)))
             for b in writes[i]:  # a copy overlapping the write in any way is stale
                 host[b] = False
                 wcount[b] += 1
-            yield env.timeout(s.dur[i])
+            kernel = env.timeout(dur[i])
+            try:
+                yield kernel
+            except simpy.Interrupt:
+                yield from self._hold(kernel, req if shared else None)
+                raise
             if shared:
                 compute.release(req)
-            if s.stopped:
-                raise Stop
             log(new(LogEntry, (env.now, j, it, end, i, -1, -1)))
             for b in writes[i]:
                 host[b] = False
@@ -256,6 +279,13 @@ class GpuModel(Transfers):
         s.iter_end_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_END))
 
+    def _hold(self, kernel: simpy.Event, req: Request | None) -> Gen:
+        """The job stopped while its kernel runs: the kernel holds the compute
+        stream until it ends (NOTE [ Stopping a job ])."""
+        yield kernel
+        if req is not None:
+            self.compute.release(req)
+
     def _await_copies(self, s: JobState, waits: list[tuple[int, simpy.Event]], i: int) -> Gen:
         """The swap-ins due before op `i`, and the swap-outs with it as deadline."""
         for b, done in waits:
@@ -266,11 +296,11 @@ class GpuModel(Transfers):
         env, j, it = self.env, s.c.index, s.iteration
         t0 = env.now
         self.log.append(LogEntry(t0, j, it, K.STALL_START, i, b))
-        yield ev
-        self.log.append(LogEntry(env.now, j, it, K.STALL_END, i, b))
-        s.stall_us += env.now - t0
-        if s.stopped:
-            raise Stop
+        try:
+            yield ev
+        finally:  # also when the job stops meanwhile
+            self.log.append(LogEntry(env.now, j, it, K.STALL_END, i, b))
+            s.stall_us += env.now - t0
 
     def _ensure(self, s: JobState, b: int, i: int) -> Gen:
         """Make buffer `b`, which op `i` needs, usable (NOTE [ Event semantics ])."""
@@ -289,15 +319,13 @@ class GpuModel(Transfers):
             if rc is not None:
                 yield from self._recompute(s, rc, i)
             elif s.host[b]:
-                yield from self._fetch(s, b, i)
+                yield from self.copies.fetch(s, b, i)
             else:
                 raise SimError(
                     f"job {c.index} ({c.name}), iteration {s.iteration}, op {i}: buffer {b} "
                     f"is absent with no host copy, no swap-in and no recompute "
                     f"(planners.core.check rejects this plan)"
                 )
-            if s.stopped:
-                raise Stop
             if s.where[b] == OFF:  # a model bug: both branches deliver `b` or stop
                 raise RuntimeError(f"buffer {b} still absent after being made present")
 
@@ -315,20 +343,29 @@ class GpuModel(Transfers):
             outs = [w for w in c.writes[k] if where[w] == OFF]
             nbytes = sum(c.nbytes[w] for w in outs)
             if nbytes and not mem.fits(nbytes):
-                yield from self._make_room(s, nbytes, i, True, target)
+                yield from mem.get(s, nbytes, i, target, True)
             for w in outs:
-                self._take(s, w)
+                mem.take(s, w)
                 if w != target:
                     temps.append(w)
+            req = None
             if self.shared:
                 req = self.compute.request()
-                yield req
+                try:
+                    yield req
+                except simpy.Interrupt:
+                    req.cancel()
+                    self.compute.release(req)
+                    raise
             self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_START, k, target))
-            yield env.timeout(s.dur[k])
-            if self.shared:
+            kernel = env.timeout(s.dur[k])
+            try:
+                yield kernel
+            except simpy.Interrupt:
+                yield from self._hold(kernel, req)
+                raise
+            if req is not None:
                 self.compute.release(req)
-            if s.stopped:
-                raise Stop
             self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_END, k, target))
             s.recompute_us += s.dur[k]
         s.pinned = pinned
@@ -337,31 +374,15 @@ class GpuModel(Transfers):
             if not alive[w]:  # freed earlier and made again for the chain: that
                 self._framework_free(s, w)  # life ends here (NOTE [ Incarnations ])
             elif where[w] == DEV:
-                self._drop(s, w)
+                self.mem.drop(s, w)
         for _k, srcs in chain:  # a freed source, made again by its own Recompute
             for src in srcs:
                 if not alive[src]:
                     self._framework_free(s, src)
 
-    # ---- memory ----------------------------------------------------------------------
-    def _take(self, s: JobState, b: int) -> None:
-        """Allocate `b`'s bytes; it is on the device and usable."""
-        c = s.c
-        self.mem.alloc(c.index, c.kind[b], c.nbytes[b])
-        s.where[b] = DEV
-        if self.passive:
-            self.lru[(c.index, b)] = None
-
-    def _drop(self, s: JobState, b: int) -> None:
-        """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
-        c = s.c
-        s.where[b] = OFF
-        if self.passive:
-            self.lru.pop((c.index, b), None)
-        self.mem.free(c.index, c.kind[b], c.nbytes[b])
-
+    # ---- buffers ---------------------------------------------------------------------
     def _create(self, s: JobState, b: int) -> None:
-        self._take(s, b)
+        self.mem.take(s, b)
         s.alive[b] = True
         s.host[b] = s.keep[b] = False
 
@@ -374,72 +395,38 @@ class GpuModel(Transfers):
         # and returns them when it ends; a copy of an earlier one (still on
         # the lane, ahead of this one's queued swap-out) does not own them.
         if w == DEV or (w == LEAVING and s.copying[b] != ep):
-            self._drop(s, b)
+            self.mem.drop(s, b)
         s.where[b] = OFF
 
-    def _make_room(self, s: JobState, nbytes: int, i: int, on_compute: bool, b: int = -1) -> Gen:
-        """Return once `nbytes` fit, evicting or waiting under the OOM policy;
-        raise `Stop` after logging an OOM. Waiting on the compute path is stall."""
-        mem, env = self.mem, self.env
-        if mem.fits(nbytes):
-            return
-        if self.policy is OomPolicy.FAIL or nbytes > mem.budget:
-            self._oom(s, i, b)
-        t0, stalled = env.now, False
-        while not mem.fits(nbytes):
-            if self.passive:
-                victim = next((k for k in self.lru if k[1] not in self.jobs[k[0]].pinned), None)
-                if victim is not None:
-                    owner = self.jobs[victim[0]]
-                    yield from self._copy_out(owner, victim[1], i if owner is s else -1, True)
-                    continue
-            if mem.free_bytes + mem.pending_out < nbytes:
-                self._oom(s, i, b)
-            if on_compute and not stalled:
-                stalled = True
-                self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_START, i, b))
-            yield mem.changed()
-            if s.stopped:
-                raise Stop
-        if stalled:
-            self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_END, i, b))
-        if on_compute:
-            s.stall_us += env.now - t0
-
-    def _oom(self, s: JobState, i: int, b: int) -> None:
-        if not s.stopped:
-            s.oom = (s.iteration, i, b)
-            self.log.append(LogEntry(self.env.now, s.c.index, s.iteration, K.OOM, i, b))
-            self._retire(s)
-        raise Stop
-
-    def _retire(self, s: JobState) -> None:
-        """The job ends (or died): return its memory; copies return theirs."""
+    def stop(self, s: JobState, oom: OutOfMemory | None = None) -> None:
+        """The job ends, or ran out of memory (NOTE [ Stopping a job ])."""
         if s.stopped:
             return
+        env = self.env
+        if oom is not None:
+            s.oom = (s.iteration, oom.op, oom.buffer)
+            self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.OOM, oom.op, oom.buffer))
         s.stopped = True
-        s.end_us = self.env.now
-        self._set_active(s, False)
+        s.end_us = env.now
         copying, epoch = s.copying, s.epoch
         for b, w in enumerate(s.where):
             if w == DEV or (w == LEAVING and copying[b] != epoch[b]):
-                self._drop(s, b)
+                self.mem.drop(s, b)
+            epoch[b] += 1  # every life ends with the job
+        active = env.active_process
+        for p in (s.proc, *s.copy_procs):
+            if p is not None and p is not active and p.is_alive:
+                p.interrupt()
 
-    def _set_active(self, s: JobState, active: bool) -> None:
-        if active:
-            self.active.append(s)
-        else:
-            self.active.remove(s)
-
-    # ---- plan events ---------------------------------------------------------------
+    # ---- plan events -------------------------------------------------------------------
     def _trigger(self, s: JobState, events: tuple, it: int) -> None:
-        env, log, where = self.env, self.log.append, s.where
+        env, log, where, mem = self.env, self.log.append, s.where, self.mem
         j = s.c.index
         for code, b, delay, before, next_it, _e, after in events:
             w = where[b]
             if code == REL:
                 if w == DEV and s.alive[b]:
-                    self._drop(s, b)
+                    mem.drop(s, b)
                     log(LogEntry(env.now, j, it, K.RELEASE, after, b))
                 elif w == LEAVING:
                     s.keep[b] = False
@@ -451,19 +438,17 @@ class GpuModel(Transfers):
                     # a discard without a delay is done here: a process would
                     # drop the copy only after the next op took its outputs,
                     # at the same instant, and the peak would count both
-                    self._drop(s, b)
+                    mem.drop(s, b)
                     log(LogEntry(env.now, j, it, K.DISCARD, after, b))
                 elif w == DEV and s.alive[b]:
-                    where[b] = LEAVING
+                    mem.leave(s, b)
                     s.keep[b] = False
-                    if self.passive:
-                        self.lru.pop((j, b), None)
-                    self.mem.add_pending_out(s.c.nbytes[b])
+                    mem.add_pending_out(s.c.nbytes[b])
                     over = None
                     if before >= 0:  # NOTE [ Swap-out deadlines ] in planners/core/plan.py
                         over = env.event()
                         s.deadlines.setdefault((it, before), []).append((b, over))
-                    env.process(self._swap_out(s, b, delay, after, over))
+                    self.copies.swap_out(s, b, delay, after, over)
                 else:
                     log(LogEntry(env.now, j, it, K.SKIP, after, b))
             elif code == IN:
@@ -476,7 +461,7 @@ class GpuModel(Transfers):
                     where[b] = ARRIVING
                     done = s.in_ev[b] = env.event()
                     s.deadlines.setdefault((target, before), []).append((b, done))
-                    env.process(self._swap_in(s, b, delay, after, done))
+                    self.copies.swap_in(s, b, delay, after, done)
                 else:
                     if w == LEAVING:
                         s.keep[b] = True

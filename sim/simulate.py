@@ -36,7 +36,7 @@ def simulate(
     - `budget`: device bytes the jobs may use (default: the profile's
       `memory_bytes`).
     - `oom`: what an allocation that does not fit does -- "fail", "stall" or
-      "passive" (NOTE [ Out of memory ] in `sim/model.py`).
+      "passive" (NOTE [ Out of memory ] in `sim/memory.py`).
     - `seed`: recorded in the result; the model itself is deterministic (ties
       are broken by job index and plan order), so the same inputs always give
       the same result.

@@ -19,7 +19,7 @@ from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
 from memplan.planners.heuristics.tensile import TensileOptions, tensile
 from memplan.sim.job import Job
 from memplan.sim.log import LogKind
-from memplan.sim.metrics import compare
+from memplan.sim.metrics import savings
 from memplan.sim.simulate import simulate
 from memplan.traces import io
 from memplan.traces import synthetic as syn
@@ -67,7 +67,7 @@ def test_one_hidden_swap_of_a_chain():
     vanilla, planned = simulate([t], DeviceModel(HW, lat)), run([t], [plan], lat)
     assert vanilla.peak_bytes == 7 * MiB
     assert planned.peak_bytes == 5 * MiB
-    m = compare(vanilla, planned).total
+    m = savings(vanilla, planned).total
     assert m.msr == pytest.approx(2 / 7)
     assert m.eor == 1.0  # the swap is hidden: not a nanosecond of stall
     assert planned.jobs[0].stall_s == 0.0
@@ -107,7 +107,7 @@ def test_cross_iteration_parameter_swap():
 
     vanilla, planned = simulate([t], DeviceModel(HW, lat)), run([t], [plan], lat)
     assert (vanilla.peak_bytes, planned.peak_bytes) == (11 * MiB, 8 * MiB)
-    m = compare(vanilla, planned).total
+    m = savings(vanilla, planned).total
     assert m.msr == pytest.approx(3 / 11) and m.eor == 1.0
     ins = [e for e in planned.log if e.kind is LogKind.SWAP_IN_END]
     # iterations 0 and 1 bring w back for the next one; the last has no next
@@ -131,7 +131,7 @@ def test_two_jobs_share_the_lane():
     vanilla, planned = simulate([t, t], DeviceModel(HW, lat)), run([t, t], [a, b], lat)
     assert [j.peak_bytes for j in planned.jobs] == [5 * MiB, 5 * MiB]
     assert planned.peak_bytes <= res.stats["peak_bytes"] < vanilla.peak_bytes
-    assert compare(vanilla, planned).total.eor == 1.0
+    assert savings(vanilla, planned).total.eor == 1.0
     starts = [
         (e.job, e.t_us / 1000)
         for e in planned.log

@@ -11,7 +11,7 @@ from memplan.hwmodels.latency import Fixed
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.planners.heuristics.vanilla import release_only_plan
-from memplan.sim import Job, SimError, compare, simulate
+from memplan.sim import Job, SimError, savings, simulate
 from memplan.traces import synthetic
 from memplan.traces.io import fingerprint
 
@@ -73,20 +73,20 @@ def test_compare_gives_tensile_metrics():
         DeviceModel(gpu(), lat),
         iterations=1,
     )
-    c = compare(vanilla, planned)
+    c = savings(vanilla, planned)
     m = c.jobs[0]
     assert (m.vmp_bytes, m.emp_bytes, m.vtc_s, m.etc_s) == (4 * MiB, 3 * MiB, 0.008, 0.010)
     assert (m.msr, m.eor, m.cbr) == pytest.approx((0.25, 1.25, 0.2), rel=1e-12)
     assert c.total == m
     with pytest.raises(SimError, match="1 jobs, the planned run 2"):
-        compare(vanilla, simulate([t, t], DeviceModel(gpu(), lat)))
+        savings(vanilla, simulate([t, t], DeviceModel(gpu(), lat)))
 
 
 def test_compare_after_oom_is_nan():
     t, lat = swap_chain()
     ok = simulate([t], DeviceModel(gpu(), lat))
     oom = simulate([t], DeviceModel(gpu(), lat), budget=3 * MiB)
-    m = compare(ok, oom).jobs[0]
+    m = savings(ok, oom).jobs[0]
     assert np.isnan([m.msr, m.eor, m.cbr]).all()
 
 
