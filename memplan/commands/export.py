@@ -1,5 +1,5 @@
 """`memplan export PLAN --trace TRACE --out runtime_plan.json`: a plan for a
-real PyTorch training loop (`validate.runtime.hooks.apply_plan`)."""
+real PyTorch training loop (`memplan.validate.runtime.hooks.apply_plan`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Map a plan's swaps and recomputes onto the tensors autograd saves (keyed by "
             "module path and pack order, as recorded at capture): which are offloaded and "
             "where they are prefetched, which modules are checkpointed and which of their ops "
-            "recomputed. Use it with validate.runtime.hooks.apply_plan(model, runtime_plan)."
+            "recomputed. Use it with memplan.validate.runtime.hooks.apply_plan(model, runtime_plan)."
         ),
     )
     p.add_argument("plan", metavar="PLAN", help="plan file (memplan.plan/1)")

@@ -10,16 +10,20 @@ TENSILE's peak analysis (§IV-B Algorithm 1) on the op grid
   peak, each job's peak op and time, the buffers resident there and the last
   op reading inputs before it.
 - `memory_of_plan(trace, timeline, plan, device)`: the `MemoryState` a finished
-  plan predicts (for planners that build plans another way, and for tests).
+  plan predicts (for planners that build plans another way, and for tests),
+  each buffer's events walked with the simulator's rules (NOTE [ A plan on
+  the op grid ]).
 
 Sizes are bytes, times microseconds.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
@@ -37,7 +41,10 @@ from memplan.traces.model import MemoryPolicy, Trace
 # ops that start after the copy ends, a swap-in takes them from the op during
 # which its copy starts (the simulator takes H2D bytes when the copy starts,
 # not when it ends as the paper's analysis does). So the op-grid peak bounds
-# the simulator's peak from above when the timeline is right.
+# the simulator's peak from above when the timeline is right; for a finished
+# plan, that takes its events in the simulator's order and with its rules
+# (a swap-in cancelling a pending swap-out, a copy holding freed bytes:
+# NOTE [ A plan on the op grid ]).
 # A job's curve is its lifetimes curve (activity analysis: `liveness`) minus
 # its holes. Two curves are kept: `first` for iteration 0 and `steady` for
 # every later one. They differ by cross-iteration holes: iteration 0 starts
@@ -51,7 +58,7 @@ from memplan.traces.model import MemoryPolicy, Trace
 # Which curves a hole lowers.
 FIRST, STEADY, BOTH = 1, 2, 3
 
-D2H, US = Direction.D2H, TimeUnit.US
+D2H, H2D, US = Direction.D2H, Direction.H2D, TimeUnit.US
 
 
 class MemoryState:
@@ -100,10 +107,14 @@ class MemoryState:
         self.holed[b] = True
         return True
 
-    def add_bytes(self, op: int, nbytes: int) -> None:
-        """Transient bytes while op `op` runs (a recompute chain's temporaries)."""
-        self.first[op] += nbytes
-        self.steady[op] += nbytes
+    def add_bytes(self, op: int, nbytes: int, which: int = BOTH) -> None:
+        """Bytes held while op `op` runs beyond the buffers' lifetimes (a
+        recompute chain's temporaries, a copy reading a freed buffer), in
+        iteration 0 (`FIRST`), in later iterations (`STEADY`) or in all."""
+        if which & FIRST:
+            self.first[op] += nbytes
+        if which & STEADY:
+            self.steady[op] += nbytes
 
     def live_at(self, op: int) -> np.ndarray:
         """Buffers alive at `op` by their lifetimes, ignoring holes."""
@@ -179,6 +190,50 @@ def _last_reader(trace: Trace, p: int) -> int:
 
 
 # ---- the memory a finished plan predicts ----------------------------------------------------
+# NOTE [ A plan on the op grid ]
+# `memory_of_plan` walks each buffer's events in time order with the
+# simulator's rules (NOTE [ Event semantics ] in sim/model.py), every copy
+# starting at its trigger (+ its delay: no lane queue) and holding the lane
+# `device.copy_time`. A buffer is dead (before its creation, after the
+# framework's free), resident, leaving (its swap-out triggered, the copy
+# pending or running: still on the device), off, or arriving (its swap-in
+# triggered, the copy not over):
+# - SwapOut of a resident buffer: leaving. Its bytes go when the copy ends,
+#   or at the latest when its `before_op` is ready (that op waits for it),
+#   unless something wanted the buffer back meanwhile (kept, no free); if
+#   that was before the copy started, there is no copy.
+# - SwapIn of an off buffer: arriving. Its bytes come back when its copy
+#   starts, or at the latest just before its `before_op` is ready; a Release
+#   or SwapOut before the copy ends finds nothing to act on. Of a leaving
+#   buffer: it cancels the free. Of an arriving one: it joins that copy.
+# - Release of a resident buffer: off at once. Of a leaving one: it undoes a
+#   cancel; the bytes still go only when the copy ends.
+# - Recompute before op i: when op i is due (after the triggers and
+#   deadlines of that instant) an off buffer is back, a leaving one is kept
+#   (op i needs it), an arriving one counts from then if not before.
+# - The framework's free of a leaving buffer whose copy has started keeps
+#   the bytes until the copy ends (the copy reads them), past the buffer's
+#   lifetime: the ops that overlap get them as extra bytes. A copy not
+#   started yet is dropped with the bytes.
+# At one instant the walk takes the simulator's order (`_FREE` .. `_CREATE`).
+# Copies start and end between instants, widened by EPS_US (a swap-out's
+# copy starts earlier and ends later, a swap-in's starts earlier): where a
+# float tie could go either way, the walk takes the side that keeps more
+# bytes. A copy started without a delay starts at its trigger, after the
+# trigger's other events and before anything the next op does.
+# An op's own reads are not walked: a checked plan brings a buffer back (a
+# SwapIn or a Recompute) before an op reads it.
+
+# At one instant, in the simulator's order: op k ends and the framework frees
+# after it; the next iteration loads its inputs; op k's triggers fire in plan
+# order (and an undelayed swap-out's copy starts); op k+1 waits for its
+# deadlines, makes absent buffers present (recomputes) and creates its
+# outputs. A copy's end comes last.
+_FREE, _LOAD, _TRIGGER, _COPY_START, _DEADLINE, _NEED, _CREATE, _COPY_END = range(8)
+# Where a buffer is on the walk.
+_DEAD, _DEV, _OFF, _LEAVING, _ARRIVING = range(5)
+
+
 def memory_of_plan(
     trace: Trace,
     timeline: Timeline,
@@ -188,20 +243,22 @@ def memory_of_plan(
     policy: MemoryPolicy = "framework",
     count_first_iteration: bool = True,
 ) -> MemoryState:
-    """The op-grid residency `plan` predicts for one job, every copy starting
-    at its trigger (lane queueing is not modelled: `planners.analysis.queued`
-    does that): a SwapOut frees after its copy ends (`device.copy_time`, D2H;
-    at the latest when its `before_op` is ready), a Release at once (an input
-    released at the start is never loaded), a SwapIn takes the bytes when its
-    copy starts (at the latest when `before_op` starts), a Recompute just
-    before its op (its chain's temporaries counted at that op: every other
-    buffer its ops write, also for a single op with several outputs, such as
-    batch norm's statistics). The base lifetimes are `policy`'s (the
-    framework's frees by default, so a plan must carry its own Releases).
-    Iteration 0 starts with every persistent buffer resident; later
-    iterations with what the previous one left. `plan` is indexed as the
-    simulator indexes it (`IndexedPlan`: `PlanError` for a second Recompute
-    of one buffer before one op)."""
+    """The op-grid residency `plan` predicts for one job (NOTE [ A plan on
+    the op grid ]), every copy starting at its trigger (lane queueing is not
+    modelled: `planners.analysis.queued` does that): a SwapOut frees when
+    its copy ends (`device.copy_time`, D2H; at the latest when its
+    `before_op` is ready) unless a SwapIn or Recompute wants the buffer back
+    first, a Release at once (an input released at the start is never
+    loaded), a SwapIn takes the bytes when its copy starts (at the latest
+    when `before_op` starts), a Recompute just before its op (its chain's
+    temporaries counted at that op: every other buffer its ops write, also
+    for a single op with several outputs, such as batch norm's statistics).
+    The base lifetimes are `policy`'s (the framework's frees by default, so
+    a plan must carry its own Releases); a swap-out copy running at that
+    free holds the bytes until it ends. Iteration 0 starts with every
+    persistent buffer resident; later iterations with what the previous one
+    left. `plan` is indexed as the simulator indexes it (`IndexedPlan`:
+    `PlanError` for a second Recompute of one buffer before one op)."""
     st = MemoryState(trace, policy, count_first_iteration=count_first_iteration)
     if trace.n_ops == 0:
         return st
@@ -212,63 +269,185 @@ def memory_of_plan(
             per_buf.setdefault(ev.buffer, []).append(ev)
     for (b, _op), r in ip.recompute.items():
         per_buf.setdefault(b, []).append(r.event)
+    d_out = device.copy_time(trace.nbytes, D2H, US).tolist()
+    d_in = device.copy_time(trace.nbytes, H2D, US).tolist()
     for b, evs in per_buf.items():
-        _holes(st, timeline, b, evs, float(device.copy_time(int(trace.nbytes[b]), D2H, US)))
+        _Walk(st, timeline, b, d_out[b], d_in[b]).run(evs)
     for r in ip.recompute.values():
         nbytes = sum(int(trace.nbytes[w]) for w in r.temporaries)
         st.add_bytes(r.event.before_op, nbytes)
     return st
 
 
-def _holes(st: MemoryState, timeline: Timeline, b: int, evs: list[Event], d_out: float) -> None:
-    """Cut the holes that events `evs` (all of buffer `b`) make into `st`."""
-    persistent = bool(st.trace.persistent[b])
-    marks: list[tuple[float, int]] = []  # (unrolled time, -1 off / +1 on)
-    # a non-persistent buffer is born again every iteration: one is enough
-    for r in (0, 1) if persistent else (0,):
-        for ev in evs:
-            if isinstance(ev, Recompute):
-                marks.append((timeline.unrolled_start(ev.before_op, r), +1))
-                continue
-            if isinstance(ev, SwapIn) and ev.next_iteration and not persistent:
-                continue
-            t = (
-                timeline.iteration_start(r)
-                if ev.after_op < 0
-                else timeline.unrolled_end(ev.after_op, r)
-            )
-            # copies are widened by EPS_US: the simulator may order a copy's
-            # end and an op's start at the same instant either way
-            if isinstance(ev, SwapOut):
-                off = t + ev.delay_us + d_out + EPS_US
-                if ev.before_op >= 0:  # its deadline waits for the copy
-                    off = min(off, timeline.unrolled_ready(ev.before_op, r))
-                marks.append((off, -1))
-            elif isinstance(ev, Release):
-                marks.append((t, -1))
+class _Walk:
+    """One buffer's events in time order, cutting its holes into `st` (NOTE
+    [ A plan on the op grid ]). Times are unrolled microseconds: a
+    persistent buffer is walked over iterations 0 and 1 (its state carries
+    over), any other over iteration 0 (it lives the same in every one)."""
+
+    def __init__(self, st: MemoryState, tl: Timeline, b: int, d_out: float, d_in: float):
+        self.st, self.tl, self.b = st, tl, b
+        self.persistent = bool(st.trace.persistent[b])
+        self.d_out, self.d_in = d_out, d_in
+        self.heap: list[tuple[float, int, int, Callable[[float, Any], None], Any]] = []
+        self.seq = 0  # ties at one instant and rank keep the order of pushing
+        self.where = _DEV if self.persistent else _DEAD
+        self.keep = False  # leaving, and wanted back: the copy's end frees nothing
+        self.off_at = 0.0  # off or arriving: when the hole began
+        self.on_at = 0.0  # arriving: when the bytes are back
+        self.copying = False  # leaving: the copy has started
+        self.copy_end = 0.0  # leaving: when the bytes go
+        self.copy = 0  # the current copy's number: a copy's end of an older one is void
+
+    def push(self, t: float, rank: int, act: Callable[[float, Any], None], arg: Any = None) -> None:
+        heapq.heappush(self.heap, (t, rank, self.seq, act, arg))
+        self.seq += 1
+
+    def run(self, evs: list[Event]) -> None:
+        tl, st, b = self.tl, self.st, self.b
+        if not self.persistent:
+            lo, hi = int(st.start[b]), int(st.end[b])
+            if hi < lo:
+                return  # never resident
+            if st.trace.exists_at_start[b]:
+                self.push(tl.iteration_start(0), _LOAD, self.create)
             else:
-                due = timeline.unrolled_ready(ev.before_op, r + int(ev.next_iteration))
-                marks.append((min(t + ev.delay_us, due) - EPS_US, +1))
-    marks.sort(key=lambda m: (m[0], -m[1]))
-    present, off_at = True, 0.0
-    for t, kind in marks:
-        if kind < 0 and present:
-            present, off_at = False, t
-        elif kind > 0 and not present:
-            present = True
-            _cut(st, timeline, b, off_at, t)
-    if not present:
-        _cut(st, timeline, b, off_at, math.inf if persistent else timeline.period_us)
+                self.push(tl.unrolled_ready(lo), _CREATE, self.create)
+            self.push(tl.unrolled_end(hi), _FREE, self.free)
+        for r in (0, 1) if self.persistent else (0,):
+            for ev in evs:  # plan order within one trigger
+                if isinstance(ev, Recompute):
+                    self.push(tl.unrolled_ready(ev.before_op, r), _NEED, self.need)
+                elif isinstance(ev, SwapIn) and ev.next_iteration and not self.persistent:
+                    continue  # serves an iteration the buffer does not live in
+                else:
+                    t = (
+                        tl.iteration_start(r)
+                        if ev.after_op < 0
+                        else tl.unrolled_end(ev.after_op, r)
+                    )
+                    self.push(t, _TRIGGER, self.trigger, (ev, r))
+        while self.heap:
+            t, _rank, _seq, act, arg = heapq.heappop(self.heap)
+            act(t, arg)
+        if self.where == _OFF:
+            self.cut(self.off_at, math.inf)
+        elif self.where == _ARRIVING:
+            self.cut(self.off_at, self.on_at)
 
+    # ---- the actions -----------------------------------------------------------------
+    def create(self, _t: float, _arg: None) -> None:
+        self.where = _DEV
 
-def _cut(st: MemoryState, tl: Timeline, b: int, t0: float, t1: float) -> None:
-    """Buffer `b` is off the device over unrolled [t0, t1]. A persistent
-    buffer's state carries over: what falls in iteration 0 lowers `first`,
-    what falls in iteration 1 lowers `steady`. Any other buffer lives within
-    one iteration, the same in all."""
-    persistent = bool(st.trace.persistent[b])
-    for lo, hi, r in tl.ops_within(t0, t1):
-        if persistent:
-            st.add_hole(b, lo, hi, FIRST if r == 0 else STEADY)
-        elif r == 0:
-            st.add_hole(b, lo, hi, BOTH)
+    def free(self, t: float, _arg: None) -> None:
+        """The framework's free: the life ends, but a running copy keeps the bytes."""
+        w = self.where
+        if w == _LEAVING and self.copying:
+            self.extra(t, self.copy_end)
+        elif w == _OFF:
+            self.cut(self.off_at, t)
+        elif w == _ARRIVING:
+            self.cut(self.off_at, self.on_at)
+        self.where = _DEAD
+
+    def trigger(self, t: float, arg: tuple[Event, int]) -> None:
+        ev, r = arg
+        w = self.where
+        if isinstance(ev, Release):
+            if w == _DEV:
+                self.where, self.off_at = _OFF, t
+            elif w == _LEAVING:
+                self.keep = False  # undoes a cancel: the copy's end frees
+        elif isinstance(ev, SwapOut):
+            if w == _DEV:
+                self.leave(t, ev, r)
+        elif isinstance(ev, SwapIn):
+            if w == _LEAVING:
+                self.keep = True  # cancels the free
+            elif w in (_OFF, _ARRIVING):
+                due = self.tl.unrolled_ready(ev.before_op, r + int(ev.next_iteration))
+                on = min(t + ev.delay_us, due) - EPS_US
+                if w == _ARRIVING:  # joins the copy under way
+                    self.on_at = min(self.on_at, on)
+                    return
+                self.where, self.on_at = _ARRIVING, on
+                self.copy += 1
+                end = t + ev.delay_us + self.d_in + EPS_US
+                self.push(end, _COPY_END, self.arrived, self.copy)
+
+    def leave(self, t: float, ev: SwapOut, r: int) -> None:
+        self.where, self.keep, self.copying = _LEAVING, False, False
+        start = t + ev.delay_us
+        end, rank = start + self.d_out + EPS_US, _COPY_END
+        if ev.before_op >= 0:  # its deadline waits for the copy
+            due = self.tl.unrolled_ready(ev.before_op, r)
+            if due < end:
+                end, rank = due, _DEADLINE
+        self.copy_end = end
+        self.copy += 1
+        self.push(start - EPS_US if ev.delay_us else start, _COPY_START, self.started, self.copy)
+        self.push(end, rank, self.left, self.copy)
+
+    def started(self, _t: float, copy: int) -> None:
+        """A swap-out's copy starts, unless the buffer was wanted back: then
+        there is none, and the swap-out is over."""
+        if self.where != _LEAVING or copy != self.copy:
+            return
+        if self.keep:
+            self.where, self.keep = _DEV, False
+            self.copy += 1  # its end is void
+        else:
+            self.copying = True
+
+    def left(self, t: float, copy: int) -> None:
+        """A swap-out's copy ends: the bytes go, unless the buffer was wanted back."""
+        if self.where != _LEAVING or copy != self.copy:
+            return
+        if self.keep:
+            self.where, self.keep = _DEV, False
+        else:
+            self.where, self.off_at = _OFF, t
+
+    def arrived(self, _t: float, copy: int) -> None:
+        if self.where != _ARRIVING or copy != self.copy:
+            return
+        self.cut(self.off_at, self.on_at)
+        self.where = _DEV
+
+    def need(self, t: float, _arg: None) -> None:
+        """A Recompute's op is due: it needs the buffer."""
+        w = self.where
+        if w == _OFF:
+            self.cut(self.off_at, t)
+            self.where = _DEV
+        elif w == _LEAVING:
+            self.keep = True
+        elif w == _ARRIVING:
+            self.on_at = min(self.on_at, t)
+
+    # ---- onto the op grid --------------------------------------------------------------
+    def cut(self, t0: float, t1: float) -> None:
+        """The buffer is off the device over unrolled [t0, t1]. A persistent
+        buffer's state carries over: what falls in iteration 0 lowers `first`,
+        what falls in iteration 1 lowers `steady`. Any other buffer lives
+        within one iteration, the same in all."""
+        for lo, hi, r in self.tl.ops_within(t0, t1):
+            if self.persistent:
+                self.st.add_hole(self.b, lo, hi, FIRST if r == 0 else STEADY)
+            elif r == 0:
+                self.st.add_hole(self.b, lo, hi, BOTH)
+
+    def extra(self, t0: float, t1: float) -> None:
+        """The bytes stay after the buffer's life ends at t0 (the end of its
+        last op), until t1: every op that overlaps (t0, t1) counts them --
+        in every iteration, or, in iteration 1, in every one but the first."""
+        tl, nbytes = self.tl, int(self.st.nbytes[self.b])
+        for r, which in ((0, BOTH), (1, STEADY)):
+            shift = r * tl.period_us
+            if tl.iteration_start(r) >= t1:
+                break
+            lo = int(np.searchsorted(tl.end_us + shift, t0, "right"))
+            # op i is ready when op i - 1 ends: ops 1..k have ready < t1
+            k = int(np.searchsorted(tl.end_us + shift, t1, "left"))
+            for op in range(lo, min(k, tl.n_ops - 1) + 1):
+                self.st.add_bytes(op, nbytes, which)

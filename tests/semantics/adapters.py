@@ -78,6 +78,16 @@ def run_sim(case: Case) -> Run:
     return _simulated(case)[0]
 
 
+def run_sim_checked(case: Case) -> Run:
+    """The simulator as it runs by default: the checker first (`check=True`)."""
+    trace, latency = case.built()
+    try:
+        simulate([Job(trace, case.plan())], device(latency), iterations=ITERATIONS)
+    except (SimError, PlanError) as e:
+        return Run(False, str(e))
+    return Run(True)
+
+
 def run_replay(case: Case) -> Run:
     """On CPU, copy lanes put in the simulator's order and delays in the
     replay's time (NOTE [ The simulator's order on the replay ]);

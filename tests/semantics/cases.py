@@ -10,33 +10,9 @@ planners' op-grid memory, the SimPy simulator and the CPU replay
 held to (`Check`); `xfail` names an implementation that does not yet do what
 the case expects (non-strict).
 
-# NOTE [ Resident bytes per op ]
-The bytes of op i are those on the device while op i runs, from its start
-(its outputs allocated) to its end (the frees after it not yet done): a
-buffer counts if it is there at any moment of that span. A swap-out counts
-up to the op during which its copy ends, a swap-in from the op during which
-its copy starts. Stalls and recompute chains run before their op starts:
-what they hold only for a moment (a chain's temporaries) is not in any op's
-bytes but is in the peak over the run (`Case.peak_mib`). The simulator's
-figure is that span's maximum over its memory samples. The replay samples
-its pool once per op, right after the call (`ReplayResult.memory_curve`),
-with its copy lanes put in the simulator's order (adapters.py NOTE [ The
-simulator's order on the replay ]). So per-op bytes are compared for the op
-grid, the simulator and the replay, the peak for the simulator and the
-replay (the op grid's is its curves' maximum). The checker has no bytes:
-only its outcome is compared.
-
-# NOTE [ The hand device ]
-Ops last whole milliseconds (1 ms unless a case says otherwise). Both PCIe
-directions move 4 MiB per ms after a fixed 0.2 ms, on one lane shared by
-both directions: a copy of 1 MiB holds the lane 0.45 ms, 2 MiB 0.7 ms,
-4 MiB 1.2 ms. So a copy triggered at the end of an op ends in the middle of
-the next one, never on a boundary where the order of two instants would
-decide the outcome. A swap-in meant to count from op j (and not before) is
-triggered after op j - 1 with a delay that starts it in the middle of op j,
-while its `before_op` is later still: started at a trigger, or clamped to its
-`before_op`, it would be counted one op early by the op grid, which widens
-copies by `EPS_US` (case `late_swap_in`).
+Bytes per op are compared as NOTE [ Resident bytes per op ] says (next to
+`Case`); the hand device every case runs on is NOTE [ The hand device ]
+(next to `HW`).
 """
 
 from __future__ import annotations
@@ -57,6 +33,16 @@ from tests.sim.handtraces import MIB_PER_MS, B, Call, MiB
 __all__ = ["B", "Call", "MiB", "Case", "Check", "Differs", "Impl", "Reject", "HW", "Built"]
 
 # NOTE [ The hand device ]
+# Ops last whole milliseconds (1 ms unless a case says otherwise). Both PCIe
+# directions move 4 MiB per ms after a fixed 0.2 ms, on one lane shared by
+# both directions: a copy of 1 MiB holds the lane 0.45 ms, 2 MiB 0.7 ms,
+# 4 MiB 1.2 ms. So a copy triggered at the end of an op ends in the middle of
+# the next one, never on a boundary where the order of two instants would
+# decide the outcome. A swap-in meant to count from op j (and not before) is
+# triggered after op j - 1 with a delay that starts it in the middle of op j,
+# while its `before_op` is later still: started at a trigger, or clamped to its
+# `before_op`, it would be counted one op early by the op grid, which widens
+# copies by `EPS_US` (case `late_swap_in`).
 HW = device(
     "semantics-gpu",
     memory_bytes=1 << 30,
@@ -79,7 +65,7 @@ class Impl(enum.Enum):
 class Check(enum.Enum):
     """What an implementation listed in `Case.differs` is held to."""
 
-    OUTCOME = "outcome"  # the outcome only (`Differs.outcome` if set)
+    OUTCOME = "outcome"  # the outcome only (that it accepts, if `Differs.accepts`)
     UPPER = "upper"  # the outcome, and bytes per op (and peak) >= the case's
     NONE = "none"  # nothing: it does not apply (the test is skipped, saying why)
 
@@ -105,6 +91,23 @@ class Reject:
 
 
 Built = tuple[Trace, Fixed]
+
+
+# NOTE [ Resident bytes per op ]
+# The bytes of op i are those on the device while op i runs, from its start
+# (its outputs allocated) to its end (the frees after it not yet done): a
+# buffer counts if it is there at any moment of that span. A swap-out counts
+# up to the op during which its copy ends, a swap-in from the op during which
+# its copy starts. Stalls and recompute chains run before their op starts:
+# what they hold only for a moment (a chain's temporaries) is not in any op's
+# bytes but is in the peak over the run (`Case.peak_mib`). The simulator's
+# figure is that span's maximum over its memory samples. The replay samples
+# its pool once per op, right after the call (`ReplayResult.memory_curve`),
+# with its copy lanes put in the simulator's order
+# (NOTE [ The simulator's order on the replay ] in adapters.py). So per-op
+# bytes are compared for the op grid, the simulator and the replay, the peak
+# for the simulator and the replay (the op grid's is its curves' maximum).
+# The checker has no bytes: only its outcome is compared.
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@ them. The op grid computes bytes for a plan it is given checked, so it has
 nothing to reject, except a duplicate Recompute, which the shared core's
 indexing rejects for everyone (NOTE [ Duplicate events ] in
 `planners/core/semantics.py`). The simulator runs with `check=False`: its own
-semantics, not the checker's.
+semantics, not the checker's. Where it or the replay runs a plan the checker
+rejects, the case says why in `differs`: the static checker is the contract
+(`simulate` checks by default), what the others tolerate at run time is not.
 """
 
 from __future__ import annotations
@@ -24,10 +26,19 @@ SIM_NO_VALUES = Differs(
     "would compute something else, and runs the plan",
     accepts=True,
 )
-SIM_SKIPS = (
-    "the simulator logs a `skip` for an event that finds nothing to act on (NOTE "
-    "[ Event semantics ]) and runs on: it rejects this plan only through the checker "
-    "(simulate(check=True)); the checker and the replay reject it"
+SIM_SKIPS_UNCHECKED = Differs(
+    Check.OUTCOME,
+    "the static checker is the contract: a plan that releases a dead buffer is "
+    "malformed, and simulate() checks plans by default (check=True) and rejects it. "
+    "Unchecked (check=False, as the table runs it) the simulator tolerates it at run "
+    "time: the event finds nothing to act on, is logged as a `skip` (NOTE [ Event "
+    "semantics ]) and the run goes on",
+    accepts=True,
+)
+LEAVING_READ = (
+    "the checker has no time, so it takes a swap-out to take the buffer off at once: "
+    "a plan must swap it back in before a read. At run time the copy may still be "
+    "running and the read finds the bytes"
 )
 ERROR_CASES: tuple[Case, ...] = (
     Case(
@@ -64,12 +75,13 @@ ERROR_CASES: tuple[Case, ...] = (
     ),
     Case(
         "release_of_dead_buffer",
-        "a3 (b5) is freed by the framework after op 4; a Release after op 5 names a dead buffer.",
+        "a3 (b5) is freed by the framework after op 4; a Release after op 5 names a dead "
+        "buffer: a malformed plan (the checker and the replay reject it; the simulator "
+        "rejects it when it checks, its default).",
         c.step,
         (Release(5, 5),),
         reject=Reject("is not alive then", 5),
-        differs={Impl.OPGRID: OPGRID_TAKES_CHECKED},
-        xfail={Impl.SIM: SIM_SKIPS},
+        differs={Impl.OPGRID: OPGRID_TAKES_CHECKED, Impl.SIM: SIM_SKIPS_UNCHECKED},
     ),
     Case(
         "swap_out_of_absent_buffer",
@@ -119,7 +131,8 @@ ERROR_CASES: tuple[Case, ...] = (
         "read_of_leaving_buffer",
         "a2 (b4) is swapped out right after op 1 makes it, and op 2 reads it while its "
         "copy (2.0-2.7) runs. The checker, which has no time, holds a swapped-out buffer "
-        "absent until a swap-in: it rejects.",
+        "absent until a swap-in: it rejects. The simulator and the replay keep the "
+        "buffer for the read and accept: a plan that relies on it relies on timing.",
         c.step,
         (SwapOut(4, 1),),
         reject=Reject("reads buffer 4, which is absent", 4),
@@ -127,13 +140,15 @@ ERROR_CASES: tuple[Case, ...] = (
             Impl.OPGRID: OPGRID_TAKES_CHECKED,
             Impl.SIM: Differs(
                 Check.OUTCOME,
-                "at run time a leaving buffer is usable until its copy ends, and an op "
-                "that needs it keeps it on the device (NOTE [ Event semantics ])",
+                f"{LEAVING_READ}: a leaving buffer is usable until its copy ends, and an "
+                "op that needs it keeps it on the device (NOTE [ Event semantics ]). A "
+                "plan that relies on that relies on timing",
                 accepts=True,
             ),
             Impl.REPLAY: Differs(
                 Check.OUTCOME,
-                "the replay keeps a leaving buffer an op needs (NOTE [ Keep ])",
+                f"{LEAVING_READ}: the replay keeps a leaving buffer an op needs (NOTE "
+                "[ Keep ]). A plan that relies on that relies on timing",
                 accepts=True,
             ),
         },

@@ -68,11 +68,6 @@ RECOMPUTE_CASES: tuple[Case, ...] = (
         c.step,
         (Release(5, 3), Recompute(5, 4, (2,))),
         c.STEP_VANILLA,
-        xfail={
-            Impl.OPGRID: "bug: memory_of_plan sorts the Recompute's mark (start of op 4, "
-            "4.0) before the Release's (end of op 3, also 4.0), so a3 ends off: op 4 is "
-            "11, below the simulator's 12"
-        },
     ),
     Case(
         "recompute_rng_restored",

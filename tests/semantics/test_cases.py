@@ -12,7 +12,7 @@ import re
 import pytest
 from memplan.traces.model import Trace
 
-from tests.semantics.adapters import RUNNERS, Run
+from tests.semantics.adapters import RUNNERS, Run, run_sim_checked
 from tests.semantics.cases import Case, Check, Impl, MiB
 from tests.semantics.cases_errors import ERROR_CASES
 from tests.semantics.cases_recompute import RECOMPUTE_CASES
@@ -82,6 +82,23 @@ def _assert_bytes(case: Case, run: Run, upper: bool) -> None:
 
 def _mib(xs: tuple[int, ...]) -> tuple[float, ...]:
     return tuple(x / MiB for x in xs)
+
+
+TOLERATED = [
+    pytest.param(case, id=case.name)
+    for case in CASES
+    if case.reject is not None and Impl.SIM in case.differs and case.differs[Impl.SIM].accepts
+]
+
+
+@pytest.mark.parametrize("case", TOLERATED)
+def test_the_simulator_rejects_what_it_tolerates_when_it_checks(case: Case) -> None:
+    """The static checker is the contract: a plan the unchecked simulator runs
+    but the checker rejects is rejected by `simulate` as it runs by default."""
+    assert case.reject is not None
+    run = run_sim_checked(case)
+    assert not run.ok, "simulate(check=True) accepts it"
+    assert case.reject.fragment in run.message, run.message
 
 
 def test_the_table_is_hand_worked_and_covers_the_semantics() -> None:
