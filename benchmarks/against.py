@@ -6,17 +6,18 @@ checks REV (default: 0f2f132, the last commit before the namespace move) out
 into a temporary git worktree and times the same workloads there and in this
 checkout, each in a fresh subprocess of this interpreter, alternating old and
 new for N rounds (default 5) so that drifting machine load hits both alike.
-Each subprocess times its workloads with `time.perf_counter` after one
-warm-up call; the figures are the median over rounds, and the ratio is
-new / old (below 1: the new code is faster). The subprocess for REV imports
+Each subprocess times every workload with `time.perf_counter`: one warm-up
+call, then the median of 5 calls, each after a `gc.collect()` so that a
+collection of earlier garbage does not land in it; the figures are the median of those over
+rounds, and the ratio is new / old (below 1: the new code is faster). The subprocess for REV imports
 only REV's code (this checkout's editable-install finder is removed from
 `sys.meta_path` there), whichever API generation REV has.
 
 Workloads, on the shipped traces with roofline latencies on rtx-a6000, one job:
 - sim: `simulate` of resnet50 for 3 iterations under release_only (plans
   checked first), vanilla, and passive mode at 60% of the liveness peak;
-- planners: tensile, capuchin (budget: 80% of the vanilla peak), vdnn and
-  checkpoint on resnet50 and bert_base.
+- planners: tensile, capuchin, vdnn and checkpoint on resnet50 and
+  bert_base, each with a budget of 80% of the vanilla peak.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ DEFAULT_REV = "0f2f132"
 
 # Runs inside the subprocess, with the code root as argv[1] and the workload as argv[2].
 PROBE = r"""
-import json, sys, time
-root, only = sys.argv[1], sys.argv[2]
-sys.meta_path = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
+import gc, json, sys, time
+root, only, isolate = sys.argv[1], sys.argv[2], sys.argv[3] == "isolate"
+if isolate:  # REV's code only: drop this checkout's editable-install finder
+    sys.meta_path = [
+        f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
+    ]
 sys.path.insert(0, root)
 try:
     from memplan.hwmodels.device import DeviceModel
@@ -66,11 +70,15 @@ def plan(name, t, budget):
     return registry.run(name, [t], hw, lat, budget_bytes=budget)
 def load(model):
     return io.load(f"{root}/traces/data/{model}_b16_adam.json.gz")
-def timed(fn):
+def timed(fn, repeats=5):
     fn()
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        gc.collect()  # earlier garbage is not this call's cost
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[repeats // 2]
 out = {}
 if only in ("sim", "all"):
     t = load("resnet50")
@@ -85,15 +93,14 @@ if only in ("planners", "all"):
         t = load(model)
         budget = int(t.peak("framework")[0] * 0.8)
         for name in ("tensile", "capuchin", "vdnn", "checkpoint"):
-            b = budget if name == "capuchin" else None
-            out[f"plan {name} {model}"] = timed(lambda name=name, t=t, b=b: plan(name, t, b))
+            out[f"plan {name} {model}"] = timed(lambda name=name, t=t: plan(name, t, budget))
 print(json.dumps({"api": "memplan.*" if new else "top-level", "seconds": out}))
 """
 
 
-def run_probe(root: Path, only: str) -> dict:
+def run_probe(root: Path, only: str, isolate: bool) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(root), only],
+        [sys.executable, "-c", PROBE, str(root), only, "isolate" if isolate else "installed"],
         cwd=tempfile.gettempdir(),
         capture_output=True,
         text=True,
@@ -120,15 +127,15 @@ def main() -> None:
         try:
             old_runs, new_runs = [], []
             for r in range(args.rounds):
-                old_runs.append(run_probe(old_root, args.only))
-                new_runs.append(run_probe(ROOT, args.only))
+                old_runs.append(run_probe(old_root, args.only, isolate=True))
+                new_runs.append(run_probe(ROOT, args.only, isolate=False))
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old_root)], cwd=ROOT)
     print(
         f"old: {args.rev} ({old_runs[0]['api']} API), new: this checkout "
         f"({new_runs[0]['api']} API); {args.rounds} interleaved rounds, each a fresh "
-        f"process timing every workload once after one warm-up call; medians in ms"
+        f"process timing each workload as the median of 5 calls after a warm-up; medians over rounds, ms"
     )
     print(f"{'workload':<34}{'old':>10}{'new':>10}{'new/old':>9}")
     ratios = []

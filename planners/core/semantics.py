@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe
@@ -224,6 +224,18 @@ class IndexedPlan:
         return tuple(sorted((*self.unloaded, *self.triggered[0]), key=lambda x: x[0]))
 
 
+# A recompute's sources and temporaries depend on the event and the trace
+# only; planners index a growing plan again and again, so they are kept per
+# trace object (frozen events hash by value).
+_CHAINS: weakref.WeakKeyDictionary[Trace, dict[Recompute, tuple[Any, Ids]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _recomputation(e: int, ev: Recompute, trace: Trace) -> Recomputation:
-    temps = {int(w) for k in ev.ops for w in trace.op_writes(k)} - {ev.buffer}
-    return Recomputation(e, ev, recompute_sources(ev, trace), tuple(sorted(temps)))
+    known = _CHAINS.setdefault(trace, {})
+    hit = known.get(ev)
+    if hit is None:
+        temps = {int(w) for k in ev.ops for w in trace.op_writes(k)} - {ev.buffer}
+        hit = known[ev] = (recompute_sources(ev, trace), tuple(sorted(temps)))
+    return Recomputation(e, ev, hit[0], hit[1])
