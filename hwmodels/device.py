@@ -132,8 +132,8 @@ class DeviceModel:
         array of sizes gives an array of times."""
         scale = unit.value
         bw = self.bandwidth(direction, duplex=duplex)
-        if isinstance(nbytes, int):  # the simulator's hot path: no numpy scalar
-            return self.fixed_s * scale + nbytes * scale / bw
+        if isinstance(nbytes, int | np.integer):  # hot paths: one size, no numpy array
+            return self.fixed_s * scale + float(nbytes) * scale / bw
         t = self.fixed_s * scale + np.asarray(nbytes, np.float64) * scale / bw
         return float(t) if np.ndim(t) == 0 else t
 
