@@ -108,6 +108,9 @@ class JobPlanner:
         self, trace: Trace, tl: Timeline, device: DeviceModel, budget: int, opts: CapuchinOptions
     ):
         self.trace, self.tl, self.device = trace, tl, device
+        self.copy_us = {
+            d: device.copy_time(trace.nbytes, d, duplex=True).tolist() for d in Direction
+        }
         self.budget, self.opts = budget, opts
         self.table = access_table(trace)
         self.dur = tl.duration_us
@@ -179,8 +182,8 @@ class JobPlanner:
             if (b, evict) in self.failed or any(c.evict == evict for c in self.gaps.get(b, ())):
                 continue
             nb = int(t.nbytes[b])
-            ft = (self.start_us[back] - self._copy_us(nb, Direction.H2D)) - (
-                self.end_us[evict] + self._copy_us(nb, Direction.D2H)
+            ft = (self.start_us[back] - self._copy_us(b, Direction.H2D)) - (
+                self.end_us[evict] + self._copy_us(b, Direction.D2H)
             )
             out.append(Candidate(b, evict, back, nb, float(ft)))
         out.sort(key=lambda c: (-c.ft_us, c.buffer))
@@ -218,15 +221,15 @@ class JobPlanner:
         self._swap_cache[c.buffer] = (self.lane_version, sw)
         return sw
 
-    def _copy_us(self, nbytes: int, direction: Direction) -> float:
-        """Microseconds a copy holds its lane (H2D at the duplex rate when
-        the device has two lanes, as CP-SAT costs it)."""
-        return float(self.device.copy_time(nbytes, direction, duplex=True))
+    def _copy_us(self, b: int, direction: Direction) -> float:
+        """Microseconds a copy of buffer `b` holds its lane (H2D at the duplex
+        rate when the device has two lanes, as CP-SAT costs it)."""
+        return self.copy_us[direction][b]
 
     def _swap_slots(self, c: Candidate, p: int) -> SwapSlots | None:
         lane = self.lane
-        d_out = self._copy_us(c.nbytes, Direction.D2H)
-        d_in = self._copy_us(c.nbytes, Direction.H2D)
+        d_out = self._copy_us(c.buffer, Direction.D2H)
+        d_in = self._copy_us(c.buffer, Direction.H2D)
         lo = float(self.end_us[c.evict])
         s_out = lane.earliest(0, lo, float(self.start_us[p]) - EPS_US, d_out, Direction.D2H)
         if s_out is None:
@@ -246,9 +249,9 @@ class JobPlanner:
         return SwapSlots(overhead, s_out, s_in, after, delay)
 
     def choose_swap(self, c: Candidate, sw: SwapSlots) -> None:
-        d_out = self._copy_us(c.nbytes, Direction.D2H)
+        d_out = self._copy_us(c.buffer, Direction.D2H)
         self.lane.book(0, sw.out_start, d_out, Direction.D2H)
-        self.lane.book(0, sw.in_start, self._copy_us(c.nbytes, Direction.H2D), Direction.H2D)
+        self.lane.book(0, sw.in_start, self._copy_us(c.buffer, Direction.H2D), Direction.H2D)
         self.lane_version += 1
         self.choices.append(Choice(c, sw))
         self.gaps.setdefault(c.buffer, []).append(c)
@@ -285,7 +288,7 @@ class JobPlanner:
                 out_delay = max(0.0, sw.out_start - float(self.end_us[c.evict]))
                 # the first op the plan counts the buffer gone for is the
                 # copy's deadline (planners.core.plan NOTE [ Swap-out deadlines ])
-                out_end = sw.out_start + self._copy_us(c.nbytes, Direction.D2H)
+                out_end = sw.out_start + self._copy_us(c.buffer, Direction.D2H)
                 due = int(np.searchsorted(self.tl.ready_us, out_end + EPS_US, "left"))
                 due = due if c.evict < due < c.back else -1
                 events.append(SwapOut(c.buffer, c.evict, out_delay, before_op=due))
