@@ -78,6 +78,7 @@ class _Queue:
         self.copying: tuple[int, int, bool] | None = None
         self.copy_end = math.inf  # when the copy on the lane ends
         self.arriving: dict[int, list[tuple[int, int]]] = {}  # buffer -> (iteration, op) waiting
+        self.awaited: defaultdict[tuple[int, int], int] = defaultdict(int)  # (it, op) -> arrivals
         self.out_due: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         self.now = 0.0
 
@@ -112,7 +113,7 @@ class _Queue:
         if is_in:
             if ep == self.epoch[b]:
                 where[b] = _DEV
-                self.arriving.pop(b, None)
+                self.arrived(b)
             else:
                 self.used -= nbytes[b]
         elif ep != self.epoch[b]:
@@ -134,7 +135,7 @@ class _Queue:
         self.trigger(self.ip.triggered[0], it, iterations)
         for i in range(tab.n_ops):
             key = (it, i)
-            while any(key in w for w in self.arriving.values()):
+            while self.awaited[key] > 0:
                 self.finish_copy()
             for b, ep in self.out_due.pop(key, ()):
                 while self.epoch[b] == ep and where[b] in (_QUEUED, _COPYING):
@@ -152,8 +153,13 @@ class _Queue:
                 where[b] = _OFF
                 self.keep[b] = False
                 self.epoch[b] += 1
-                self.arriving.pop(b, None)
+                self.arrived(b)
             self.trigger(self.ip.triggered[i + 1], it, iterations)
+
+    def arrived(self, b: int) -> None:
+        """`b` is no longer on its way: the ops that waited for it need not."""
+        for key in self.arriving.pop(b, ()):
+            self.awaited[key] -= 1
 
     def run_lane_until(self, t: float) -> None:
         """Finish every copy that ends by `t`, without moving the clock past it."""
@@ -187,7 +193,9 @@ class _Queue:
                 elif where[b] == _OFF:
                     where[b] = _ARRIVING
                     self.arriving[b] = [(target, ev.before_op)]
+                    self.awaited[(target, ev.before_op)] += 1
                     self.lane.append((b, self.epoch[b], True))
                 elif where[b] == _ARRIVING:
                     self.arriving[b].append((target, ev.before_op))
+                    self.awaited[(target, ev.before_op)] += 1
         self.pump()
