@@ -14,6 +14,7 @@ Times are microseconds throughout (what `delay_us` in a plan is).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
@@ -92,11 +93,21 @@ class Timeline:
             out[0] = float(self.end_us[-1]) - self.period_us
         return out
 
+    # Python lists of the arrays, for the scalar look-ups planners make per
+    # event (bisect on a list and list indexing beat numpy calls on one value)
+    @cached_property
+    def _ends(self) -> list[float]:
+        return self.end_us.tolist()
+
+    @cached_property
+    def _readies(self) -> tuple[list[float], list[float]]:
+        return self.ready_us.tolist(), self._ready_later_us.tolist()
+
     def unrolled_ready(self, op: int, iteration: int = 0) -> float:
         """When the job is ready for `op` of `iteration` (unrolled)."""
         if op == 0:
             return self.iteration_start(iteration)
-        return float(self.end_us[op - 1]) + iteration * self.period_us
+        return self._ends[op - 1] + iteration * self.period_us
 
     @property
     def duration_us(self) -> np.ndarray:
@@ -106,7 +117,7 @@ class Timeline:
         return float(self.start_us[op]) + iteration * self.period_us
 
     def unrolled_end(self, op: int, iteration: int = 0) -> float:
-        return float(self.end_us[op]) + iteration * self.period_us
+        return self._ends[op] + iteration * self.period_us
 
     def iteration_start(self, iteration: int) -> float:
         """When `after_op=-1` of `iteration` fires: iteration 0 starts at 0,
@@ -120,11 +131,11 @@ class Timeline:
         (unrolled times, iterations 0 and 1), as (first op, last op,
         iteration) ranges, ends inclusive."""
         out = []
-        for r in (0, 1):
+        ends = self._ends
+        for r, ready in enumerate(self._readies):
             shift = r * self.period_us
-            ready = self.ready_us if r == 0 else self._ready_later_us
-            lo = int(np.searchsorted(ready, t0_us - shift, "left"))
-            hi = int(np.searchsorted(self.end_us, t1_us - shift, "right")) - 1
+            lo = bisect.bisect_left(ready, t0_us - shift)
+            hi = bisect.bisect_right(ends, t1_us - shift) - 1
             if lo <= hi:
                 out.append((lo, hi, r))
         return out
