@@ -24,7 +24,7 @@ class Pcie:
         self.env = env
         self.device = device
         lanes = device.lanes
-        self.fixed_us = device.copy_time(0, Direction.H2D, TimeUnit.US)
+        self.fixed_us = device.fixed_s * TimeUnit.US.value
         self.resources = tuple(simpy.Resource(env, capacity=1) for _ in range(lanes))
         self.names = ("pcie",) if lanes == 1 else ("h2d", "d2h")
         self.index = {Direction.H2D: 0, Direction.D2H: 0 if lanes == 1 else 1}

@@ -223,12 +223,14 @@ def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
     return typ if isinstance(typ, tuple) else (typ,)
 
 
-def _enum(cls: type, value: str, where: str) -> Any:
+def enum_value(cls: type, value: str, where: str, error: type[Exception] = TraceError) -> Any:
+    """`cls(value)` for an enum read from a file; else `error` naming `where`
+    and the allowed values (file formats of other layers pass their own)."""
     try:
         return cls(value)
     except ValueError:
         allowed = ", ".join(m.value for m in cls)
-        raise TraceError(f"{where}: unknown {cls.__name__} {value!r} (one of {allowed})") from None
+        raise error(f"{where}: unknown {cls.__name__} {value!r} (one of {allowed})") from None
 
 
 def _check_ids(items: list[Any], section: str) -> None:
@@ -300,7 +302,7 @@ def _buffers(raw_buffers: list[Any], n_ops: int) -> list[Buffer]:
             Buffer(
                 id=i,
                 nbytes=nbytes,
-                kind=_enum(BufferKind, _need(b, "kind", str, w), f"{w}.kind"),
+                kind=enum_value(BufferKind, _need(b, "kind", str, w), f"{w}.kind"),
                 persistent=persistent,
                 name=str(b.get("name", "")),
                 freed_after=freed,
@@ -352,7 +354,7 @@ def _ops(raw_ops: list[Any], n_views: int) -> list[Op]:
             Op(
                 id=i,
                 target=_need(o, "target", str, w),
-                phase=_enum(Phase, _need(o, "phase", str, w), f"{w}.phase"),
+                phase=enum_value(Phase, _need(o, "phase", str, w), f"{w}.phase"),
                 reads=reads,
                 writes=writes,
                 args=args,

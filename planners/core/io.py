@@ -45,7 +45,7 @@ from memplan.planners.core.plan import (
     SwapOut,
     validate,
 )
-from memplan.traces.io import read_json, save_json
+from memplan.traces.io import enum_value, read_json, save_json
 from memplan.traces.model import Trace
 
 SCHEMA = "memplan.plan/1"
@@ -218,20 +218,12 @@ def _outcome(doc: dict[str, Any]) -> tuple[Status, Reason, str]:
                 "",
             )
         )
-    status = _enum(Status, _field(doc, "status", str, "plan"), "plan.status")
-    reason = _enum(Reason, _field(doc, "reason", str, "plan"), "plan.reason")
+    status = enum_value(Status, _field(doc, "status", str, "plan"), "plan.status", PlanError)
+    reason = enum_value(Reason, _field(doc, "reason", str, "plan"), "plan.reason", PlanError)
     detail = _field(doc, "detail", str, "plan") if "detail" in doc else ""
     if (status is Status.PLANNED) != (reason is Reason.NONE):
         raise PlanError(f"plan.reason: {reason.value!r} does not go with status {status.value!r}")
     return status, reason, detail
-
-
-def _enum(cls: Any, value: str, where: str) -> Any:
-    try:
-        return cls(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in cls)
-        raise PlanError(f"{where}: {value!r} is not one of {allowed}") from None
 
 
 def load(path: str | os.PathLike[str], traces: Sequence[Trace] | None = None) -> PlanResult:

@@ -153,7 +153,7 @@ def test_validate_names_the_event(event, message):
         (lambda d: d["plans"][0]["events"][2].update(next_iteration=1), r"events\[2\].next_iteration: expected bool, got 1"),
         (lambda d: d["plans"][0]["events"][4].update(ops=[1.5]), r"events\[4\].ops\[0\]: expected an op index"),
         (lambda d: d["plans"][0].update(events={}), r"plans\[0\].events: expected list"),
-        (lambda d: d.update(status="maybe"), r"plan.status: 'maybe' is not one of planned"),
+        (lambda d: d.update(status="maybe"), r"plan.status: unknown Status 'maybe' \(one of planned"),
         (lambda d: d.update(reason="time limit"), r"'time limit' does not go with status 'planned'"),
         (lambda d: [d.pop("status"), d.update(feasible="yes")], r"plan.feasible: expected bool"),
     ],

@@ -217,10 +217,6 @@ class Measurement:
     iteration_s: float  # the vanilla replay's median steady iteration
     compute_s: float = 0.0  # per transfer, on the op that triggers it
 
-    @property
-    def latency(self) -> Fixed:
-        return Fixed(self.op_seconds)
-
     def device(self, lanes: int = 1, *, scale: float = 1.0) -> DeviceModel:
         """The replay device as planners and the simulator cost it: the
         measured latencies (times `scale`), the lane's figures in the
