@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from memplan.traces.model import Trace
+from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
 from memplan.traces.synthetic_builder import (  # noqa: F401  (re-exported)
     SCALAR_NBYTES,
     SGD_KWARGS,
@@ -351,6 +351,47 @@ def random_dag(
 
 
 _GENERATORS = {Family.CHAIN: chain, Family.RESIDUAL: residual, Family.UNET: unet}
+
+
+
+def checkmate_chain(n: int, *, unit_bytes: int = 64 * MiB, unit_us: float = 1.0) -> Trace:
+    """Checkmate's linear training chain (Jain et al., MLSys 2020): 2n + 1 ops
+    of `unit_us` each, op j writing buffer j of `unit_bytes`. Op j >= 1 reads
+    op j - 1, and backward op 2n - i also reads forward op i (0 <= i < n); no
+    parameters, inputs or optimizer; every buffer is freed after its last
+    read (the last op's output at the end). The defaults make a copy of one
+    buffer (~5 ms on any shipped GPU) thousands of op times long: no swap
+    pays, and the problem is pure rematerialisation.
+
+    Vanilla peak n + 2 units, at op n + 1 (every forward output, the loss
+    and the first backward output); floor 3 units (a backward op's two
+    inputs and its output). At B = (n + 2) // 2 units and even n >= 8 the
+    fewest ops are 2n + 1 + B (Checkmate's figure; tests check it against a
+    brute force of our own semantics, whose optimum it is for those n).
+    """
+    _positive(n=n, unit_bytes=unit_bytes)
+    if not unit_us > 0:
+        raise ValueError(f"unit_us={unit_us!r} must be > 0")
+    n_ops = 2 * n + 1
+    shape = (unit_bytes // 4,)
+    views = tuple(View(j, j, shape, (1,), 0, "float32") for j in range(n_ops))
+    reads: list[tuple[int, ...]] = [() if j == 0 else (j - 1,) for j in range(n_ops)]
+    for i in range(n):
+        reads[2 * n - i] = (2 * n - i - 1, i)
+    last_read = {b: j for j in range(n_ops) for b in reads[j]}
+    buffers = tuple(
+        Buffer(j, unit_bytes, BufferKind.ACTIVATION, False, f"node{j}", last_read.get(j, n_ops - 1))
+        for j in range(n_ops)
+    )
+    ops = []
+    for j, r in enumerate(reads):
+        phase = Phase.FORWARD if j <= n else Phase.BACKWARD
+        target = ("aten.ones.default", "aten.relu.default", "aten.mul.Tensor")[len(r)]
+        args = {"args": [{"view": v} for v in r] or [list(shape)], "kwargs": {}}
+        ops.append(Op(j, target, phase, r, (j,), args, flops=0, duration_us=unit_us, module=f"node{j}"))
+    extra = {"generator": "checkmate_chain", "n": n, "unit_bytes": unit_bytes, "unit_us": unit_us}
+    meta = TraceMeta("synthetic.checkmate_chain", 1, device="meta", extra=extra)
+    return Trace(meta, buffers, views, tuple(ops))
 
 
 @functools.cache
