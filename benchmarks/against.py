@@ -16,6 +16,7 @@ only REV's code (this checkout's editable-install finder is removed from
 Workloads, on the shipped traces with roofline latencies on rtx-a6000, one job:
 - sim: `simulate` of resnet50 for 3 iterations under release_only (plans
   checked first), vanilla, and passive mode at 60% of the liveness peak;
+  densenet121 vanilla, four jobs sharing the GPU, 3 iterations;
 - planners: tensile, capuchin, vdnn and checkpoint on resnet50 and
   bert_base, each with a budget of 80% of the vanilla peak.
 """
@@ -88,6 +89,8 @@ if only in ("sim", "all"):
     out["sim vanilla x3"] = timed(lambda: sim([t], iterations=3))
     out["sim passive 60% x3"] = timed(
         lambda: sim([Job(t, p)], iterations=3, budget=budget, oom="passive"))
+    d = load("densenet121")
+    out["sim densenet121 x4 jobs x3"] = timed(lambda: sim([d] * 4, iterations=3))
 if only in ("planners", "all"):
     for model in ("resnet50", "bert_base"):
         t = load(model)

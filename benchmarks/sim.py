@@ -9,6 +9,11 @@ one warm-up; machines are noisy, compare ratios measured in one run):
 - the same with the vanilla plan, two jobs sharing the GPU, and passive mode
   under a budget of 60% of the liveness peak (swaps on every iteration).
 Compiling a job (building its per-op tables and latencies) is timed apart.
+- scaling: release_only on synthetic residual steps of 1k, 3k, 10k and 30k
+  ops (median of 3 runs), events per second -- target: flat within 20% from
+  1k to 30k ops (NOTE [ Garbage collection in simulate ]), one event per op;
+- densenet121 x 4 jobs x 3 iterations, vanilla (the workload of the
+  garbage-collection finding).
 
 `--against REV` instead times the simulator at commit REV against this
 checkout, interleaved in one run, and prints the ratio (benchmarks/against.py).
@@ -60,6 +65,43 @@ def report(label: str, wall: float, result, iterations: int) -> None:
         f"{label:<34} {wall * 1e3:8.1f} ms total  {wall / iterations * 1e3:7.1f} ms/iteration  "
         f"{result.n_events / wall / 1e3:7.0f}k events/s  {n_log / wall / 1e3:6.0f}k log entries/s"
     )
+
+
+def median_of(fn, repeats: int = 3):
+    fn()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        runs.append((time.perf_counter() - t0, out))
+    runs.sort(key=lambda r: r[0])
+    return runs[repeats // 2]
+
+
+def scaling(hw, latency) -> None:
+    print("\nscaling: release_only on synthetic residual steps, 3 iterations, median of 3:")
+    rates = []
+    for n in (1000, 3000, 10_000, 30_000):
+        t = synthetic.sized(n, seed=0, family=synthetic.Family.RESIDUAL)
+        p = release_only_plan(t)
+        wall, r = median_of(
+            lambda t=t, p=p: simulate(
+                [Job(t, p)], DeviceModel(hw, latency), iterations=ITERATIONS, check=False
+            )
+        )
+        rates.append(r.n_events / wall)
+        per_op = r.n_events / (ITERATIONS * t.n_ops)
+        print(
+            f"  {n:>6} ops  {wall * 1e3:8.1f} ms  {rates[-1] / 1e3:6.0f}k events/s  {per_op:.2f} events/op"
+        )
+    spread = max(rates) / min(rates)
+    verdict = "met" if spread <= 1.2 else "MISSED"
+    print(f"  fastest / slowest {spread:.2f}; target flat within 20%: {verdict}")
+    dense = ROOT / "traces" / "data" / "densenet121_b16_adam.json.gz"
+    if dense.exists():
+        t = io.load(dense)
+        wall, r = median_of(lambda: simulate([t] * 4, DeviceModel(hw, latency), iterations=3))
+        report("densenet121 x4 jobs, vanilla", wall, r, 3)
 
 
 def main() -> None:
@@ -121,6 +163,7 @@ def main() -> None:
             lambda t=t, p=p: simulate([Job(t, p)], DeviceModel(hw, latency), iterations=ITERATIONS)
         )
         report(f"  {name} ({t.n_ops} ops)", wall, r, ITERATIONS)
+    scaling(hw, latency)
 
 
 if __name__ == "__main__":
