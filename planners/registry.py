@@ -23,6 +23,7 @@ import dataclasses
 import enum
 import importlib
 import importlib.util
+import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +32,7 @@ from typing import Any
 
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.evaluate import Evaluator
 from memplan.planners.core.options import NoOptions, options_dict
 from memplan.planners.core.plan import PlanResult
 
@@ -66,11 +68,19 @@ class PlannerSpec:
         *,
         budget_bytes: int | None = None,
         options: object = None,
+        evaluator: Evaluator | None = None,
     ) -> PlanResult:
-        """Run the planner with `options` parsed by `make_options`."""
+        """Run the planner with `options` parsed by `make_options`; a search
+        planner (one whose function takes `evaluator`) also gets `evaluator`."""
+        extra = {"evaluator": evaluator} if self.searches else {}
         return self.fn(
-            traces, device, budget_bytes=budget_bytes, options=make_options(self, options)
+            traces, device, budget_bytes=budget_bytes, options=make_options(self, options), **extra
         )
+
+    @property
+    def searches(self) -> bool:
+        """The planner scores plans with an injected `Evaluator`."""
+        return "evaluator" in inspect.signature(self.fn).parameters
 
 
 # name -> (module, function, options class or None, summary); imported lazily.
@@ -110,6 +120,13 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
         "checkpoint",
         "CheckpointOptions",
         "Chen et al. sqrt(n) checkpointing",
+    ),
+    "squeeze": (
+        "memplan.planners.search.squeeze",
+        "squeeze",
+        "SqueezeOptions",
+        "memplan's planner for memory pressure: heuristics and the net's choices, "
+        "improved by simulation",
     ),
     "cpsat": (
         "memplan.planners.cpsat.planner",
@@ -288,6 +305,10 @@ def run(
     *,
     budget_bytes: int | None = None,
     options: object = None,
+    evaluator: Evaluator | None = None,
 ) -> PlanResult:
-    """Run planner `name` with `options` (see `make_options`)."""
-    return get(name)(traces, device, budget_bytes=budget_bytes, options=options)
+    """Run planner `name` with `options` (see `make_options`); `evaluator`
+    goes to search planners (`PlannerSpec.searches`) and is ignored by the rest."""
+    return get(name)(
+        traces, device, budget_bytes=budget_bytes, options=options, evaluator=evaluator
+    )

@@ -116,6 +116,9 @@ ROOMS = {
     "memplan.planners.cpsat": {
         "memplan.planners.core", "memplan.planners.analysis", "memplan.planners.heuristics",
         "memplan.planners.cpsat"},
+    "memplan.planners.search": {
+        "memplan.planners.core", "memplan.planners.analysis", "memplan.planners.heuristics",
+        "memplan.planners.search"},
 }  # fmt: skip
 
 

@@ -1,0 +1,3 @@
+"""Planners that search over plans scored by a simulation the app shell
+injects (`planners.core.evaluate`): `squeeze`, memplan's planner for memory
+pressure."""

@@ -1,0 +1,278 @@
+"""squeeze: memplan's planner for memory pressure.
+
+Anytime search scored by the simulator the app shell injects
+(`planners.core.evaluate.Evaluator`); NOTE [ Squeeze ] says how it goes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from memplan.hwmodels.device import DeviceModel, Direction
+from memplan.planners.analysis.bounds import joint_peak_lower_bound
+from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
+from memplan.planners.core.check import check
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.evaluate import Evaluation, Evaluator
+from memplan.planners.core.options import options_dict
+from memplan.planners.core.plan import (
+    Event,
+    Plan,
+    PlanResult,
+    Reason,
+    Recompute,
+    Status,
+    SwapIn,
+    SwapOut,
+)
+from memplan.planners.heuristics.capuchin import capuchin
+from memplan.planners.heuristics.checkpoint import checkpoint
+from memplan.planners.heuristics.tensile import tensile
+from memplan.planners.heuristics.vanilla import release_only_plan
+from memplan.planners.heuristics.vdnn import vdnn
+from memplan.planners.search.moves import Search, accept_batches, prefetch_moves, prune_moves
+from memplan.planners.search.netplan import plan_from_net
+from memplan.traces.model import Trace
+
+SEEDS: dict[str, Callable[..., PlanResult]] = {
+    "tensile": tensile,
+    "capuchin": capuchin,
+    "checkpoint": checkpoint,
+    "vdnn": vdnn,
+}
+NETS = ("passive", "dtr")
+BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
+
+
+@dataclass(frozen=True, slots=True)
+class SqueezeOptions:
+    """- `time_limit_s`: wall-clock cap; `max_evaluations`: cap on simulated
+      candidates -- the search is deterministic for a seed when this one
+      binds first (NOTE [ Squeeze ]).
+    - `seeds`: heuristics to start from; `scales`: the budgets they are asked
+      for, as shares of the real one (their memory models are not the
+      simulator's, so a tighter ask may be what fits).
+    - `nets`: OOM policies whose choices are turned into plans.
+    - `seed`: order of equal-gain moves."""
+
+    time_limit_s: float = 60.0
+    max_evaluations: int = 300
+    seeds: str = "tensile,capuchin,checkpoint,vdnn"
+    scales: str = "1,0.9,0.8,0.7"
+    nets: str = "passive,dtr"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s={self.time_limit_s!r} must be > 0")
+        if self.max_evaluations < 1:
+            raise ValueError(f"max_evaluations={self.max_evaluations!r} must be >= 1")
+        for name in _names(self.seeds):
+            if name not in SEEDS:
+                raise ValueError(f"seeds: {name!r} is not one of {', '.join(SEEDS)}")
+        for name in _names(self.nets):
+            if name not in NETS:
+                raise ValueError(f"nets: {name!r} is not one of {', '.join(NETS)}")
+        for s in _scales(self.scales):
+            if not 0 < s <= 1:
+                raise ValueError(f"scales: {s!r} must be in (0, 1]")
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _scales(text: str) -> list[float]:
+    try:
+        return [float(x) for x in _names(text)]
+    except ValueError:
+        raise ValueError(f"scales={text!r}: expected numbers separated by commas") from None
+
+
+# NOTE [ Squeeze ]
+# 1. Start: release_only (free after the last access). If it fits, nothing
+#    better exists: done.
+# 2. Seeds: each heuristic of `seeds`, asked for the budget times each of
+#    `scales` (largest first; the first that fits is kept: a tighter ask
+#    only saves more); and each net of `nets` run under release_only, its
+#    choices written as plan events (NOTE [ From the net to a plan ]). Each
+#    candidate is checked and simulated without a net; the fastest that fits
+#    alone is the incumbent.
+# 3. Improve the incumbent with batched moves (NOTE [ Batched acceptance ]):
+#    prefetch swap-ins as early as the predicted timeline hides them;
+#    remove what the plan added beyond release_only, per buffer, costliest
+#    first (a swap or a recompute that the budget does not need); repeat
+#    while a round gains and time is left.
+# The search stops at `max_evaluations` simulations or `time_limit_s`,
+# whichever comes first; only the first makes the result independent of the
+# machine's speed, and `stats["stopped_by"]` says which it was.
+def squeeze(
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    *,
+    budget_bytes: int | None = None,
+    options: SqueezeOptions | None = None,
+    evaluator: Evaluator | None = None,
+) -> PlanResult:
+    """Search for the fastest plans that fit `budget_bytes` on their own."""
+    opts = options or SqueezeOptions()
+    t0 = time.perf_counter()
+    base = [release_only_plan(t) for t in traces]
+
+    def result(
+        status: Status, plans: Sequence[Plan], reason: Reason, detail: str, **stats
+    ) -> PlanResult:
+        return PlanResult(
+            "squeeze", status, tuple(plans), reason, detail, time.perf_counter() - t0,
+            options_dict(opts), stats,
+        )  # fmt: skip
+
+    if budget_bytes is None:
+        return result(Status.PLANNED, base, Reason.NONE, "no budget: release_only")
+    floor = joint_peak_lower_bound(traces).nbytes
+    if budget_bytes < floor:
+        detail = f"budget {budget_bytes} B is below the proven peak floor {floor} B"
+        return result(Status.INFEASIBLE, (), Reason.BELOW_BOUND, detail)
+    if evaluator is None:
+        detail = "squeeze scores plans by simulation: run it from memplan (compare, plan)"
+        return result(Status.STOPPED, (), Reason.NO_MOVE_LEFT, detail)
+    run = _Run(traces, device, budget_bytes, opts, evaluator, t0)
+    search = run.seed(base)
+    if search is None:
+        detail = f"no seed fits on its own; tried {', '.join(run.tried)}"
+        return result(Status.STOPPED, (), Reason.NO_MOVE_LEFT, detail, **run.stats())
+    run.improve(search, base)
+    return result(Status.PLANNED, search.plans, Reason.NONE, "", **run.stats(search))
+
+
+class _Run:
+    """One squeeze run: the candidates it tried and its limits."""
+
+    def __init__(
+        self,
+        traces: Sequence[Trace],
+        device: DeviceModel,
+        budget: int,
+        opts: SqueezeOptions,
+        evaluator: Evaluator,
+        t0: float,
+    ):
+        self.traces, self.device, self.budget, self.opts = traces, device, budget, opts
+        self.evaluator = evaluator
+        self.deadline = t0 + opts.time_limit_s
+        self.evaluations = 0
+        self.timed_out = False
+        self.tried: list[str] = []
+        self.origin = ""
+        self.rng = random.Random(opts.seed)
+
+    def out_of_time(self) -> bool:
+        if time.perf_counter() > self.deadline:
+            self.timed_out = True
+        return self.timed_out or self.evaluations >= self.opts.max_evaluations
+
+    def evaluate(self, plans: Sequence[Plan], policy: str = "fail") -> Evaluation | None:
+        """The simulated run of `plans` (checked first: None if they fail)."""
+        try:
+            for p, t in zip(plans, self.traces, strict=True):
+                check(p, t)
+        except PlanError:
+            return None
+        self.evaluations += 1
+        return self.evaluator(plans, policy)
+
+    def stats(self, search: Search | None = None) -> dict:
+        out = {
+            "evaluations": self.evaluations,
+            "stopped_by": "time limit" if self.timed_out else "evaluations or no move left",
+            "tried": list(self.tried),
+            "start": self.origin,
+        }
+        if search is not None:
+            out["predicted_iteration_s"] = search.best.iteration_s
+        return out
+
+    # ---- step 1 and 2 --------------------------------------------------------------
+    def seed(self, base: list[Plan]) -> Search | None:
+        best: tuple[Evaluation, list[Plan], str] | None = None
+
+        def offer(plans: Sequence[Plan], label: str) -> bool:
+            nonlocal best
+            self.tried.append(label)
+            ev = self.evaluate(plans)
+            if ev is None or not ev.fits:
+                return False
+            if best is None or ev.iteration_s < best[0].iteration_s:
+                best = (ev, list(plans), label)
+            return True
+
+        if offer(base, "release_only"):
+            self.origin = "release_only"
+            return self._search(best)
+        short: list[tuple[list[Plan], str]] = [(base, "release_only")]
+        for name in _names(self.opts.seeds):
+            scales = [1.0] if name in BUDGET_FREE else _scales(self.opts.scales)
+            for s in scales:
+                if self.out_of_time():
+                    break
+                r = SEEDS[name](self.traces, self.device, budget_bytes=int(self.budget * s))
+                if not r.plans:
+                    continue
+                if offer(r.plans, f"{name}@{s:g}"):
+                    break
+                if s == scales[0]:
+                    short.append((list(r.plans), f"{name}@{s:g}"))
+        for plans, label in short:
+            for net in _names(self.opts.nets):
+                if self.out_of_time():
+                    break
+                netted = self.with_net(plans, net)
+                if netted is None:
+                    self.tried.append(f"{label}+{net} (ran out)")
+                else:
+                    offer(netted, f"{label}+{net}")
+        if best is None:
+            return None
+        self.origin = best[2]
+        return self._search(best)
+
+    def with_net(self, plans: list[Plan], net: str) -> list[Plan] | None:
+        """`plans` plus what the `net` policy did to them, as events (NOTE
+        [ From the net to a plan ]); None if they ran out even with the net."""
+        ev = self.evaluate(plans, net)
+        if ev is None or ev.oom_at is not None:
+            return None
+        it = ev.iterations - 1
+        pairs = zip(self.traces, plans, strict=True)
+        return [plan_from_net(t, p, ev.moves, j, it)[0] for j, (t, p) in enumerate(pairs)]
+
+    def _search(self, best: tuple[Evaluation, list[Plan], str]) -> Search:
+        return Search(best[1], best[0], self.evaluate, self.out_of_time)
+
+    # ---- step 3 ----------------------------------------------------------------------
+    def improve(self, search: Search, base: list[Plan]) -> None:
+        timelines = predict_timelines(self.traces, self.device)
+        durations = [op_durations_us(t, self.device) for t in self.traces]
+
+        def cost(j: int, e: Event) -> float:
+            if isinstance(e, Recompute):
+                return float(sum(durations[j][k] for k in e.ops))
+            if isinstance(e, SwapIn | SwapOut):
+                nbytes = int(self.traces[j].nbytes[e.buffer])
+                return float(self.device.copy_time(nbytes, Direction.H2D))
+            return 0.0
+
+        while not self.out_of_time():
+            before = search.best.iteration_s
+            accept_batches(
+                search,
+                prefetch_moves(self.traces, self.device, timelines, search.plans),
+                strict=True,
+            )
+            moves = prune_moves(base, search.plans, cost, self.rng)
+            accept_batches(search, moves, strict=False)
+            if not search.best.iteration_s < before - 1e-12:
+                break
