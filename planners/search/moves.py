@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
+from memplan.planners.analysis.accesses import access_table
 from memplan.planners.analysis.optimes import Timeline
 from memplan.planners.core.evaluate import Evaluation
-from memplan.planners.core.plan import Event, Plan, SwapIn, SwapOut
+from memplan.planners.core.plan import Event, Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.traces.model import Trace
 
 # NOTE [ Batched acceptance ]
@@ -133,3 +134,52 @@ def prefetch_moves(
                 moves.append((need, (j, (e,), (moved,))))
     moves.sort(key=lambda m: -m[0])
     return [m[1] for m in moves]
+
+
+def deadline_moves(plans: Sequence[Plan]) -> list[Move]:
+    """Swap-outs with a deadline, without it: the op then need not wait for
+    the copy (kept only if the plans still fit and run faster)."""
+    moves: list[Move] = []
+    for j, p in enumerate(plans):
+        for e in p.events:
+            if isinstance(e, SwapOut) and e.before_op >= 0:
+                moves.append((j, (e,), (SwapOut(e.buffer, e.after_op, e.delay_us),)))
+    return moves
+
+
+def recompute_moves(
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    durations: Sequence[np.ndarray],
+    plans: Sequence[Plan],
+) -> list[Move]:
+    """A swap pair of an activation (SwapOut after p, SwapIn before m, same
+    iteration) as Release after p and Recompute of its producer before m,
+    where the producer takes less time than the two copies; largest gain
+    first. Whether the producer's inputs are still there is the checker's
+    to say (a move that fails it is dropped)."""
+    scored = []
+    for j, (t, p) in enumerate(zip(traces, plans, strict=True)):
+        table = access_table(t)
+        outs = {e.buffer: e for e in p.events if isinstance(e, SwapOut)}
+        for e in p.events:
+            if not isinstance(e, SwapIn) or e.next_iteration or e.buffer not in outs:
+                continue
+            b = e.buffer
+            if t.persistent[b]:
+                continue
+            writers = table.accesses(b)[table.writes[table.ptr[b] : table.ptr[b + 1]]]
+            if len(writers) != 1 or t.ops[int(writers[0])].rng:
+                continue
+            producer = int(writers[0])
+            nbytes = int(t.nbytes[b])
+            copies = float(
+                device.copy_time(nbytes, Direction.H2D) + device.copy_time(nbytes, Direction.D2H)
+            )
+            gain = copies - float(durations[j][producer])
+            out = outs[b]
+            if gain > 0 and out.after_op >= producer:
+                new = (Release(b, out.after_op), Recompute(b, e.before_op, (producer,)))
+                scored.append((gain, (j, (out, e), new)))
+    scored.sort(key=lambda m: -m[0])
+    return [m[1] for m in scored]

@@ -29,6 +29,11 @@ from memplan.traces.model import Trace
 #   then moves that trigger earlier where the search finds it pays;
 # - dropped (DTR, no host copy): Release(after p) and Recompute(before m,
 #   the ops the net re-ran).
+# DTR remakes an absent input of a producer first: a remade buffer still
+# alive becomes its own Recompute before that op (a source the chain of the
+# next finds present), a dead one (released, or a temporary) an intermediate
+# op of the next live buffer's chain, freed when that chain ends, as DTR
+# frees it when the remake ends.
 # A restore with no eviction before it in the iteration pairs with the last
 # eviction of that buffer (a persistent buffer evicted late in one iteration
 # and needed early in the next): SwapIn(after the last op, before m,
@@ -45,59 +50,79 @@ def plan_from_net(
     [ From the net to a plan ]); returns the plan and the events added."""
     table = access_table(trace)
     n = trace.n_ops
+    planned = {(e.buffer, e.before_op) for e in base.events if isinstance(e, Recompute)}
     per_buffer: dict[int, list[NetMove]] = {}
-    for m in moves:
-        if m.job == job and m.iteration == iteration:
-            per_buffer.setdefault(m.buffer, []).append(m)
+    for m in _chains(trace, [m for m in moves if m.job == job and m.iteration == iteration]):
+        per_buffer.setdefault(m.buffer, []).append(m)
     added: list[Event] = []
     for b, seq in sorted(per_buffer.items()):
         acc = table.accesses(b).tolist()
         persistent = bool(trace.persistent[b])
         first_restore: NetMove | None = None
         evicted: NetMove | None = None
+        back = -1  # the op the buffer was last brought back for
         for m in seq:
             if m.kind == "evict":
                 evicted = m
-            elif evicted is None:
-                first_restore = first_restore or m
+            elif evicted is not None:
+                added += _pair(b, evicted, m.op, m, _since(acc, evicted.op, back), n)
+                evicted, back = None, m.op
+            elif not m.swapped and m.ops and (b, m.op) not in planned:
+                # remade as a source of another remake: its own Recompute
+                added.append(Recompute(b, m.op, m.ops))
+                back = m.op
             else:
-                added += _pair(b, evicted, m.op, m, acc, next_iteration=False, n=n)
-                evicted = None
+                first_restore = first_restore or m
         if evicted is None:
             continue
-        if persistent and acc:
+        p = _since(acc, evicted.op, back)
+        if persistent and acc and evicted.swapped:
             m_op = first_restore.op if first_restore else acc[0]
-            added += _pair(b, evicted, m_op, first_restore, acc, next_iteration=True, n=n)
+            added += [_out(b, evicted, p), SwapIn(b, n - 1, m_op, next_iteration=True)]
         elif not persistent:
-            added.append(Release(b, _prev_access(acc, evicted.op)))
+            added.append(Release(b, p))
     events = (*base.events, *added)
     return Plan(base.trace_fingerprint, events, base.model), tuple(added)
 
 
-def _prev_access(acc: list[int], op: int) -> int:
-    prev = [a for a in acc if a < op]
-    return prev[-1] if prev else -1
-
-
-def _pair(
-    b: int,
-    evict: NetMove,
-    restore_op: int,
-    restore: NetMove | None,
-    acc: list[int],
-    *,
-    next_iteration: bool,
-    n: int,
-) -> list[Event]:
-    p = _prev_access(acc, evict.op)
-    if not evict.swapped:
-        ops = restore.ops if restore is not None and restore.ops else ()
-        if not ops or next_iteration:
-            return []
-        return [Release(b, p), Recompute(b, restore_op, ops)]
-    out: list[Event] = [SwapOut(b, p, before_op=evict.op if evict.op > p else -1)]
-    if next_iteration:
-        out.append(SwapIn(b, n - 1, restore_op, next_iteration=True))
-    else:
-        out.append(SwapIn(b, max(restore_op - 1, evict.op), restore_op))
+def _chains(trace: Trace, moves: list[NetMove]) -> list[NetMove]:
+    """Remakes before one op, in the order they ran, folded into chains: a
+    buffer remade that is dead at that op (released, or past its last access)
+    was a temporary of the remake -- its producer joins the ops of the next
+    live buffer remade, as a Recompute chain's intermediate (NOTE [ From the
+    net to a plan ])."""
+    last = trace.last_access
+    out: list[NetMove] = []
+    held: list[int] = []
+    for m in moves:
+        if m.kind != "restore" or m.swapped:
+            out.append(m)
+            continue
+        dead = not trace.persistent[m.buffer] and int(last[m.buffer]) < m.op
+        if dead:
+            held += m.ops
+            continue
+        ops = tuple(sorted(set(held) | set(m.ops)))
+        held = []
+        out.append(NetMove(m.job, m.iteration, m.kind, m.op, m.buffer, False, ops))
     return out
+
+
+def _since(acc: list[int], op: int, back: int) -> int:
+    """The op after which the buffer was last used before `op`: its last
+    access, or the op it was last brought back for (-1: the iteration's start)."""
+    prev = [a for a in acc if a < op]
+    last = prev[-1] if prev else -1
+    return max(last, back if back < op else -1)
+
+
+def _out(b: int, evict: NetMove, p: int) -> SwapOut:
+    return SwapOut(b, p, before_op=evict.op if evict.op > p else -1)
+
+
+def _pair(b: int, evict: NetMove, restore_op: int, restore: NetMove, p: int, n: int) -> list[Event]:
+    if not evict.swapped:
+        if not restore.ops:
+            return []
+        return [Release(b, p), Recompute(b, restore_op, restore.ops)]
+    return [_out(b, evict, p), SwapIn(b, max(restore_op - 1, evict.op, p), restore_op)]

@@ -33,7 +33,14 @@ from memplan.planners.heuristics.checkpoint import checkpoint
 from memplan.planners.heuristics.tensile import tensile
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.planners.heuristics.vdnn import vdnn
-from memplan.planners.search.moves import Search, accept_batches, prefetch_moves, prune_moves
+from memplan.planners.search.moves import (
+    Search,
+    accept_batches,
+    deadline_moves,
+    prefetch_moves,
+    prune_moves,
+    recompute_moves,
+)
 from memplan.planners.search.netplan import plan_from_net
 from memplan.traces.model import Trace
 
@@ -45,6 +52,7 @@ SEEDS: dict[str, Callable[..., PlanResult]] = {
 }
 NETS = ("passive", "dtr")
 BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
+NET_ROUNDS = 3  # NOTE [ Squeeze ]: a net's choices written down, run under the net again
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +106,21 @@ def _scales(text: str) -> list[float]:
 # 2. Seeds: each heuristic of `seeds`, asked for the budget times each of
 #    `scales` (largest first; the first that fits is kept: a tighter ask
 #    only saves more); and each net of `nets` run under release_only, its
-#    choices written as plan events (NOTE [ From the net to a plan ]). Each
+#    choices written as plan events (NOTE [ From the net to a plan ]); the
+#    net's moves happen at run time, in an order a plan cannot always copy
+#    (DTR evicts in the middle of a remake), so a written-down plan that
+#    still runs short runs under the net again and takes its further
+#    choices, up to `NET_ROUNDS` times. Each
 #    candidate is checked and simulated without a net; the fastest that fits
 #    alone is the incumbent.
-# 3. Improve the incumbent with batched moves (NOTE [ Batched acceptance ]):
-#    prefetch swap-ins as early as the predicted timeline hides them;
-#    remove what the plan added beyond release_only, per buffer, costliest
-#    first (a swap or a recompute that the budget does not need); repeat
-#    while a round gains and time is left.
+# 3. Improve the incumbent with batched moves (NOTE [ Batched acceptance ]),
+#    each round: swap pairs of activations whose producer is cheaper than
+#    the two copies become Release + Recompute; swap-out deadlines are
+#    dropped; swap-ins are prefetched as early as the predicted timeline
+#    hides them (not before their swap-out must be over); and what the plan
+#    added beyond release_only is removed, per buffer, costliest first (a
+#    swap or a recompute that the budget does not need). Rounds repeat while
+#    one gains and evaluations and time are left.
 # The search stops at `max_evaluations` simulations or `time_limit_s`,
 # whichever comes first; only the first makes the result independent of the
 # machine's speed, and `stats["stopped_by"]` says which it was.
@@ -227,13 +242,17 @@ class _Run:
                     short.append((list(r.plans), f"{name}@{s:g}"))
         for plans, label in short:
             for net in _names(self.opts.nets):
-                if self.out_of_time():
-                    break
-                netted = self.with_net(plans, net)
-                if netted is None:
-                    self.tried.append(f"{label}+{net} (ran out)")
-                else:
-                    offer(netted, f"{label}+{net}")
+                cur = plans
+                for k in range(1, NET_ROUNDS + 1):
+                    if self.out_of_time():
+                        break
+                    netted = self.with_net(cur, net)
+                    if netted is None:
+                        self.tried.append(f"{label}+{net}x{k} (ran out)")
+                        break
+                    if offer(netted, f"{label}+{net}x{k}"):
+                        break
+                    cur = netted
         if best is None:
             return None
         self.origin = best[2]
@@ -265,13 +284,14 @@ class _Run:
                 return float(self.device.copy_time(nbytes, Direction.H2D))
             return 0.0
 
+        traces, device = self.traces, self.device
         while not self.out_of_time():
             before = search.best.iteration_s
-            accept_batches(
-                search,
-                prefetch_moves(self.traces, self.device, timelines, search.plans),
-                strict=True,
-            )
+            moves = recompute_moves(traces, device, durations, search.plans)
+            accept_batches(search, moves, strict=True)
+            accept_batches(search, deadline_moves(search.plans), strict=True)
+            moves = prefetch_moves(traces, device, timelines, search.plans)
+            accept_batches(search, moves, strict=True)
             moves = prune_moves(base, search.plans, cost, self.rng)
             accept_batches(search, moves, strict=False)
             if not search.best.iteration_s < before - 1e-12:
