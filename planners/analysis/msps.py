@@ -93,6 +93,44 @@ def producer(trace: Trace, b: int, table: AccessTable | None = None) -> int:
     return op
 
 
+# NOTE [ In-place chains ]
+# A buffer written more than once -- a convolution's output that an in-place
+# ReLU (`relu_`) overwrites, a dropout mask made by `empty_like`, filled by
+# `bernoulli_` and scaled by `div_` -- has no single producer, but its value
+# as op x reads it is made again by re-running, in order, every op that
+# wrote it before x (`makers`). With `in_place=True` a chain does that for
+# the buffer and for every input it must remake: an input read by chain op
+# k gets its writers before k. Rejected as for one producer (NOTE [ What
+# can be recomputed ]): a buffer that exists at the start or is persistent,
+# whose first access is not its creating write, or whose first writer reads
+# it; a writer that updates a persistent buffer (batch norm's running
+# statistics), or that updates in place a buffer other than this one (it
+# would be applied twice). Capuchin keeps single producers (`in_place=False`).
+def makers(
+    trace: Trace, b: int, before_op: int, table: AccessTable | None = None
+) -> tuple[int, ...]:
+    """The ops, ascending, that make buffer `b`'s value as op `before_op`
+    reads it: its writes before `before_op`; () if it cannot be remade
+    (NOTE [ In-place chains ])."""
+    if trace.exists_at_start[b] or trace.persistent[b]:
+        return ()
+    table = table or access_table(trace)
+    p0, p1 = int(table.ptr[b]), int(table.ptr[b + 1])
+    if p1 == p0 or not table.writes[p0]:
+        return ()
+    acc, w = table.ops[p0:p1], table.writes[p0:p1]
+    ks = acc[w & (acc < before_op)].tolist()
+    if not ks or b in trace.op_reads(ks[0]):
+        return ()
+    for k in ks:
+        if trace.writes_persistent[k]:
+            return ()
+        reads = trace.op_reads(k)
+        if any(int(x) != b and x in reads for x in trace.op_writes(k)):
+            return ()
+    return tuple(ks)
+
+
 def chain(
     trace: Trace,
     b: int,
@@ -101,12 +139,16 @@ def chain(
     *,
     max_ops: int = 1,
     table: AccessTable | None = None,
+    in_place: bool = False,
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(ops ascending, sources) that recompute `b` just before `before_op`, or
     None. `available(s)` says whether buffer `s` may be read from the device
     at `before_op`; unavailable inputs are recomputed in turn, as long as the
-    chain stays within `max_ops` ops."""
+    chain stays within `max_ops` ops. With `in_place`, buffers written more
+    than once are remade by all their writes (NOTE [ In-place chains ])."""
     table = table or access_table(trace)
+    if in_place:
+        return _in_place_chain(trace, b, before_op, available, max_ops, table)
     ops: set[int] = set()
     made: set[int] = set()
     todo = [b]
@@ -142,6 +184,51 @@ def chain(
     return order, tuple(sources)
 
 
+def _in_place_chain(
+    trace: Trace,
+    b: int,
+    before_op: int,
+    available: Callable[[int], bool],
+    max_ops: int,
+    table: AccessTable,
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """`chain` with `in_place`: each buffer to remake for a reader k gets
+    all its writes before k (NOTE [ In-place chains ])."""
+    ops: set[int] = set()
+    made: set[int] = set()
+    todo = [(b, before_op)]
+    seen: set[tuple[int, int]] = set()
+    while todo:
+        x, at = todo.pop()
+        if (x, at) in seen:
+            continue
+        seen.add((x, at))
+        ks = makers(trace, x, at, table)
+        if not ks:
+            return None
+        for k in ks:
+            if k in ops:
+                continue
+            ops.add(k)
+            if len(ops) > max_ops:
+                return None
+            made.update(int(w) for w in trace.op_writes(k).tolist())
+            for s in trace.op_reads(k).tolist():
+                if s != x and (s in made or not available(s)):
+                    todo.append((s, k))
+    order = tuple(sorted(ops))
+    made_so_far: set[int] = set()
+    sources: list[int] = []
+    for k in order:
+        for s in trace.op_reads(k).tolist():
+            if s not in made_so_far and s not in sources:
+                if not available(s) or _overwritten(table, s, k, before_op):
+                    return None
+                sources.append(s)
+        made_so_far.update(int(w) for w in trace.op_writes(k).tolist())
+    return order, tuple(sources)
+
+
 def _overwritten(table: AccessTable, s: int, k: int, before_op: int) -> bool:
     """Whether an op strictly between `k` and `before_op` writes `s`."""
     p0, p1 = int(table.ptr[s]), int(table.ptr[s + 1])
@@ -161,12 +248,13 @@ def candidate(
     *,
     max_ops: int = 1,
     saving_bytes: int | None = None,
+    in_place: bool = False,
 ) -> RecomputeCandidate | None:
     """The candidate that frees `b` between `release_after` and `before_op`,
-    or None if no chain within `max_ops` can make it. `saving_bytes`
-    defaults to b's size."""
+    or None if no chain within `max_ops` can make it (`in_place`: NOTE [
+    In-place chains ]). `saving_bytes` defaults to b's size."""
     table = access_table(trace)
-    found = chain(trace, b, before_op, available, max_ops=max_ops, table=table)
+    found = chain(trace, b, before_op, available, max_ops=max_ops, table=table, in_place=in_place)
     if found is None:
         return None
     ops, sources = found

@@ -13,12 +13,16 @@ Algorithm 3 in order:
    compute (a swap that cannot be hidden is not scheduled). Stop when no
    buffer at the peak can be swapped, when the peak fits the budget, or by
    the paper's stopping rule.
-3. If the peak still exceeds the budget: recompute, by highest MSPS, buffers
-   at the peak that were never released (§IV-D), until it fits.
+3. If the peak still exceeds the budget: recompute (§IV-D) accesses that
+   swapping never released, by highest MSPS with Capuchin's update after
+   each choice, recompute chains allowed, until it fits
+   (`tensile_recompute`, NOTE [ TENSILE recompute rounds ]).
 
 Without a budget TENSILE lowers the peak as far as hidden swaps go and never
 recomputes (recompute always costs time); with one it stops as soon as the
-peak fits and reports that it stopped (no move left) if it cannot get there.
+peak fits. If it cannot get there it returns its plan anyway, stopped with no
+move left, and says how much the runtime safety net must make up
+(NOTE [ Short of the budget ]).
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from memplan.planners.analysis import (
     LaneSet,
     as_traces,
     check_budget,
-    msps,
     peak_analysis,
     predict_timelines,
 )
@@ -44,6 +47,8 @@ from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
     Plan,
     PlanResult,
+    Reason,
+    Status,
     SwapIn,
     SwapOut,
     fingerprint_of,
@@ -51,6 +56,7 @@ from memplan.planners.core.plan import (
 )
 from memplan.planners.heuristics.tensile_job import JobState, event_order, us
 from memplan.planners.heuristics.tensile_options import TensileOptions
+from memplan.planners.heuristics.tensile_recompute import Recomputer
 from memplan.traces.model import Trace
 
 # NOTE [ Which gap is swapped ]
@@ -92,22 +98,15 @@ from memplan.traces.model import Trace
 # lane falls behind (replays with and without deadlines: docs/planners.md).
 # A swap-out that moves no bytes (a discard) needs none.
 
-# NOTE [ Recompute candidates ]
-# §IV-D recomputes only "tensor accesses which have never been released" so
-# that a recompute never disturbs the swap plan: a candidate is a buffer
-# resident at a job's peak op, in a gap around it, that no swap or release
-# touches, whose recompute chain (`planners.analysis.msps.chain`, at most
-# `max_recompute_ops` ops) reads only buffers alive and never released at
-# the op that needs it again. The sources of a chosen recompute are never
-# released afterwards either. Saving = the buffer's bytes (it leaves the
-# peak), time = the chain's predicted compute time.
-# A recompute delays every later op of its job (and, through the shared
-# compute queue, the other jobs). Copies triggered after it move with it;
-# a copy triggered before it and still running when it starts would not: a
-# swap-in would land early (more memory than planned) and later copies could
-# queue behind it. So a recompute is only placed before an op at whose ready
-# time no copy of the job is running; with that, one job's plan keeps its
-# predicted memory. Across jobs the delay still shifts the interleaving.
+
+# NOTE [ Short of the budget ]
+# TENSILE's system runs its plan with passive swapping underneath: what the
+# plan leaves over the budget is swapped on demand at run time, and the
+# paper's overheads include it. So when no swap or recompute is left and
+# the predicted peak is still over the budget, the plan is returned, not
+# dropped: `Status.STOPPED` with `Reason.NO_MOVE_LEFT` (the planner stopped
+# short; the problem is not said to be infeasible), and the detail names the
+# bytes the runtime safety net (`--fallback passive|dtr`) must make up.
 
 
 def tensile(
@@ -143,6 +142,7 @@ class _Tensile:
         self.jobs = [JobState(j, t, timelines[j], device, opts) for j, t in enumerate(traces)]
         self.lanes = LaneSet(timelines, lanes=device.lanes, per_job_lane=opts.per_job_lane)
         self.rounds = 0
+        self.recomputer: Recomputer | None = None
         self.stop = ""
         self.history: list[int] = []
 
@@ -167,14 +167,10 @@ class _Tensile:
             self.rounds += 1
         if self.budget is None or not o.recompute:
             return
-        while True:
-            pa = peak_analysis([jb.state for jb in self.jobs])
-            if pa.peak_bytes <= self.budget:
-                self.stop += ", fits after recompute"
-                return
-            if not self._recompute_round(pa):
-                self.stop += ", no recompute"
-                return
+        # §IV-D: NOTE [ TENSILE recompute rounds ] in tensile_recompute.py
+        self.recomputer = Recomputer(self.jobs, self.lanes, self.budget, o)
+        fits = self.recomputer.run()
+        self.stop += ", fits after recompute" if fits else ", no recompute left"
 
     def _stalled(self) -> bool:
         o, h = self.opts, self.history
@@ -347,7 +343,6 @@ class _Tensile:
         self.lanes.book(jb.j, ts, float(jb.d_in[b]), Direction.H2D)
         jb.events.append(SwapIn(b, after, nxt % n, us(delay), next_iteration=cross and r == 0))
         jb.done[g] = True
-        jb.touched[b] = True
         jb.swaps += 1
         return True
 
@@ -366,102 +361,47 @@ class _Tensile:
                     self._commit(jb, b, x, prev, nxt, te, ts, None)
             x += 1
 
-    # ---- §IV-D recompute ------------------------------------------------------------
-    def _recompute_round(self, pa) -> bool:
-        cands: list[msps.RecomputeCandidate] = []
-        for jb in self.jobs:
-            p = pa.job_peak_op[jb.j]
-            if p < 0:
-                continue
-            res = pa.resident[jb.j]
-            res = res[~np.isin(res, jb.trace.op_accesses(p))]
-            res = res[~jb.touched[res] & ~jb.pinned[res] & ~jb.trace.persistent[res]]
-            for b in res.tolist():
-                gap = jb.table.gap_around(b, p)
-                if gap is None:
-                    continue
-                _k, prev, nxt = gap
-                if prev < 0 or nxt >= jb.n or not self._recompute_safe(jb, nxt):
-                    continue
-                c = msps.candidate(
-                    jb.trace,
-                    jb.j,
-                    b,
-                    prev,
-                    nxt,
-                    jb.durations,
-                    self._available(jb, nxt, b),
-                    max_ops=self.opts.max_recompute_ops,
-                )
-                if c is not None:
-                    cands.append(c)
-        c = msps.best(cands)
-        if c is None:
-            return False
-        jb = self.jobs[c.job]
-        jb.state.add_hole(c.buffer, c.release_after + 1, c.before_op - 1, BOTH)
-        if c.temp_bytes:
-            jb.state.add_bytes(c.before_op, c.temp_bytes)
-        jb.events.extend(c.events())
-        jb.touched[c.buffer] = True
-        jb.pinned[list(c.sources)] = True
-        jb.recomputes += 1
-        jb.recompute_us += c.time_us
-        return True
-
-    def _recompute_safe(self, jb: JobState, op: int) -> bool:
-        """Whether a recompute just before `op` leaves the job's swaps as
-        planned: no copy of the job is running when `op` is ready
-        (NOTE [ Recompute candidates ])."""
-        t = jb.t_ready(op)
-        P = jb.tl.period_us
-        for j, s, d, _direction in self.lanes.bookings:
-            if j != jb.j:
-                continue
-            k = math.floor((t - s) / P)  # the repetition of the copy that starts last before t
-            if s + k * P + d > t + EPS_US and s + k * P < t - EPS_US:
-                return False
-        return True
-
-    def _available(self, jb: JobState, op: int, target: int):
-        st = jb.state
-
-        def available(s: int) -> bool:
-            return (
-                s != target
-                and not jb.touched[s]
-                and int(st.start[s]) <= op <= int(st.end[s])
-                and not st.absent_at(s, op)
-            )
-
-        return available
-
     # ---- the result --------------------------------------------------------------
     def result(self, t0: float) -> PlanResult:
+        rc = self.recomputer
         plans = []
         for jb in self.jobs:
-            evs = sorted(jb.events, key=event_order)
+            evs = jb.events + (rc.events(jb.j) if rc else [])
+            evs.sort(key=event_order)
             plans.append(Plan(fingerprint_of(jb.trace), tuple(evs), jb.trace.meta.model))
         pa = peak_analysis([jb.state for jb in self.jobs])
         peak = pa.peak_bytes
+        rec_us = [rc.time_us(jb.j) if rc else 0.0 for jb in self.jobs]
         stats = {
             "peak_bytes": peak,
             "job_peak_bytes": list(pa.job_peak_bytes),
             "vanilla_peak_bytes": sum(t.peak("framework")[0] for t in self.traces),
             "liveness_peak_bytes": sum(t.peak("liveness")[0] for t in self.traces),
             "swaps": [jb.swaps for jb in self.jobs],
-            "recomputes": [jb.recomputes for jb in self.jobs],
-            "recompute_time_s": sum(jb.recompute_us for jb in self.jobs) * 1e-6,
+            "recomputes": [rc.count(jb.j) if rc else 0 for jb in self.jobs],
+            "recompute_time_s": sum(rec_us) * 1e-6,
+            # [job, buffer, before_op, MSPS (bytes/s) when taken], in pick order
+            "recompute_picks": [list(x) for x in rc.picks] if rc else [],
             "rounds": self.rounds,
             "stop": self.stop,
-            "predicted_iteration_time_s": [tl.period_us * 1e-6 for tl in self.timelines],
+            "predicted_iteration_time_s": [
+                (tl.period_us + r) * 1e-6 for tl, r in zip(self.timelines, rec_us, strict=True)
+            ],
         }
-        return fit_result(
-            "tensile",
-            plans,
-            peak,
-            self.budget,
-            t0,
-            options={"budget_bytes": self.budget, **options_dict(self.opts)},
+        options = {"budget_bytes": self.budget, **options_dict(self.opts)}
+        if self.budget is None or peak <= self.budget:
+            return fit_result("tensile", plans, peak, self.budget, t0, options=options, stats=stats)
+        return PlanResult(  # NOTE [ Short of the budget ]
+            planner="tensile",
+            status=Status.STOPPED,
+            plans=tuple(plans),
+            reason=Reason.NO_MOVE_LEFT,
+            detail=(
+                f"predicted peak {peak} B is over the budget {self.budget} B with no swap or "
+                f"recompute left; the runtime safety net (--fallback) must make up "
+                f"{peak - self.budget} B"
+            ),
+            solve_time_s=time.perf_counter() - t0,
+            options=options,
             stats=stats,
         )

@@ -42,11 +42,7 @@ class JobState:
         self.hole_ts = np.full(n_acc, np.nan)
         self.done = np.zeros(n_acc, bool)
         self.out_gaps: dict[int, list[int]] = {}  # buffer -> gaps with a swap-out
-        self.touched = np.zeros(trace.n_buffers, bool)  # swapped or recomputed
-        self.pinned = np.zeros(trace.n_buffers, bool)  # a recompute reads it
         self.swaps = 0
-        self.recomputes = 0
-        self.recompute_us = 0.0
 
     # unrolled op times: op index x may be >= n (the next iteration)
     def t_end(self, x: int) -> float:

@@ -16,8 +16,13 @@ class TensileOptions:
       (NOTE [ Max swapping rate ]); 1 = no cap.
     - `swap_rest`: after a swap succeeds, also swap the buffer in before its
       later accesses (Algorithm 2 line 43; NOTE [ Which gap is swapped ]).
-    - `recompute`: MSPS recompute when swapping leaves the peak over budget.
-    - `max_recompute_ops`: longest recompute chain.
+    - `recompute`: MSPS recompute when swapping leaves the peak over budget
+      (NOTE [ TENSILE recompute rounds ] in tensile_recompute.py).
+    - `max_recompute_ops`: longest recompute chain, in ops; the paper sets
+      none (NOTE [ Recompute chain length ]).
+    - `recompute_in_place`: a buffer written in place (an in-place ReLU, a
+      dropout mask) may be remade by all its writes
+      (planners.analysis.msps NOTE [ In-place chains ]).
     - `count_first_iteration`: the peak of iteration 0 counts, as in the
       simulator (NOTE [ Peak analysis on the op grid ]).
     - `margin_us`: slack left between a swap-in's end and the op needing it.
@@ -29,7 +34,8 @@ class TensileOptions:
     max_swap_rate: float = 1.0
     swap_rest: bool = True
     recompute: bool = True
-    max_recompute_ops: int = 1
+    max_recompute_ops: int = 32
+    recompute_in_place: bool = True
     count_first_iteration: bool = True
     margin_us: float = 0.0
     stop_after: int = 100
@@ -58,6 +64,16 @@ class TensileOptions:
 # job or a rate of 1 there is no cap, with two jobs at 0.5 they take turns.
 # As in the paper the cap does not apply to cross-iteration swaps of updated
 # parameters (line 33).
+#
+# NOTE [ Recompute chain length ]
+# §IV-D only recomputes accesses whose inputs were never released, so its
+# chains are one op long; with Capuchin's update (which §IV-D's MSPS comes
+# from) a source released for recompute is made again inside the chain, and
+# the chain grows by every such source. The paper sets no cap; ours bounds a
+# chain's time and the work of building chains. 32 ops, Capuchin's default
+# here: on the six shipped traces at 75, 60 and 50% of the vanilla peak
+# (rtx-a6000, roofline), 1 op fits 8 of the 18 cells, 8 ops 9, 16 and 32
+# ops 11 (32 gets lower peaks where the plan still falls short).
 #
 # NOTE [ Stopping rule ]
 # Algorithm 3 stops when no swap and no recompute succeeds, and also when

@@ -1,0 +1,324 @@
+"""TENSILE §IV-D: after swap scheduling, recompute the accesses that swapping
+never released, chosen by MSPS with Capuchin's update after each choice
+(Capuchin §4.5, Algorithm 2), until the memory fits.
+
+`Recomputer(jobs, lanes, budget, opts).run()` works on the jobs' planning
+state (`tensile_job.JobState`): it cuts holes into their op-grid memory and
+keeps its choices; `events(j)` writes job j's out as plan events. See
+NOTE [ TENSILE recompute rounds ] and NOTE [ MSPS update in TENSILE ].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from memplan.planners.analysis import BOTH, EPS_US, LaneSet, msps, peak_analysis
+from memplan.planners.core.plan import Event, Recompute, Release, SwapOut
+from memplan.planners.heuristics.tensile_job import JobState
+from memplan.planners.heuristics.tensile_options import TensileOptions
+
+# NOTE [ TENSILE recompute rounds ]
+# §IV-D recomputes "tensor accesses which have never been released": a
+# candidate is one gap between two accesses of a non-persistent buffer that
+# no swap or release has emptied (`JobState.done`), around a job's peak op,
+# within the iteration. Freed after the access that opens the gap
+# (`Release`), the buffer is made again on demand before the access that
+# closes it (`Recompute`) by a chain of at most `max_recompute_ops` ops
+# (`msps.chain`): its producer (all its writes, if it is updated in place:
+# `recompute_in_place`, NOTE [ In-place chains ] in msps.py), and those of
+# every input that is not on the device then -- dead after its last
+# access, swapped out, or itself released for recompute
+# (NOTE [ MSPS update in TENSILE ]).
+# Rounds, as Capuchin's: peak analysis (Algorithm 1) names each job's peak
+# op and the buffers resident there; the candidates around it are valued by
+# MSPS = bytes / recompute seconds (Eq. 4); the best is taken and the others
+# updated, until the jobs' peaks fit the budget or no job peaks at the op
+# its candidates were taken around any more (a new round starts from a new
+# peak analysis). A round that takes nothing ends the phase: what is still
+# over the budget is left to the runtime safety net (the result says so).
+# Besides time, a recompute costs memory and moves ops, so it is not taken
+# - when its chain's other outputs, temporaries at the op that needs the
+#   buffer (and those it adds to chosen chains), would make that op reach
+#   the job's current peak;
+# - before an op at whose ready time a swap-out of the job is triggered but
+#   its copy has not started (it waits out a delay for its lane slot). The
+#   recompute delays every later op and every copy triggered after it, but
+#   not that copy, which can then take the lane ahead of copies planned
+#   before it: a swap-in queued behind it stalls, a swap-out frees late
+#   (its deadline stalls). A copy already running ends earlier against the
+#   delayed ops, which frees memory sooner or brings back a buffer the op
+#   grid already counts from the op its copy starts in; a swap-in's trigger
+#   is the op end just before its copy starts. With this rule one job's
+#   plan keeps its predicted memory; across jobs the delay still shifts the
+#   interleaving. (Not placing recomputes where any copy is running, as
+#   before, left 744 MiB of candidates out at resnet50's peak at 60% of
+#   its vanilla peak, and TENSILE short of the budget there.)
+#
+# NOTE [ MSPS update in TENSILE ]
+# Capuchin's Algorithm 2, with the chains rebuilt exactly instead of patched:
+# - Init: a candidate's chain reads what is on the device before the op that
+#   needs it; the other candidates are there (not released yet), so its
+#   cost is its own ops (lines 1-2).
+# - When t is chosen, its buffer is off the device over its gap. A candidate
+#   whose chain read t there now recomputes t too: its chain is built again
+#   and grows by t's producer and whatever t's chain needed (lines 17-21:
+#   srcs -= t, srcs += t.srcs, rp_time += t.rp_time). A chosen recompute
+#   that read t there is rebuilt the same way (lines 6-12).
+# - A candidate c that chosen recomputes read inside c's gap would, if
+#   chosen, lengthen each of their chains: that extra time is c's ext_time
+#   (lines 22-33: ext_ct * rp_time when the chains share nothing). We take
+#   it as the chains' actual growth, and a c whose choice would leave one of
+#   them without a chain within `max_recompute_ops` is dropped.
+# - MSPS = bytes / (own chain time + ext_time); the next pick is the highest
+#   MSPS after the update (ties: more bytes, then lower job, buffer, gap).
+# A chain of several ops is one Recompute event whose ops make the sources
+# that are off the device as temporaries (freed when the chain ends), not a
+# Recompute of each source: a source brought back by its own event would
+# stay on the device until its next release.
+
+
+@dataclass(slots=True)
+class Gap:
+    """Recomputing `buffer` of job `job` over one access gap: released after
+    op `prev`, made again by `chain.ops` before op `nxt`. `gap` is the
+    global index of the access that opens the gap (`JobState.done`);
+    `outputs` the chain's other writes. If this gap is chosen, the chosen
+    recomputes in `ext` switch to the chains given there (they read `buffer`
+    inside the gap), which costs `ext_us` more (NOTE [ MSPS update in TENSILE ])."""
+
+    job: int
+    buffer: int
+    gap: int
+    prev: int
+    nxt: int
+    chain: msps.RecomputeCandidate
+    outputs: frozenset[int]
+    ext: list[tuple[Gap, msps.RecomputeCandidate]] = field(default_factory=list)
+    ext_us: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return self.chain.saving_bytes
+
+    @property
+    def cost_us(self) -> float:
+        """Recompute time this choice adds, own chain and extensions (us)."""
+        return self.chain.time_us + self.ext_us
+
+    @property
+    def msps(self) -> float:
+        """Memory saving per second (bytes/s); infinite for a free chain."""
+        t = self.cost_us
+        return math.inf if t <= 0 else self.nbytes / (t * 1e-6)
+
+    def covers(self, op: int) -> bool:
+        """Whether the buffer is off the device while `op` runs, once chosen."""
+        return self.prev < op < self.nxt
+
+    def touches(self, b: int) -> bool:
+        """Whether the chain reads `b` from outside or writes it besides its buffer."""
+        return b in self.chain.sources or b in self.outputs
+
+
+def order_key(g: Gap) -> tuple:
+    """Sort key of the pick order: highest MSPS first; ties: more bytes,
+    then lower job, buffer, gap."""
+    return (-g.msps, -g.nbytes, g.job, g.buffer, g.gap)
+
+
+class Recomputer:
+    """The recompute phase over `jobs` (NOTE [ TENSILE recompute rounds ])."""
+
+    def __init__(self, jobs: Sequence[JobState], lanes: LaneSet, budget: int, opts: TensileOptions):
+        self.jobs, self.lanes, self.budget = jobs, lanes, budget
+        self.max_ops, self.in_place = opts.max_recompute_ops, opts.recompute_in_place
+        self.chosen: list[Gap] = []
+        # (job, buffer, before_op, MSPS in bytes/s when taken; None: a chain
+        # that takes no time), in pick order
+        self.picks: list[tuple[int, int, int, float | None]] = []
+        self._safe: dict[tuple[int, int], bool] = {}
+
+    # ---- rounds ------------------------------------------------------------------
+    def run(self) -> bool:
+        """Recompute until the peak fits; whether it does."""
+        while True:
+            pa = peak_analysis([jb.state for jb in self.jobs])
+            if pa.peak_bytes <= self.budget:
+                return True
+            if not self._round(pa.job_peak_op, self._candidates(pa)):
+                return False
+
+    def _candidates(self, pa) -> list[Gap]:
+        out = []
+        for jb in self.jobs:
+            p = pa.job_peak_op[jb.j]
+            if p < 0:
+                continue
+            t, table = jb.trace, jb.table
+            for b in pa.resident[jb.j].tolist():
+                if t.persistent[b] or t.nbytes[b] == 0:
+                    continue
+                gap = table.gap_around(b, p)
+                if gap is None or gap[1] < 0 or gap[2] >= jb.n:
+                    continue
+                k, prev, nxt = gap
+                g = int(table.ptr[b]) + k
+                if jb.done[g] or not self._safe_before(jb, nxt):
+                    continue
+                c = self._gap(jb, b, g, prev, nxt)
+                if c is not None and self._extension(c):
+                    out.append(c)
+        return out
+
+    def _round(self, peak_ops: Sequence[int], pool: list[Gap]) -> bool:
+        took = False
+        while pool:
+            tops = [int(jb.state.curve.max()) for jb in self.jobs]
+            if sum(tops) <= self.budget:
+                return True
+            ok = [
+                c
+                for c in pool
+                if self.jobs[c.job].state.curve[peak_ops[c.job]] >= tops[c.job]
+                and self._below_peak(c, tops[c.job])
+            ]
+            if not ok:
+                break
+            best = min(ok, key=order_key)
+            pool.remove(best)
+            # its extensions afresh: one chosen since may have changed what they read
+            if self._extension(best) and self._below_peak(best, tops[best.job]):
+                self._take(best, pool)
+                took = True
+        return took
+
+    # ---- chains ------------------------------------------------------------------
+    def _present(self, jb: JobState, s: int, x: int) -> bool:
+        """Whether buffer `s` is on the device when op `x` is due, for the
+        plan so far: alive then (activity analysis) and in no emptied gap."""
+        st = jb.state
+        if not jb.trace.persistent[s] and not int(st.start[s]) <= x <= int(st.end[s]):
+            return False
+        gap = jb.table.gap_around(s, x)
+        return gap is None or not jb.done[int(jb.table.ptr[s]) + gap[0]]
+
+    def _chain(
+        self, jb: JobState, b: int, prev: int, nxt: int, without: int = -1
+    ) -> msps.RecomputeCandidate | None:
+        """The chain that makes `b` again before `nxt`, with `without` taken
+        off the device too (a choice not made yet)."""
+        return msps.candidate(
+            jb.trace,
+            jb.j,
+            b,
+            prev,
+            nxt,
+            jb.durations,
+            lambda s: s != without and self._present(jb, s, nxt),
+            max_ops=self.max_ops,
+            in_place=self.in_place,
+        )
+
+    def _gap(self, jb: JobState, b: int, g: int, prev: int, nxt: int) -> Gap | None:
+        chain = self._chain(jb, b, prev, nxt)
+        if chain is None:
+            return None
+        return Gap(jb.j, b, g, prev, nxt, chain, self._outputs(jb, chain))
+
+    def _outputs(self, jb: JobState, chain: msps.RecomputeCandidate) -> frozenset[int]:
+        t = jb.trace
+        out = {int(w) for k in chain.ops for w in t.op_writes(k).tolist()}
+        return frozenset(out - {chain.buffer})
+
+    def _extension(self, c: Gap) -> bool:
+        """Set c's `ext`: the chosen chains that choosing c lengthens; False
+        if one of them could no longer be built."""
+        c.ext, c.ext_us = [], 0.0
+        jb = self.jobs[c.job]
+        for r in self.chosen:
+            if r.job != c.job or not c.covers(r.nxt) or not r.touches(c.buffer):
+                continue
+            new = self._chain(jb, r.buffer, r.prev, r.nxt, without=c.buffer)
+            if new is None:
+                return False
+            c.ext.append((r, new))
+            c.ext_us += new.time_us - r.chain.time_us
+        return True
+
+    def _below_peak(self, c: Gap, top: int) -> bool:
+        """Whether the temporaries c adds keep every op below `top` bytes."""
+        add = {c.nxt: c.chain.temp_bytes}
+        for r, new in c.ext:
+            add[r.nxt] = add.get(r.nxt, 0) + new.temp_bytes - r.chain.temp_bytes
+        curve = self.jobs[c.job].state.curve
+        for op, d in add.items():
+            if d > 0 and int(curve[op]) - (c.nbytes if c.covers(op) else 0) + d >= top:
+                return False
+        return True
+
+    def _safe_before(self, jb: JobState, op: int) -> bool:
+        """Whether no swap-out of the job is triggered but not started when
+        `op` is ready (NOTE [ TENSILE recompute rounds ])."""
+        key = (jb.j, op)
+        hit = self._safe.get(key)
+        if hit is None:
+            t, period = jb.t_ready(op), jb.tl.period_us
+            hit = True
+            for ev in jb.events:
+                if not isinstance(ev, SwapOut) or ev.delay_us <= 0:
+                    continue
+                fired = jb.t_end(ev.after_op) if ev.after_op >= 0 else 0.0
+                k = math.floor((t - fired) / period)  # the repetition fired last before t
+                fired += k * period
+                if fired <= t + EPS_US and fired + ev.delay_us > t + EPS_US:
+                    hit = False
+                    break
+            self._safe[key] = hit
+        return hit
+
+    # ---- a choice and the update -----------------------------------------------------
+    def _take(self, t: Gap, pool: list[Gap]) -> None:
+        """Choose t, then update the candidates left (NOTE [ MSPS update in TENSILE ])."""
+        jb = self.jobs[t.job]
+        jb.state.add_hole(t.buffer, t.prev + 1, t.nxt - 1, BOTH)
+        jb.state.add_bytes(t.nxt, t.chain.temp_bytes)
+        jb.done[t.gap] = True
+        changed = {t.buffer} | set(t.chain.sources) | t.outputs
+        for r, new in t.ext:  # chosen chains that read t now make it too
+            changed |= set(r.chain.sources) | r.outputs
+            jb.state.add_bytes(r.nxt, new.temp_bytes - r.chain.temp_bytes)
+            r.chain, r.outputs = new, self._outputs(jb, new)
+            changed |= set(new.sources) | r.outputs
+        self.picks.append((t.job, t.buffer, t.nxt, t.msps if math.isfinite(t.msps) else None))
+        t.ext, t.ext_us = [], 0.0
+        self.chosen.append(t)
+        for c in list(pool):
+            if c.job != t.job:
+                continue
+            if t.covers(c.nxt) and c.touches(t.buffer):
+                chain = self._chain(jb, c.buffer, c.prev, c.nxt)
+                if chain is None:
+                    pool.remove(c)
+                    continue
+                c.chain, c.outputs = chain, self._outputs(jb, chain)
+            if (c.ext or c.buffer in changed) and not self._extension(c):
+                pool.remove(c)
+
+    # ---- read-out ------------------------------------------------------------------
+    def events(self, j: int) -> list[Event]:
+        """Job j's chosen recomputes as plan events."""
+        out: list[Event] = []
+        for g in self.chosen:
+            if g.job == j:
+                c = g.chain
+                out += [Release(g.buffer, g.prev), Recompute(g.buffer, g.nxt, c.ops, c.restore_rng)]
+        return out
+
+    def time_us(self, j: int) -> float:
+        """Job j's recompute time per iteration, as predicted (us)."""
+        return sum(g.chain.time_us for g in self.chosen if g.job == j)
+
+    def count(self, j: int) -> int:
+        return sum(1 for g in self.chosen if g.job == j)
