@@ -10,9 +10,11 @@ NOTE [ TENSILE recompute rounds ] and NOTE [ MSPS update in TENSILE ].
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from memplan.planners.analysis import BOTH, EPS_US, LaneSet, msps, peak_analysis
 from memplan.planners.core.plan import Event, Recompute, Release, SwapOut
@@ -95,7 +97,7 @@ class Gap:
     nxt: int
     chain: msps.RecomputeCandidate
     outputs: frozenset[int]
-    ext: list[tuple[Gap, msps.RecomputeCandidate]] = field(default_factory=list)
+    ext: list[Ext] = field(default_factory=list)
     ext_us: float = 0.0
 
     @property
@@ -122,6 +124,25 @@ class Gap:
         return b in self.chain.sources or b in self.outputs
 
 
+class _Lists:
+    """One job's per-buffer arrays as Python lists, for scalar look-ups."""
+
+    def __init__(self, jb: JobState):
+        self.ptr = jb.table.ptr.tolist()
+        self.ops = jb.table.ops.tolist()
+        self.start, self.end = jb.state.start.tolist(), jb.state.end.tolist()
+        self.persistent = jb.trace.persistent.tolist()
+
+
+class Ext(NamedTuple):
+    """A chosen recompute `r` whose chain becomes `chain` (writing
+    `outputs` besides its buffer) if a candidate is chosen."""
+
+    r: Gap
+    chain: msps.RecomputeCandidate
+    outputs: frozenset[int]
+
+
 def order_key(g: Gap) -> tuple:
     """Sort key of the pick order: highest MSPS first; ties: more bytes,
     then lower job, buffer, gap."""
@@ -139,6 +160,7 @@ class Recomputer:
         # that takes no time), in pick order
         self.picks: list[tuple[int, int, int, float | None]] = []
         self._safe: dict[tuple[int, int], bool] = {}
+        self._views = [_Lists(jb) for jb in jobs]
 
     # ---- rounds ------------------------------------------------------------------
     def run(self) -> bool:
@@ -197,12 +219,21 @@ class Recomputer:
     # ---- chains ------------------------------------------------------------------
     def _present(self, jb: JobState, s: int, x: int) -> bool:
         """Whether buffer `s` is on the device when op `x` is due, for the
-        plan so far: alive then (activity analysis) and in no emptied gap."""
-        st = jb.state
-        if not jb.trace.persistent[s] and not int(st.start[s]) <= x <= int(st.end[s]):
+        plan so far: alive then (activity analysis) and in no emptied gap
+        (`AccessTable.gap_around` on lists: this is the inner loop)."""
+        v = self._views[jb.j]
+        persistent = v.persistent[s]
+        if not persistent and not v.start[s] <= x <= v.end[s]:
             return False
-        gap = jb.table.gap_around(s, x)
-        return gap is None or not jb.done[int(jb.table.ptr[s]) + gap[0]]
+        lo, hi, ops = v.ptr[s], v.ptr[s + 1], v.ops
+        i = bisect.bisect_right(ops, x, lo, hi) - 1  # the last access at or before x
+        if i < lo:
+            gap = hi - 1 if persistent else -1  # a persistent buffer's gap wraps
+        elif ops[i] == x or (i == hi - 1 and not persistent):
+            gap = -1
+        else:
+            gap = i
+        return gap < 0 or not jb.done[gap]
 
     def _chain(
         self, jb: JobState, b: int, prev: int, nxt: int, without: int = -1
@@ -243,14 +274,14 @@ class Recomputer:
             new = self._chain(jb, r.buffer, r.prev, r.nxt, without=c.buffer)
             if new is None:
                 return False
-            c.ext.append((r, new))
+            c.ext.append(Ext(r, new, self._outputs(jb, new)))
             c.ext_us += new.time_us - r.chain.time_us
         return True
 
     def _below_peak(self, c: Gap, top: int) -> bool:
         """Whether the temporaries c adds keep every op below `top` bytes."""
         add = {c.nxt: c.chain.temp_bytes}
-        for r, new in c.ext:
+        for r, new, _outputs in c.ext:
             add[r.nxt] = add.get(r.nxt, 0) + new.temp_bytes - r.chain.temp_bytes
         curve = self.jobs[c.job].state.curve
         for op, d in add.items():
@@ -286,12 +317,12 @@ class Recomputer:
         jb.state.add_bytes(t.nxt, t.chain.temp_bytes)
         jb.done[t.gap] = True
         changed = {t.buffer} | set(t.chain.sources) | t.outputs
-        for r, new in t.ext:  # chosen chains that read t now make it too
-            changed |= set(r.chain.sources) | r.outputs
+        for r, new, outputs in t.ext:  # chosen chains that read t now make it too
+            changed |= set(r.chain.sources) | r.outputs | set(new.sources) | outputs
             jb.state.add_bytes(r.nxt, new.temp_bytes - r.chain.temp_bytes)
-            r.chain, r.outputs = new, self._outputs(jb, new)
-            changed |= set(new.sources) | r.outputs
+            r.chain, r.outputs = new, outputs
         self.picks.append((t.job, t.buffer, t.nxt, t.msps if math.isfinite(t.msps) else None))
+        rebuilt = {id(e.r) for e in t.ext}
         t.ext, t.ext_us = [], 0.0
         self.chosen.append(t)
         for c in list(pool):
@@ -303,7 +334,13 @@ class Recomputer:
                     pool.remove(c)
                     continue
                 c.chain, c.outputs = chain, self._outputs(jb, chain)
-            if (c.ext or c.buffer in changed) and not self._extension(c):
+            # an extension is stale if it concerns a rebuilt chain, or read t
+            stale = c.buffer in changed or any(
+                id(e.r) in rebuilt
+                or (t.covers(e.r.nxt) and (t.buffer in e.chain.sources or t.buffer in e.outputs))
+                for e in c.ext
+            )
+            if stale and not self._extension(c):
                 pool.remove(c)
 
     # ---- read-out ------------------------------------------------------------------

@@ -255,3 +255,66 @@ def test_options_are_recorded():
     assert TensileOptions().max_recompute_ops == 32
     with pytest.raises(ValueError, match="max_recompute_ops"):
         TensileOptions(max_recompute_ops=0)
+
+
+# ---- the shipped traces ----------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "fraction"), [("resnet50", 0.6), ("gpt2", 0.5)])
+def test_shipped_traces_fit_on_their_own(name, fraction):
+    """rtx-a6000, roofline, one lane: before the recompute chains TENSILE ran
+    out of memory at these budgets (its recomputes were one op long and
+    never placed while a copy ran); now its plan fits without the runtime
+    net. gpt2's dropout masks come back by chains of 3-4 ops (made, filled
+    in place, scaled in place) that restore the RNG state."""
+    from memplan.hwmodels.latency import Roofline
+    from memplan.hwmodels.profile import load_hardware
+    from memplan.traces import io
+
+    t = io.load(f"zoo:{name}")
+    dev = DeviceModel(load_hardware("rtx-a6000"), Roofline())
+    vanilla = simulate([Job(t, None)], dev, iterations=1)
+    budget = int(vanilla.peak_bytes * fraction)
+    res = tensile([t], dev, budget_bytes=budget)
+    assert res.feasible and res.stats["peak_bytes"] <= budget
+    check(res.plans[0], t)
+    sim = simulate([Job(t, res.plans[0])], dev, iterations=3, budget=budget, oom="fail")
+    assert not sim.oom and sim.peak_bytes <= res.stats["peak_bytes"]
+    if name == "gpt2":
+        chains = [ev for ev in recomputes(res) if isinstance(ev, Recompute) and len(ev.ops) > 1]
+        assert any(ev.restore_rng for ev in chains)
+
+
+@pytest.mark.slow
+def test_in_place_chains_replay_bit_identically():
+    """NOTE [ In-place chains ] with real tensors: tiny_transformer's dropout
+    masks (empty_like, bernoulli_ in place, div_ in place), released after
+    their next-to-last access and remade by their chain before the last,
+    give the plan-free run's parameters and losses bit for bit."""
+    from memplan.planners.analysis import access_table
+    from memplan.planners.core.plan import Plan, fingerprint_of
+    from memplan.planners.heuristics.vanilla import release_only_plan
+    from memplan.traces.capture import CaptureOptions, capture
+    from memplan.traces.zoo import ZOO
+    from memplan.validate import compare_results, replay
+
+    t = capture(ZOO["tiny_transformer"], 4, CaptureOptions(device="cpu"), model_name="tt")
+    table, (start, end) = access_table(t), t.lifetimes("liveness")
+    events = list(release_only_plan(t).events)
+    for b in range(t.n_buffers):
+        acc = table.accesses(b).tolist()
+        if len(acc) < 3 or len(msps.makers(t, b, acc[-1], table)) < 2:
+            continue
+        prev, nxt = acc[-2], acc[-1]
+
+        def alive(s, b=b, x=nxt):
+            return s != b and start[s] <= x <= end[s]
+
+        found = msps.chain(t, b, nxt, alive, max_ops=8, in_place=True)
+        if found is not None and nxt - prev > 1:
+            rng = any(t.ops[k].rng for k in found[0])
+            events += [Release(b, prev), Recompute(b, nxt, found[0], rng)]
+    remade = [ev for ev in events if isinstance(ev, Recompute)]
+    assert len(remade) >= 3 and any(ev.restore_rng for ev in remade)
+    plan = Plan(fingerprint_of(t), tuple(events), "tt")
+    check(plan, t)
+    compare_results(replay(t, iterations=2), replay(t, iterations=2, plan=plan))
