@@ -168,7 +168,7 @@ class _Tensile:
         if self.budget is None or not o.recompute:
             return
         # §IV-D: NOTE [ TENSILE recompute rounds ] in tensile_recompute.py
-        self.recomputer = Recomputer(self.jobs, self.lanes, self.budget, o)
+        self.recomputer = Recomputer(self.jobs, self.budget, o)
         fits = self.recomputer.run()
         self.stop += ", fits after recompute" if fits else ", no recompute left"
 

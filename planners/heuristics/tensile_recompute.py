@@ -2,7 +2,7 @@
 never released, chosen by MSPS with Capuchin's update after each choice
 (Capuchin §4.5, Algorithm 2), until the memory fits.
 
-`Recomputer(jobs, lanes, budget, opts).run()` works on the jobs' planning
+`Recomputer(jobs, budget, opts).run()` works on the jobs' planning
 state (`tensile_job.JobState`): it cuts holes into their op-grid memory and
 keeps its choices; `events(j)` writes job j's out as plan events. See
 NOTE [ TENSILE recompute rounds ] and NOTE [ MSPS update in TENSILE ].
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from memplan.planners.analysis import BOTH, EPS_US, LaneSet, msps, peak_analysis
+from memplan.planners.analysis import BOTH, EPS_US, msps, peak_analysis
 from memplan.planners.core.plan import Event, Recompute, Release, SwapOut
 from memplan.planners.heuristics.tensile_job import JobState
 from memplan.planners.heuristics.tensile_options import TensileOptions
@@ -152,8 +152,8 @@ def order_key(g: Gap) -> tuple:
 class Recomputer:
     """The recompute phase over `jobs` (NOTE [ TENSILE recompute rounds ])."""
 
-    def __init__(self, jobs: Sequence[JobState], lanes: LaneSet, budget: int, opts: TensileOptions):
-        self.jobs, self.lanes, self.budget = jobs, lanes, budget
+    def __init__(self, jobs: Sequence[JobState], budget: int, opts: TensileOptions):
+        self.jobs, self.budget = jobs, budget
         self.max_ops, self.in_place = opts.max_recompute_ops, opts.recompute_in_place
         self.chosen: list[Gap] = []
         # (job, buffer, before_op, MSPS in bytes/s when taken; None: a chain
