@@ -16,16 +16,18 @@ numbers become constraints.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.hwmodels.errors import LatencyError
 from memplan.planners.analysis.bounds import StepOrder, in_step_order, joint_memory_curve
 from memplan.planners.core.errors import PlanError
+from memplan.planners.cpsat.chains import ChainGap, GapIndex, RecPoint, recompute_points
 from memplan.traces.model import Trace
 
 TICKS_PER_US = 1000  # one tick is a nanosecond: the simulator rounds op durations to 1 ns
@@ -92,8 +94,9 @@ class Gap:
     is counted, ascending; `hot_idx` their positions in `CpsatData.hot`.
     `epoch_prev` are earlier gaps of the same buffer with no write to it in
     between: if one of them was swapped, the host copy is still valid and this
-    gap needs no D2H copy. `keep_for_recompute` are gaps (of the recompute
-    op's sources) that must be kept when this gap is recomputed."""
+    gap needs no D2H copy. `rec_points` are where it may be recomputed by
+    re-running `recompute_op` (NOTE [ Recompute chains ] in cpsat/chains.py),
+    its own access `c` last; none if it may not."""
 
     id: int
     buffer: int
@@ -105,12 +108,25 @@ class Gap:
     hot_idx: tuple[int, ...]
     epoch_prev: tuple[int, ...]
     recompute_op: int = -1
-    keep_for_recompute: tuple[int, ...] = ()
+    rec_points: tuple[RecPoint, ...] = ()
     job: int = 0
 
     @property
     def recomputable(self) -> bool:
-        return self.recompute_op >= 0
+        return bool(self.rec_points)
+
+    def rec_span(self, op: int) -> tuple[int, int]:
+        """(first, last) hot positions (indices into `CpsatData.hot`) at which
+        the buffer is absent when recomputed before `op`: those before it."""
+        k = bisect.bisect_left(self.hot, op)
+        return self.hot_idx[0], self.hot_idx[k - 1]
+
+    def point_index(self, op: int) -> int:
+        """The index in `rec_points` of the point before `op`, -1 if none."""
+        for i, p in enumerate(self.rec_points):
+            if p.op == op:
+                return i
+        return -1
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,10 +216,12 @@ def build_data(
     threshold: int,
     *,
     margin: int = 1,
+    chain_depth: int = 0,
 ) -> CpsatData:
     """The model's data for one job, or for several in step (NOTE [ Several
     jobs ]), on `device` (its lanes too); positions whose keep-all memory
-    exceeds `threshold` bytes are hot."""
+    exceeds `threshold` bytes are hot. A recomputation may pull its sources'
+    up to `chain_depth` deep (NOTE [ Recompute chains ] in cpsat/chains.py)."""
     jobs = (traces,) if isinstance(traces, Trace) else tuple(traces)
     if any(t.n_ops == 0 for t in jobs):
         raise PlanError("cpsat: the trace has no ops")
@@ -222,6 +240,8 @@ def build_data(
     mem0 = joint_memory_curve(jobs, order)
     hot = np.flatnonzero(mem0 > threshold).astype(np.int64)
     gaps = _gaps(jobs, order, buf0, hot)
+    if len(jobs) == 1:
+        gaps = _with_points(jobs[0], gaps, hot, chain_depth)
     return CpsatData(
         traces=jobs,
         order=order,
@@ -293,13 +313,12 @@ def _gaps(
                 spans.append((int(i0), int(i1)))
                 ends.append((a, pos[r.c]))
         base = len(gaps)
-        index = {(r.buffer, r.kind, r.a): base + i for i, r in enumerate(raws)}
         writes = [set(trace.op_writes(k).tolist()) for k in range(trace.n_ops)]
         by_buffer: dict[int, list[int]] = {}
         for i, (r, (i0, i1), (a, c)) in enumerate(zip(raws, spans, ends, strict=True)):
             prev = by_buffer.setdefault(r.buffer, [])
             epoch = tuple(base + x for x in prev if _same_epoch(trace, writes, raws[x], r))
-            rec_op, keep = (-1, ()) if several else _recompute(trace, writes, r, index)
+            rec_op = -1 if several else _producer(trace, writes, r)
             gaps.append(
                 Gap(
                     id=base + i,
@@ -312,7 +331,6 @@ def _gaps(
                     hot_idx=tuple(range(i0, i1)),
                     epoch_prev=epoch,
                     recompute_op=rec_op,
-                    keep_for_recompute=keep,
                     job=j,
                 )
             )
@@ -332,39 +350,41 @@ def _same_epoch(trace: Trace, writes: list[set[int]], early: _Raw, late: _Raw) -
     return not any(b in writes[k] for k in between.tolist())
 
 
-def _recompute(
-    trace: Trace, writes: list[set[int]], r: _Raw, index: dict[tuple[int, GapKind, int], int]
-) -> tuple[int, tuple[int, ...]]:
-    """(producer op, gaps that must be kept) if `r` may be released and
-    recomputed; (-1, ()) otherwise. See NOTE [ Recompute ] in cpsat/model.py."""
+def _producer(trace: Trace, writes: list[set[int]], r: _Raw) -> int:
+    """The op that may re-make `r`'s buffer for its next access, or -1: a
+    WITHIN gap of an activation whose producer writes only it, does not read
+    it, draws no random numbers, and which nothing rewrites before the gap
+    ends. Its sources are NOTE [ Recompute chains ]'s business."""
     b = r.buffer
     if r.kind is not GapKind.WITHIN or trace.persistent[b] or trace.exists_at_start[b]:
-        return -1, ()
+        return -1
     p = int(trace.created_at[b])
     op = trace.ops[p]
     if op.rng or writes[p] != {b} or b in trace.op_reads(p).tolist():
-        return -1, ()
+        return -1
     acc = trace.accesses_of(b)
     if any(b in writes[k] for k in acc[(acc > p) & (acc < r.c)].tolist()):
-        return -1, ()  # rewritten since it was made: re-running p gives the old value
-    keep: list[int] = []
-    for s in trace.op_reads(p).tolist():
-        s_acc = trace.accesses_of(s)
-        persistent = bool(trace.persistent[s])
-        if not persistent and int(s_acc[-1]) < r.c:
-            return -1, ()  # released after its last access before c
-        if any(s in writes[k] for k in s_acc[(s_acc > p) & (s_acc < r.c)].tolist()):
-            return -1, ()  # overwritten since p read it
-        if r.c in s_acc.tolist():
-            continue
-        j = int(np.searchsorted(s_acc, r.c))  # s_acc[j-1] < c < s_acc[j] (or past the last)
-        if j < len(s_acc):
-            key = (s, GapKind.WITHIN, int(s_acc[j - 1]))
-        else:
-            key = (s, GapKind.CROSS, int(s_acc[-1]))
-        if key in index:
-            keep.append(index[key])
-    return p, tuple(keep)
+        return -1  # rewritten since it was made: re-running p gives the old value
+    return p
+
+
+def _with_points(
+    trace: Trace, gaps: tuple[Gap, ...], hot: np.ndarray, depth: int
+) -> tuple[Gap, ...]:
+    """`gaps` of one job with their recompute points (NOTE [ Recompute chains ])."""
+    n = trace.n_ops
+    spans = [(g.id, g.buffer, g.a + 1, n - 1 if g.kind is GapKind.CROSS else g.c - 1) for g in gaps]
+    cands = [
+        ChainGap(g.id, g.buffer, g.a, g.c, g.recompute_op, int(hot[g.hot_idx[0]]))
+        for g in gaps
+        if g.recompute_op >= 0
+    ]
+    writes = [set(trace.op_writes(k).tolist()) for k in range(n)]
+    points = recompute_points(trace, writes, cands, GapIndex(spans), depth)
+    return tuple(
+        replace(g, rec_points=points[g.id]) if g.id in points else replace(g, recompute_op=-1)
+        for g in gaps
+    )
 
 
 def check_budget_type(budget: object) -> int:

@@ -118,8 +118,8 @@ def _coarse(
             break
         block = max(1, block // 4)  # too coarse to fit: refine and try again
         coarse_t = COARSE_SHARE_COLD * time_left(deadline)
-    if out.excess:
-        info["excess_bytes"] = out.excess * bm.excess_step * bm.objective_unit
+    if out.excess and out.over_budget is not None:  # its peak, over the budget
+        info["excess_bytes"] = out.over_budget.peak_bytes - spec.budget
     return out.solution
 
 

@@ -116,27 +116,25 @@ def add_memory(bm: BuiltModel, free: list[bool]) -> None:
 
 
 def _absence_items(bm: BuiltModel, free: list[bool], unit: int) -> tuple[list[_Item], np.ndarray]:
-    """(the free part: one item per absence segment and per recompute literal;
+    """(the free part: one item per absence segment and per recompute point;
     the fixed part: units absent at each hot position)."""
     data = bm.data
     fixed_absent = np.zeros(len(data.hot), np.int64)
     items: list[_Item] = []
     for g in data.gaps:
         w = int(data.nbytes[g.buffer]) // unit
-        h_first, h_last = g.hot_idx[0], g.hot_idx[-1]
         if free[g.id]:
             items.extend((h0, h1, w, z) for h0, h1, z in bm.segments[g.id])
-            bm.items.extend((h0, h1, w, g.id, False) for h0, h1, _ in bm.segments[g.id])
-            if g.id in bm.rec:
-                items.append((h_first, h_last, w, bm.rec[g.id]))
-                bm.items.append((h_first, h_last, w, g.id, True))
+            bm.items.extend((h0, h1, w, g.id, -1) for h0, h1, _ in bm.segments[g.id])
+            for i, (x, pt) in enumerate(zip(bm.rec_at.get(g.id, ()), g.rec_points)):
+                h0, h1 = g.rec_span(pt.op)
+                items.append((h0, h1, w, x))
+                bm.items.append((h0, h1, w, g.id, i))
         else:
             inc = bm.fixed()
-            if inc.mode[g.id] == SWAP:
+            if inc.mode[g.id] in (SWAP, RECOMPUTE):
                 u, v = inc.absent[g.id]
                 fixed_absent[u : v + 1] += w
-            elif inc.mode[g.id] == RECOMPUTE:
-                fixed_absent[h_first : h_last + 1] += w
     return items, fixed_absent
 
 

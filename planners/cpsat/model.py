@@ -19,7 +19,7 @@ from memplan.hwmodels.device import Direction
 from memplan.planners.cpsat.cuts import add_lane_windows
 from memplan.planners.cpsat.data import CpsatData, GapKind, horizon
 from memplan.planners.cpsat.memory import add_absence, add_memory
-from memplan.planners.cpsat.spec import KEEP, RECOMPUTE, SWAP, BuiltModel, ModelSpec, Objective
+from memplan.planners.cpsat.spec import RECOMPUTE, SWAP, BuiltModel, ModelSpec, Objective
 from ortools.sat.python import cp_model
 
 # NOTE [ CP-SAT semantics ]
@@ -57,13 +57,14 @@ from ortools.sat.python import cp_model
 #
 # NOTE [ Recompute ]
 # A WITHIN gap of buffer b may instead release b after its access a and
-# re-run b's producer p just before the access c (on demand, as Capuchin).
-# Allowed when p writes only b (no temporaries), does not read b, consumes no
-# RNG, b is not rewritten between p and c, and every buffer p reads is
-# resident at c: accessed by c, or in a gap at c that is kept (not swapped,
-# not recomputed), and not overwritten since p. Chains of recomputation are
-# not modelled. The recompute runs on the compute stream inside op c's
-# window, its time added to E_c.
+# re-run b's producer p before an op of the gap: at the access c (on demand,
+# as Capuchin) or earlier, pulled by a recomputation that reads b (NOTE
+# [ Recompute chains ] in cpsat/chains.py). Allowed when p writes only b (no
+# temporaries), does not read b, consumes no RNG, b is not rewritten between
+# p and c, and every buffer p reads is alive and not overwritten since p
+# then, and resident: accessed there, or in a gap there that is kept or
+# recomputed no later. The recompute runs on the compute stream inside that
+# op's window, its time added to the op's end.
 #
 # NOTE [ Iteration zero ]
 # The simulator starts iteration 0 with every persistent buffer resident and
@@ -137,19 +138,31 @@ def _op_times(model: cp_model.CpModel, data: CpsatData, spec: ModelSpec, H: int)
 
 
 def _gap_decisions(bm: BuiltModel, free: list[bool]) -> None:
-    """Per gap `swap_g{g}` (and `rec_g{g}` where it may be recomputed), or
-    constants for a fixed gap; the start of its copy out and in."""
+    """Per gap `swap_g{g}` (and, where it may be recomputed, `rec_g{g}` and one
+    `rec_g{g}_k{r}` per recompute point r), or constants for a fixed gap; the
+    start of its copy out and in."""
     model, H = bm.model, bm.horizon
     for g in bm.data.gaps:
         if free[g.id]:
             bm.swap[g.id] = model.new_bool_var(f"swap_g{g.id}")
             if g.recomputable:
-                bm.rec[g.id] = model.new_bool_var(f"rec_g{g.id}")
+                r = bm.rec[g.id] = model.new_bool_var(f"rec_g{g.id}")
+                if len(g.rec_points) == 1:
+                    bm.rec_at[g.id] = [r]
+                else:
+                    at = [model.new_bool_var(f"rec_g{g.id}_k{p.op}") for p in g.rec_points]
+                    model.add(r == sum(at))
+                    bm.rec_at[g.id] = at
         else:
-            mode = bm.fixed().mode[g.id]
+            inc = bm.fixed()
+            mode = inc.mode[g.id]
             bm.swap[g.id] = model.new_constant(int(mode == SWAP))
             if g.recomputable:
                 bm.rec[g.id] = model.new_constant(int(mode == RECOMPUTE))
+                bm.rec_at[g.id] = [
+                    model.new_constant(int(mode == RECOMPUTE and inc.rec_at[g.id] == p.op))
+                    for p in g.rec_points
+                ]
         top = 2 * H if g.kind is GapKind.CROSS else H
         bm.out_start[g.id] = model.new_int_var(0, H, f"out_start_g{g.id}")
         bm.in_start[g.id] = model.new_int_var(0, top, f"in_start_g{g.id}")
@@ -175,19 +188,24 @@ def _modes_and_host_copies(bm: BuiltModel, free: list[bool]) -> None:
             bm.copy[g.id] = model.new_constant(int(bm.fixed().copy[g.id]))
 
 
-# ---- constraints: recompute sources stay resident -----------------------------------------
+# ---- constraints: recompute sources are resident ------------------------------------------
 def _recompute_sources(bm: BuiltModel, free: list[bool]) -> None:
-    """A recomputed gap keeps the gaps of its producer's sources (NOTE [ Recompute ])."""
-    model, inc = bm.model, bm.spec.incumbent
-    for g in bm.data.gaps:
-        if g.id not in bm.rec:
+    """A gap recomputed before op r needs every source gap there kept or
+    recomputed no later than r; before an op other than its own access, a
+    recomputation at r that reads it (NOTE [ Recompute ])."""
+    model, gaps = bm.model, bm.data.gaps
+    for g in gaps:
+        if not g.recomputable:
             continue
-        r = bm.rec[g.id]
-        for j in g.keep_for_recompute:
-            if free[j]:
-                model.add(r + bm.swap[j] + bm.rec.get(j, 0) <= 1)
-            elif inc is not None and inc.mode[j] != KEEP:
-                model.add(r == 0)
+        for x, pt in zip(bm.rec_at[g.id], g.rec_points, strict=True):
+            if not free[g.id] and bm.fixed().rec_at[g.id] != pt.op:
+                continue  # fixed elsewhere (or kept): nothing to require
+            for sid in pt.sources:
+                s = gaps[sid]
+                later = [y for y, q in zip(bm.rec_at.get(sid, ()), s.rec_points) if q.op > pt.op]
+                model.add(x + bm.swap[sid] + sum(later) <= 1)
+            if pt.pullers:
+                model.add(x <= sum(bm.rec_at[h][gaps[h].point_index(pt.op)] for h in pt.pullers))
 
 
 # ---- constraints: transfers ----------------------------------------------------------------
@@ -251,8 +269,8 @@ def _op_chain(bm: BuiltModel, due: _Due) -> None:
     dur = data.dur.tolist()
     rec_at: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
     for g in data.gaps:
-        if g.id in bm.rec:
-            rec_at[g.c].append((dur[g.recompute_op], bm.rec[g.id]))
+        for x, pt in zip(bm.rec_at.get(g.id, ()), g.rec_points):
+            rec_at[pt.op].append((dur[g.recompute_op], x))
     for k in range(data.n_ops):
         prev: cp_model.LinearExprT = end[k - 1] if k else 0
         if due[k]:

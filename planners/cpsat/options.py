@@ -21,7 +21,11 @@ class CpsatOptions:
       bytes with the iteration at most `max_eor` times the compute time).
     - `time_limit_s`, `num_workers`, `seed`: the solver's (deterministic for
       `num_workers=1`).
-    - `hint`: a registered planner whose plan warm-starts the search, or None.
+    - `hint`: a registered planner whose plan warm-starts the search, "best"
+      (every heuristic planner; the fastest plan that fits, NOTE [ Hints ] in
+      cpsat/hints.py), or None.
+    - `chain_depth`: how many recomputations a chain may pull its sources
+      through (NOTE [ Recompute chains ] in cpsat/chains.py); 0: none.
     - `margin_ns`: how long before an allocation a copy's free must happen.
     - `max_exact_terms`: above this many (gap, hot op) pairs the model is
       solved coarsened and refined in windows (`lns_*`, see cpsat/lns.py).
@@ -32,7 +36,8 @@ class CpsatOptions:
     num_workers: int = 2
     seed: int = 0
     max_eor: float = 1.2
-    hint: str | None = "tensile"
+    hint: str | None = "best"
+    chain_depth: int = 64
     margin_ns: int = 1
     max_exact_terms: int = 40_000
     lns_coarse_segments: int = 12_000
@@ -69,3 +74,6 @@ class CpsatOptions:
         for name, v in counts.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"cpsat: {name}={v!r} must be an integer >= 1")
+        d = self.chain_depth
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise PlanError(f"cpsat: chain_depth={d!r} must be an integer >= 0")

@@ -9,9 +9,16 @@ status name kept as a figure in `stats["status"]`:
 | INFEASIBLE             | STOPPED    | MODEL_INFEASIBLE   |
 | UNKNOWN                | STOPPED    | TIME_LIMIT         |
 
+Only the first INFEASIBLE row is said of the problem: the peak lower bound
+of `planners/analysis/bounds.py` proves that no plan of any planner fits.
 The solver proving its model infeasible is not a proof for every plan: the
-model's moves are a subset of them (one swap or one recompute per gap, no
-chains of recomputation; NOTE [ CP-SAT semantics ] in `cpsat/model.py`).
+model's moves are a subset of them (one swap or one recompute per gap, each
+recompute re-running one op, NOTE [ Recompute chains ] in `cpsat/chains.py`),
+so the run STOPPED, and `detail` says what was proved. UNKNOWN -- no plan
+and no proof when the time ran out -- is STOPPED with TIME_LIMIT, never
+INFEASIBLE. `stats["proof"]` says what the run proved: "peak bound", "model"
+(infeasible or optimal within the model's moves, or an objective bound from
+it), "analytic bound" (the plan meets the analytic time bound) or None.
 """
 
 from __future__ import annotations
@@ -75,19 +82,28 @@ def _status(
 ) -> tuple[Status, Reason, str]:
     """The table of the module docstring, with the numbers in `detail`."""
     if below_bound is not None:
-        why = f"budget {budget} B is below the peak lower bound {below_bound} B"
+        stats["proof"] = "peak bound"
+        why = (
+            f"budget {budget} B is below the peak lower bound {below_bound} B: "
+            f"no plan of any planner fits"
+        )
         return Status.INFEASIBLE, Reason.BELOW_BOUND, why
     if planned:
         return Status.PLANNED, Reason.NONE, ""
     if status == "INFEASIBLE":
+        stats["proof"] = "model"
         within = f"{budget} B"
         if opts.objective is Objective.PEAK:
             within += f" within {opts.max_eor:g} x the compute time"
-        why = f"the solver proved that no plan of its model fits {within}"
+        why = (
+            f"CP-SAT proved that no plan of its model fits {within}; plans beyond its moves "
+            f"(a buffer recomputed twice, chain temporaries) may"
+        )
         return Status.STOPPED, Reason.MODEL_INFEASIBLE, why
-    why = f"no plan within the time limit of {opts.time_limit_s:g} s"
+    stats["proof"] = None
+    why = f"no plan within the time limit of {opts.time_limit_s:g} s, nothing proved"
     if stats.get("excess_bytes"):
-        why += f" (the best solution was {stats['excess_bytes']} B over the budget)"
+        why += f" (the best solution peaked {stats['excess_bytes']} B over the budget)"
     return Status.STOPPED, Reason.TIME_LIMIT, why
 
 
@@ -135,8 +151,12 @@ def finish(
         and (info.get("search") == "exact" or (not peak_mode and obj <= time_lb_s + tol))
     ):
         status = "OPTIMAL"
-    if status == "OPTIMAL":
+    analytic = float(spec.peak_floor) if peak_mode else time_lb_s
+    if status == "OPTIMAL":  # for every plan if it meets the analytic bound
+        info["proof"] = "analytic bound" if obj <= analytic + tol else "model"
         bound = obj
+    else:  # a bound on the model's plans, if the solver's beats the analytic one
+        info["proof"] = "model" if (model_b or 0.0) > analytic else None
     counts = dict.fromkeys(MODE_NAMES, 0)
     for mode in sol.mode:
         counts[MODE_NAMES[mode]] += 1

@@ -2,13 +2,17 @@
 
 For every gap of every buffer (a stretch of ops that do not touch it) the
 model chooses keep / swap (out then in, both timed on the lane) / release and
-recompute, with the op order fixed, durations and copy times from the
+recompute (before its next access, or earlier in a chain), with the op order fixed, durations and copy times from the
 `DeviceModel` and a memory budget; it minimises the iteration time (or the
 peak under a time cap). See NOTE [ CP-SAT semantics ] in
 `planners/cpsat/model.py` for exactly what the model assumes, and
-`planners/cpsat/search.py` for how a run goes: the hint planner's choices
-completed by the model, the soft budget when there is no hint, and windows
-around the memory peaks for large traces (`planners/cpsat/lns.py`).
+`planners/cpsat/search.py` for how a run goes: the fastest fitting plan of
+the heuristic planners completed by the model (NOTE [ Hints ] in
+`planners/cpsat/hints.py`), the soft budget when there is no hint, and
+windows around the memory peaks for large traces (`planners/cpsat/lns.py`).
+A recomputation may pull its absent sources along, recomputed before the
+same op (NOTE [ Recompute chains ] in `planners/cpsat/chains.py`), so
+Checkmate's rematerialisation is a special case.
 
 Several jobs share the compute, the lane(s) and the budget; the model keeps
 them in step, one iteration of each per period (NOTE [ Several jobs ] in
@@ -21,11 +25,13 @@ status of `planners/cpsat/outcome.py`; its `stats` carry the solver status
 the relative gap.
 
 Modules, each importing only modules after it in this order: `planner`
-(this entry), `search` (a run), `lns` (windows), `outcome` (the result),
-`solve` (parameters, solve, status check, read-out), `model` (variables,
-constraints, objective), `memory` and `cuts` (its memory and redundant
-sections), `solution` and `readout` (solutions as integers and as plans),
-`options` (`CpsatOptions`), `spec` (the records), `data`.
+(this entry), `search` (a run), `hints` (other planners' plans as warm
+starts), `lns` (windows), `outcome` (the result), `solve` (parameters,
+solve, status check, read-out), `model` (variables, constraints,
+objective), `memory` and `cuts` (its memory and redundant sections),
+`solution` and `readout` (solutions as integers and as plans), `options`
+(`CpsatOptions`), `spec` (the records), `data`, `chains` (where a gap may be
+recomputed).
 """
 
 from __future__ import annotations

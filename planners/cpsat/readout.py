@@ -59,9 +59,9 @@ def plans_from_solution(data: CpsatData, sol: Solution) -> tuple[Plan, ...]:
         b, end, start = g.buffer - int(data.buf0[j]), ends[j], starts[j]
         a = op[g.a] if g.a >= 0 else -1
         c = op[g.c]
-        if mode == RECOMPUTE:
+        if mode == RECOMPUTE:  # NOTE [ Recompute chains ] in cpsat/chains.py
             timed[j].append(Release(b, a))
-            recomputes[j].append(Recompute(b, c, (op[g.recompute_op],)))
+            recomputes[j].append(Recompute(b, op[sol.rec_at[g.id]], (op[g.recompute_op],)))
             continue
         assert mode == SWAP
         if sol.copy[g.id]:
@@ -85,10 +85,12 @@ def plans_from_solution(data: CpsatData, sol: Solution) -> tuple[Plan, ...]:
     return tuple(plans)
 
 
-def modes_from_plans(data: CpsatData, plans: Sequence[Plan]) -> list[int]:
-    """The gap decisions `plans` (one per job) make, as the model names them: a
-    gap is swapped if a SwapIn brings its buffer back for the access that
-    closes it, recomputed if a Recompute does, kept otherwise."""
+def modes_from_plans(data: CpsatData, plans: Sequence[Plan]) -> tuple[list[int], list[int]]:
+    """(mode, recompute position or -1) per gap for the decisions `plans` (one
+    per job) make, as the model names them: a gap is swapped if a SwapIn
+    brings its buffer back for the access that closes it, recomputed if a
+    Recompute makes it before one of the gap's recompute points, kept
+    otherwise; then made consistent with the model's rules (`_consistent`)."""
     swapped: set[tuple[int, int, int, bool]] = set()
     recomputed: set[tuple[int, int, int]] = set()
     for j, plan in enumerate(plans):
@@ -98,14 +100,50 @@ def modes_from_plans(data: CpsatData, plans: Sequence[Plan]) -> list[int]:
             elif isinstance(ev, Recompute):
                 recomputed.add((j, ev.buffer, ev.before_op))
     op = data.order.op.tolist()
-    modes = []
+    modes, at = [], []
     for g in data.gaps:
         cross = g.kind is GapKind.CROSS
-        key = (g.job, g.buffer - int(data.buf0[g.job]), op[g.c])
+        b = g.buffer - int(data.buf0[g.job])
+        key = (g.job, b, op[g.c])
+        points = [p.op for p in g.rec_points if (g.job, b, op[p.op]) in recomputed]
         if (*key, cross) in swapped or (cross and (*key, False) in swapped):
             modes.append(SWAP)
-        elif g.recomputable and key in recomputed:
+            at.append(-1)
+        elif points:
             modes.append(RECOMPUTE)
+            at.append(points[0])
         else:
             modes.append(KEEP)
-    return modes
+            at.append(-1)
+    _consistent(data, modes, at)
+    return modes, at
+
+
+def _consistent(data: CpsatData, modes: list[int], at: list[int]) -> None:
+    """Make another planner's recomputations follow the model's rules (NOTE
+    [ Recompute ] in cpsat/model.py), in place: a source that the plan made
+    as a chain temporary is pulled to the recomputation that reads it where
+    the model allows, else the recomputation is kept instead; a pulled one
+    no recomputation reads goes back to its own access."""
+    gaps = data.gaps
+    for _ in range(len(gaps) + 1):
+        changed = False
+        for g in gaps:
+            if modes[g.id] != RECOMPUTE:
+                continue
+            pt = g.rec_points[g.point_index(at[g.id])]
+            for sid in pt.sources:
+                if modes[sid] == RECOMPUTE and at[sid] > pt.op:
+                    k = gaps[sid].point_index(pt.op)
+                    if k >= 0 and g.id in gaps[sid].rec_points[k].pullers:
+                        at[sid], changed = pt.op, True
+            if any(
+                modes[s] == SWAP or (modes[s] == RECOMPUTE and at[s] > pt.op) for s in pt.sources
+            ):
+                modes[g.id], at[g.id], changed = KEEP, -1, True
+            elif pt.pullers and not any(
+                modes[h] == RECOMPUTE and at[h] == pt.op for h in pt.pullers
+            ):
+                at[g.id], changed = g.c, True
+        if not changed:
+            return

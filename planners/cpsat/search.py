@@ -17,18 +17,16 @@ from memplan.planners.analysis.bounds import (
     peak_lower_bound,
     time_lower_bound,
 )
-from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.cpsat.data import TICKS_PER_S, CpsatData, build_data
+from memplan.planners.cpsat.hints import hint_solution
 from memplan.planners.cpsat.lns import block_size, exact_terms, lns
 from memplan.planners.cpsat.model import build
 from memplan.planners.cpsat.options import CpsatOptions
 from memplan.planners.cpsat.outcome import finish, result, trivial_plans
-from memplan.planners.cpsat.readout import modes_from_plans
 from memplan.planners.cpsat.solution import keep_all
-from memplan.planners.cpsat.solve import fix_modes, resolve, solve, time_left
-from memplan.planners.cpsat.spec import KEEP, MODE_NAMES, ModelSpec, Objective, Solution
-from memplan.traces.errors import MemplanError
+from memplan.planners.cpsat.solve import resolve, solve, time_left
+from memplan.planners.cpsat.spec import MODE_NAMES, ModelSpec, Objective, Solution
 from memplan.traces.model import Trace
 
 HINT_SHARE = 0.2  # of the time limit, at most, to complete the hint's timing
@@ -72,7 +70,10 @@ def run(
         stats = {**base, "objective": None, "best_bound": None}
         return result(opts, budget, t0, "INFEASIBLE", None, stats, below_bound=peak_lb)
     peak_mode = opts.objective is Objective.PEAK
-    data = build_data(traces, device, peak_lb if peak_mode else budget, margin=opts.margin_ns)
+    threshold = peak_lb if peak_mode else budget
+    data = build_data(
+        traces, device, threshold, margin=opts.margin_ns, chain_depth=opts.chain_depth
+    )
     spec = _spec(data, opts, budget, peak_lb, time_lb_s)
     info: dict[str, Any] = {
         **base,
@@ -89,11 +90,14 @@ def run(
     exact = info["exact_terms"] <= opts.max_exact_terms
     spec = replace(spec, block=1 if exact else block_size(data, opts.lns_coarse_segments))
     hint_time = min(HINT_SHARE * opts.time_limit_s, time_left(deadline))
-    hint, start, info["hint"] = hint_solution(data, traces, device, budget, opts, spec, hint_time)
+    h = hint_solution(data, traces, device, budget, opts, spec, hint_time)
+    hint, start, info["hint"], info["hint_fits"] = h.solution, h.start, h.source, list(h.fitting)
+    if hint is not None:
+        info["hint_iteration_s"] = hint.iteration_ticks / TICKS_PER_S
     # NOTE [ Soft budget ]: with no hint, a large model starts from keep-all
     soft = hint is None and info["exact_terms"] > SOFT_TERMS
     info["soft_budget"] = soft
-    info["soft_start"] = opts.hint if start is not None else "keep-all"
+    info["soft_start"] = h.source if start is not None else "keep-all"
     start = start or keep_all(data)
     if exact:
         status, sol, model_bound = _exact(data, spec, opts, hint, start, deadline, info)
@@ -182,48 +186,9 @@ def _exact(
         # a plan but no proof yet: the rest of the time, from that plan
         out = resolve(bm, opts, time_left(deadline), out)
     status, sol, model_bound = out.status, out.solution, out.bound
-    if out.excess:
-        info["excess_bytes"] = out.excess * bm.excess_step * bm.objective_unit
+    if out.excess and out.over_budget is not None:  # its peak, over the budget
+        info["excess_bytes"] = out.over_budget.peak_bytes - spec.budget
     info["search"] = "exact"
     if sol is None and hint is not None:
         sol, status = hint, "FEASIBLE"
     return status, sol, model_bound
-
-
-def hint_solution(
-    data: CpsatData,
-    traces: tuple[Trace, ...],
-    device: DeviceModel,
-    budget: int,
-    opts: CpsatOptions,
-    spec: ModelSpec,
-    time_limit_s: float,
-) -> tuple[Solution | None, Solution | None, str]:
-    """The hint planner's gap decisions with the model's best timing for them:
-    (a plan of the model, or None; else the same decisions as a start over
-    the budget for a soft solve, or None; a description)."""
-    if opts.hint is None:
-        return None, None, "none"
-    from memplan.planners import registry  # the registry imports planners lazily, this one too
-
-    if opts.hint == "cpsat":
-        raise PlanError("cpsat: hint='cpsat' would call itself; name another planner")
-    planner = registry.get(opts.hint)  # an unknown name is the caller's error
-    try:
-        res = planner(list(traces), device, budget_bytes=budget)
-    except MemplanError as e:  # the hint is a convenience: plan without it
-        return None, None, f"none ({opts.hint} failed: {e})"
-    if len(res.plans) != len(traces):
-        return None, None, f"none ({opts.hint} found no plan)"
-    modes = modes_from_plans(data, res.plans)
-    # only the hint's swapped and recomputed gaps are free (their modes then
-    # fixed), with one segment per hot op: a hint's holes need not fill blocks
-    moved = frozenset(g.id for g in data.gaps if modes[g.id] != KEEP)
-    repair = replace(spec, soft=True, block=1, free=moved, incumbent=keep_all(data))
-    bm = build(data, repair)
-    fix_modes(bm, modes)
-    out = solve(bm, opts, time_limit_s, keep_all(data), f"cpsat hint ({opts.hint})")
-    if out.solution is not None:
-        return out.solution, None, opts.hint
-    why = "over the budget in the model" if out.over_budget is not None else out.status
-    return None, out.over_budget, f"none ({opts.hint}'s choices: {why})"

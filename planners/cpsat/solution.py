@@ -52,6 +52,8 @@ def add_hint(bm: BuiltModel, sol: Solution) -> None:
         hints.add_hint(bm.swap[g.id], int(mode == SWAP))
         if g.id in bm.rec:
             hints.add_hint(bm.rec[g.id], int(mode == RECOMPUTE))
+            for x, pt in zip(bm.rec_at[g.id], g.rec_points, strict=True):
+                hints.add_hint(x, int(mode == RECOMPUTE and sol.rec_at[g.id] == pt.op))
         cp = bm.copy[g.id]
         if isinstance(cp, cp_model.IntVar) and cp is not bm.swap[g.id]:
             hints.add_hint(cp, int(sol.copy[g.id]))
@@ -66,13 +68,13 @@ def add_hint(bm: BuiltModel, sol: Solution) -> None:
     peak_units = -(-sol.peak_bytes // unit)
     if bm.chain:
         covered = np.zeros(len(data.hot) + 1, np.int64)
-        for h0, h1, w, gid, is_rec in bm.items:
+        for h0, h1, w, gid, point in bm.items:
             u, v = sol.absent[gid]
-            on = (
-                sol.mode[gid] == RECOMPUTE
-                if is_rec
-                else (sol.mode[gid] == SWAP and u <= h0 and h1 <= v)
-            )
+            if point >= 0:
+                pt = data.gaps[gid].rec_points[point]
+                on = sol.mode[gid] == RECOMPUTE and sol.rec_at[gid] == pt.op
+            else:
+                on = sol.mode[gid] == SWAP and u <= h0 and h1 <= v
             if on:
                 covered[h0] += w
                 covered[h1 + 1] -= w
@@ -90,14 +92,7 @@ def add_hint(bm: BuiltModel, sol: Solution) -> None:
 def row_excess(bm: BuiltModel, sol: Solution) -> list[int]:
     """Per hot position, the units by which `sol` exceeds the memory cap."""
     data, unit = bm.data, bm.objective_unit
-    absent = np.zeros(len(data.hot), np.int64)
-    for g in data.gaps:
-        w = int(data.nbytes[g.buffer]) // unit
-        if sol.mode[g.id] == SWAP:
-            u, v = sol.absent[g.id]
-            absent[u : v + 1] += w
-        elif sol.mode[g.id] == RECOMPUTE:
-            absent[g.hot_idx[0] : g.hot_idx[-1] + 1] += w
+    absent = absent_bytes(data, sol) // unit
     mem0 = data.mem0[data.hot]
     cap = bm.spec.budget // unit
     if bm.peak is not None:
@@ -116,14 +111,16 @@ def read_solution(
     """The solver's current solution as plain integers."""
     data = bm.data
     val = solver.value
-    modes, copies, outs, ins, absent = [], [], [], [], []
+    modes, copies, outs, ins, absent, rec_at = [], [], [], [], [], []
     for g in data.gaps:
+        at = [pt.op for x, pt in zip(bm.rec_at.get(g.id, ()), g.rec_points) if val(x)]
         if val(bm.swap[g.id]):
             mode = SWAP
-        elif g.id in bm.rec and val(bm.rec[g.id]):
+        elif at:
             mode = RECOMPUTE
         else:
             mode = KEEP
+        rec_at.append(at[0] if mode == RECOMPUTE else -1)
         cp = mode == SWAP and bool(val(bm.copy[g.id]))
         modes.append(mode)
         copies.append(cp)
@@ -136,12 +133,22 @@ def read_solution(
             else:
                 assert bm.spec.incumbent is not None
                 absent.append(bm.spec.incumbent.absent[g.id])
+        elif mode == RECOMPUTE:
+            absent.append(g.rec_span(rec_at[-1]))
         else:
             absent.append((-1, -1))
     end = tuple(int(val(e)) for e in bm.end)
     ready = tuple(int(val(r)) if not isinstance(r, int) else r for r in bm.ready)
     sol = Solution(
-        tuple(modes), tuple(copies), tuple(outs), tuple(ins), tuple(absent), ready, end, 0
+        tuple(modes),
+        tuple(copies),
+        tuple(outs),
+        tuple(ins),
+        tuple(absent),
+        tuple(rec_at),
+        ready,
+        end,
+        0,
     )
     return _with_peak(data, sol)
 
@@ -155,11 +162,9 @@ def absent_bytes(data: CpsatData, sol: Solution) -> np.ndarray:
     absent = np.zeros(len(data.hot), np.int64)
     for g in data.gaps:
         w = int(data.nbytes[g.buffer])
-        if sol.mode[g.id] == SWAP:
+        if sol.mode[g.id] != KEEP:
             u, v = sol.absent[g.id]
             absent[u : v + 1] += w
-        elif sol.mode[g.id] == RECOMPUTE:
-            absent[g.hot_idx[0] : g.hot_idx[-1] + 1] += w
     return absent
 
 
@@ -175,5 +180,6 @@ def keep_all(data: CpsatData) -> Solution:
     g = len(data.gaps)
     end = tuple(np.cumsum(data.dur).tolist())
     ready = (0, *end[:-1])
-    sol = Solution((KEEP,) * g, (False,) * g, (-1,) * g, (-1,) * g, ((-1, -1),) * g, ready, end, 0)
+    none = (-1,) * g
+    sol = Solution((KEEP,) * g, (False,) * g, none, none, ((-1, -1),) * g, none, ready, end, 0)
     return _with_peak(data, sol)

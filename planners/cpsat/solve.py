@@ -168,11 +168,14 @@ def resolve(
     return replace(again, bound=max(first.bound, again.bound))
 
 
-def fix_modes(bm: BuiltModel, modes: Sequence[int]) -> None:
-    """Constrain every free gap of `bm` to `modes` (to complete a hint)."""
+def fix_modes(bm: BuiltModel, modes: Sequence[int], rec_at: Sequence[int]) -> None:
+    """Constrain every free gap of `bm` to `modes` and its recomputations to
+    the points `rec_at` (to complete a hint)."""
     for g in bm.data.gaps:
         if not bm.is_free(g.id):
             continue
         bm.model.add(bm.swap[g.id] == int(modes[g.id] == SWAP))
         if g.id in bm.rec:
             bm.model.add(bm.rec[g.id] == int(modes[g.id] == RECOMPUTE))
+            for x, pt in zip(bm.rec_at[g.id], g.rec_points, strict=True):
+                bm.model.add(x == int(modes[g.id] == RECOMPUTE and rec_at[g.id] == pt.op))

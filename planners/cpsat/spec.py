@@ -26,13 +26,16 @@ class Objective(enum.Enum):
 class Solution:
     """A model solution in ticks. Per gap: `mode`, `copy` (a D2H copy is made),
     `out_start` / `in_start` (-1 when unused), `absent` = (first, last) hot
-    position it is absent over, (-1, -1) when kept. Per op: `ready`, `end`."""
+    position it is absent over, (-1, -1) when kept, `rec_at` the position
+    before which it is recomputed (-1 unless recomputed; NOTE [ Recompute
+    chains ] in cpsat/chains.py). Per op: `ready`, `end`."""
 
     mode: tuple[int, ...]
     copy: tuple[bool, ...]
     out_start: tuple[int, ...]
     in_start: tuple[int, ...]
     absent: tuple[tuple[int, int], ...]
+    rec_at: tuple[int, ...]
     ready: tuple[int, ...]
     end: tuple[int, ...]
     peak_bytes: int
@@ -73,6 +76,7 @@ class BuiltModel:
     ready: list[cp_model.LinearExprT] = field(default_factory=list)
     swap: dict[int, cp_model.IntVar] = field(default_factory=dict)
     rec: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    rec_at: dict[int, list[cp_model.IntVar]] = field(default_factory=dict)  # per rec_points
     copy: dict[int, cp_model.LinearExprT] = field(default_factory=dict)
     out_start: dict[int, cp_model.IntVar] = field(default_factory=dict)
     in_start: dict[int, cp_model.IntVar] = field(default_factory=dict)
@@ -85,7 +89,8 @@ class BuiltModel:
     excess_weight: int = 0
     excess_step: int = 1  # units per step of excess
     chain: list[cp_model.IntVar] = field(default_factory=list)  # absent units per hot op
-    items: list[tuple[int, int, int, int, bool]] = field(default_factory=list)  # h0,h1,w,gap,rec
+    # h0, h1, w, gap, recompute point index (-1: a swap's absence segment)
+    items: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     objective_unit: int = 1  # bytes per objective unit in peak mode
     n_terms: int = 0
 

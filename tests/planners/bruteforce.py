@@ -12,7 +12,10 @@ ended), checks memory op window by op window and returns the best iteration
 time. It shares no code with `planners.cpsat`: it re-derives gaps, host-copy
 epochs, recompute rules and memory from the trace, following the rules of
 NOTE [ CP-SAT semantics ] (closed op windows with a 1-tick margin, no
-cross-iteration swap-in may stall).
+cross-iteration swap-in may stall). A recomputed gap re-runs its producer
+before any op r of the gap after its first hot op (its own access, or an
+earlier op where a recomputation reads it: NOTE [ Recompute chains ]), with
+every source present at r (accessed there, or kept, or recomputed no later).
 """
 
 from __future__ import annotations
@@ -180,8 +183,16 @@ class _Gap:
     a: int
     c: int
     inner: tuple[int, ...]  # hot ops where it may be absent
+    lo: int  # first op of its interior
+    hi: int  # last op of its interior
     rec_op: int
-    rec_keep: tuple[tuple[int, int], ...]  # (buffer, a) of source gaps that must be kept
+    rec_srcs: tuple[int, ...]  # buffers the producer reads
+    rec_at: tuple[int, ...]  # ops before which it may be recomputed
+
+
+def rec_point(mode: str) -> int | None:
+    """The op of a "rec@R" mode, None for keep and swap."""
+    return int(mode[4:]) if mode.startswith("rec@") else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,16 +216,16 @@ def brute_force(trace: Trace, d_ticks: list[int], io_ticks: list[int], budget: i
     gaps = _gaps(trace, acc, writes, hot)
     choices = []
     for g in gaps:
-        opts = [KEEP, SWAP] + ([REC] if g.rec_op >= 0 else [])
-        choices.append(opts)
+        choices.append([KEEP, SWAP] + [f"{REC}@{r}" for r in g.rec_at])
+
+    def rec_ticks(ms: tuple[str, ...]) -> int:
+        return sum(d_ticks[g.rec_op] for g, m in zip(gaps, ms) if rec_point(m) is not None)
+
     best: tuple[int, tuple[str, ...]] | None = None
     evaluated = 0
-    combos = sorted(
-        itertools.product(*choices),
-        key=lambda ms: sum(d_ticks[g.rec_op] for g, m in zip(gaps, ms) if m == REC),
-    )
+    combos = sorted(itertools.product(*choices), key=rec_ticks)
     for modes in combos:
-        lb = sum(d_ticks) + sum(d_ticks[g.rec_op] for g, m in zip(gaps, modes) if m == REC)
+        lb = sum(d_ticks) + rec_ticks(modes)
         if best is not None and (lb >= best[0] or best[0] == sum(d_ticks)):
             continue
         if not _modes_ok(gaps, modes, mem0, hot, budget, trace):
@@ -270,7 +281,7 @@ def _gaps(trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[
         hot_inner = tuple(k for k in inner if k in hot)
         if not hot_inner:
             continue
-        rec_op, keep = -1, ()
+        rec_op, srcs_ok = -1, ()
         buf = trace.buffers[b]
         if kind == "within" and not buf.persistent and buf.kind is not BufferKind.INPUT:
             p = acc[b][0]
@@ -278,7 +289,6 @@ def _gaps(trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[
             srcs = _bufs(trace, op.reads)
             ok = not op.rng and writes[p] == {b} and b not in srcs
             ok = ok and not any(b in writes[k] for k in acc[b] if p < k < c)
-            keep_l = []
             for s in srcs if ok else []:
                 s_acc = acc[s]
                 if (
@@ -287,26 +297,46 @@ def _gaps(trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[
                     or any(s in writes[k] for k in s_acc if p < k < c)
                 ):
                     ok = False
-                elif c not in s_acc:
-                    before = max(k for k in s_acc if k < c)
-                    keep_l.append((s, before))
             if ok:
-                rec_op, keep = p, tuple(keep_l)
-        out.append(_Gap(b, kind, a, c, hot_inner, rec_op, keep))
+                rec_op, srcs_ok = p, tuple(srcs)
+        # its own access, or any op after its first hot op (where a chain may pull it)
+        points = (*range(hot_inner[0] + 1, c), c) if rec_op >= 0 else ()
+        out.append(_Gap(b, kind, a, c, hot_inner, inner[0], inner[-1], rec_op, srcs_ok, points))
     return out
 
 
+def _gap_at(gaps: list[_Gap], b: int, k: int) -> int | None:
+    """The gap (index) of buffer b whose interior holds op k, if it has one."""
+    for j, g in enumerate(gaps):
+        if g.buffer == b and g.lo <= k <= g.hi:
+            return j
+    return None
+
+
 def _modes_ok(gaps, modes, mem0, hot, budget, trace) -> bool:
-    """Memory with every swap absent at all its hot ops, and recompute sources kept."""
-    by_key = {(g.buffer, g.a): m for g, m in zip(gaps, modes)}
+    """Memory with every swap absent at all its hot ops, every recompute
+    source present where it runs, and an early recompute read by another."""
+    acc = [trace.accesses_of(b).tolist() for b in range(trace.n_buffers)]
     for g, m in zip(gaps, modes):
-        if m == REC and any(by_key.get(key, KEEP) != KEEP for key in g.rec_keep):
-            return False
+        r = rec_point(m)
+        if r is None:
+            continue
+        for s in g.rec_srcs:
+            j = None if r in acc[s] else _gap_at(gaps, s, r)
+            if j is None:
+                continue  # accessed at r, or in a gap with no decision: resident
+            rs = rec_point(modes[j])
+            if modes[j] == SWAP or (rs is not None and rs > r):
+                return False
+        if r < g.c and not any(
+            rec_point(mh) == r and g.buffer in h.rec_srcs for h, mh in zip(gaps, modes)
+        ):
+            return False  # nothing would trigger it: still absent at c
     for k in hot:
         free = sum(
             trace.buffers[g.buffer].nbytes
             for g, m in zip(gaps, modes)
-            if m != KEEP and k in g.inner
+            if k in g.inner and (m == SWAP or (rec_point(m) or -1) > k)
         )
         if mem0[k] - free > budget:
             return False
@@ -334,12 +364,11 @@ def _copies(gaps, modes, acc, writes) -> dict[int, bool]:
 def _best_timing(trace, gaps, modes, acc, writes, mem0, hot, budget, d, io, best):
     """(best iteration ticks or None, combinations tried) for fixed modes."""
     swaps = [i for i, m in enumerate(modes) if m == SWAP]
-    recs = [i for i, m in enumerate(modes) if m == REC]
+    recs = [(i, rec_point(m)) for i, m in enumerate(modes) if rec_point(m) is not None]
     copy = _copies(gaps, modes, acc, writes)
     rec_at = [0] * trace.n_ops
-    for g, m in zip(gaps, modes):
-        if m == REC:
-            rec_at[g.c] += d[g.rec_op]
+    for i, r in recs:
+        rec_at[r] += d[gaps[i].rec_op]
     lb = sum(d) + sum(rec_at)
     placements = [
         [False, True] if gaps[i].kind == "cross" and gaps[i].c >= 1 else [False] for i in swaps
@@ -466,7 +495,9 @@ def _evaluate(trace, gaps, swaps, recs, copy, nxt, q, order, rec_at, mem0, hot, 
             if out_ok and s_in >= end[k] + m:
                 free += trace.buffers[g.buffer].nbytes
                 absent_somewhere[i] = True
-        free += sum(trace.buffers[gaps[i].buffer].nbytes for i in recs if k in gaps[i].inner)
+        free += sum(
+            trace.buffers[gaps[i].buffer].nbytes for i, r in recs if k in gaps[i].inner and k < r
+        )
         if mem0[k] - free > budget:
             return None
     if not all(absent_somewhere.values()):

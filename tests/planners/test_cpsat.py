@@ -16,10 +16,24 @@ from memplan.planners import registry
 from memplan.planners.analysis.bounds import peak_lower_bound
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import Reason, Recompute, Release, Status, SwapIn, SwapOut
+from memplan.planners.core.options import NoOptions
+from memplan.planners.core.plan import (
+    Plan,
+    PlanResult,
+    Reason,
+    Recompute,
+    Release,
+    Status,
+    SwapIn,
+    SwapOut,
+    fingerprint_of,
+)
+from memplan.planners.cpsat import hints
 from memplan.planners.cpsat.data import INEXACT_MARGIN, build_data
 from memplan.planners.cpsat.model import Objective
+from memplan.planners.cpsat.outcome import result
 from memplan.planners.cpsat.planner import CpsatOptions, cpsat
+from memplan.planners.registry import PlannerSpec
 from memplan.sim import Job, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
@@ -90,6 +104,43 @@ def test_swap_when_the_producer_consumes_rng():
     assert job.iteration_time_s == pytest.approx(0.014000001, abs=1e-12)
 
 
+# A (0) is made by op 0 and read by ops 1 and 4; C (1) = f(A) by op 1, read by
+# op 3; X (2, 3 MiB) is made by op 2 right after, so no copy can leave in time.
+# At 3 MiB both A and C must be off the device at op 2.
+CHAIN_BUFS = [B(1), B(1), B(3), B(1)]
+CHAIN_OPS = [
+    Step((), (0,), 1),
+    Step((0,), (1,), 1),
+    Step((), (2,), 1),
+    Step((1,), (3,), 1),
+    Step((0, 3), (), 1),
+]
+
+
+def test_a_recompute_chain_pulls_its_source_to_the_same_op():
+    # Re-running op 1 before op 3 needs A, itself released: its Recompute
+    # runs before op 3 too (pulled from its own access, op 4), and A stays
+    # until op 4. Op 3 then holds A, C and D: 3 MiB; 5 + 2 ms. With one
+    # recompute per access (chain_depth=0) C's source would have to stay,
+    # and op 2 would hold 4 MiB.
+    t = tiny_trace(CHAIN_BUFS, CHAIN_OPS)
+    r, hw, lat = plan_one(t, 3)
+    assert r.stats["status"] == "OPTIMAL"
+    assert r.stats["iteration_time_s"] == pytest.approx(0.007, abs=NS / 10)
+    assert r.plans[0].events == (
+        Release(0, 1),
+        Release(1, 1),
+        Recompute(0, 3, (0,)),
+        Recompute(1, 3, (1,)),
+    )
+    _, job = simulated(t, r.plans[0], hw, lat, 3 * MiB)
+    assert job.iteration_times_s == pytest.approx((0.007,) * 3, abs=1e-12)
+    bf = brute_force(t, [MS] * 5, [MS] * 4, 3 * MiB)
+    assert bf.iteration_ticks == 7 * MS and bf.modes == ("rec@3", "rec@3")
+    flat, _, _ = plan_one(t, 3, chain_depth=0)
+    assert flat.status is Status.STOPPED and flat.reason is Reason.MODEL_INFEASIBLE
+
+
 # Two 2 MiB buffers made by ops 0 and 1 (RNG: no recompute) and read by op 4;
 # op 3 makes 4 MiB: at a 5 MiB budget both must be off the device there.
 LANE_BUFS = [B(2), B(2), B(1), B(4)]
@@ -145,6 +196,39 @@ def test_tensile_refuses_a_swap_it_cannot_hide_cpsat_takes_it():
     hinted, _, _ = plan_one(t, 5, bw=4, hint="tensile")
     assert hinted.stats["hint"] == "tensile"
     assert hinted.stats["iteration_time_s"] == pytest.approx(0.010000001, abs=NS / 10)
+
+
+def _fake_planner(name: str, events):
+    def plan(traces, device, *, budget_bytes=None, options=None):
+        t = traces[0]
+        return PlanResult(name, Status.PLANNED, (Plan(fingerprint_of(t), events, t.meta.model),))
+
+    return PlannerSpec(name, plan, NoOptions)
+
+
+def test_the_hint_is_the_fastest_plan_that_fits_of_any_planner(monkeypatch):
+    # A (op 0, 3 ms) and C (op 1, 1 ms), 2 MiB each, wait for op 4 while ops
+    # 2-3 make X and Y: 7 MiB at op 3, the budget 5. A plan that moves
+    # nothing does not fit; one that recomputes A fits at 7 + 3 ms, one that
+    # recomputes C at 7 + 1 ms. Every candidate that fits is completed by the
+    # model, and the fastest, whichever planner made it, is the hint.
+    bufs = [B(2), B(2), B(2), B(1)]
+    ops = [Step((), (0,), 3), Step((), (1,), 1), Step((), (2,), 1), Step((2,), (3,), 1),
+           Step((0, 1, 3), (), 1)]  # fmt: skip
+    t = tiny_trace(bufs, ops)
+    fakes = {
+        "moves_nothing": (),
+        "recomputes_a": (Release(0, 0), Recompute(0, 4, (0,))),
+        "recomputes_c": (Release(1, 1), Recompute(1, 4, (1,))),
+    }
+    for name, events in fakes.items():
+        monkeypatch.setitem(registry._EXTRA, name, _fake_planner(name, events))
+    monkeypatch.setattr(hints, "_heuristics", lambda: list(fakes))
+    r, _, _ = plan_one(t, 5, hint="best")
+    assert sorted(r.stats["hint_fits"]) == ["recomputes_a", "recomputes_c"]
+    assert r.stats["hint"].startswith("recomputes_c")
+    assert r.stats["hint_iteration_s"] == pytest.approx(0.008, abs=NS / 10)
+    assert r.stats["iteration_time_s"] == pytest.approx(0.008, abs=NS / 10)
 
 
 def test_cross_iteration_swap_of_a_parameter():
@@ -285,6 +369,23 @@ def test_an_expired_time_limit_is_feasible_or_unknown():
         assert r.status is Status.STOPPED and r.reason is Reason.TIME_LIMIT
 
 
+@pytest.mark.parametrize(
+    ("solver", "below", "status", "reason", "proof", "words"),
+    [
+        ("UNKNOWN", None, Status.STOPPED, Reason.TIME_LIMIT, None, "nothing proved"),
+        ("INFEASIBLE", None, Status.STOPPED, Reason.MODEL_INFEASIBLE, "model", "its model"),
+        ("INFEASIBLE", 6 * MiB, Status.INFEASIBLE, Reason.BELOW_BOUND, "peak bound", "any planner"),
+    ],
+)
+def test_only_a_proven_bound_makes_a_run_infeasible(solver, below, status, reason, proof, words):
+    # UNKNOWN (no plan when the time ran out) is never INFEASIBLE; the model
+    # proving itself infeasible stops the run, the peak bound proves it for all
+    opts = CpsatOptions(time_limit_s=3.0)
+    r = result(opts, 5 * MiB, 0.0, solver, None, {"objective": None}, below_bound=below)
+    assert (r.status, r.reason, r.stats["proof"], r.plans) == (status, reason, proof, ())
+    assert r.stats["status"] == solver and words in r.detail
+
+
 def test_no_hot_op_is_optimal_without_a_solve():
     t = tiny_trace(LANE_BUFS, LANE_OPS)
     r, _, _ = plan_one(t, 64)
@@ -359,7 +460,7 @@ def test_a_bad_budget_is_a_plan_error():
 
 def test_options_dataclass_defaults():
     o = CpsatOptions()
-    assert o.time_limit_s == 60.0 and o.objective is Objective.TIME and o.hint == "tensile"
+    assert o.time_limit_s == 60.0 and o.objective is Objective.TIME and o.hint == "best"
     assert CpsatOptions(objective="peak").objective is Objective.PEAK
 
 

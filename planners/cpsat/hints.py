@@ -1,0 +1,179 @@
+"""Warm starts for the CP-SAT search: other planners' plans, as the model's
+decisions with the model's best timing for them (NOTE [ Hints ]).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from memplan.hwmodels.device import DeviceModel
+from memplan.planners.analysis.opgrid import memory_of_plan
+from memplan.planners.analysis.optimes import predict_timeline
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import PlanResult, Recompute
+from memplan.planners.cpsat.data import CpsatData
+from memplan.planners.cpsat.model import build
+from memplan.planners.cpsat.options import CpsatOptions
+from memplan.planners.cpsat.readout import modes_from_plans
+from memplan.planners.cpsat.solution import keep_all
+from memplan.planners.cpsat.solve import SolveOutcome, fix_modes, solve, time_left
+from memplan.planners.cpsat.spec import KEEP, ModelSpec, Solution
+from memplan.traces.errors import MemplanError
+from memplan.traces.model import Trace
+
+BEST = "best"  # `CpsatOptions.hint`: every heuristic planner, the fastest that fits
+HEURISTICS = "memplan.planners.heuristics."
+
+# NOTE [ Hints ]
+# With `hint="best"` every registered planner of planners/heuristics (but
+# the no-move ones of heuristics/vanilla) plans the jobs at the budget, one
+# after the other while the hint's share of the time limit lasts. A plan is
+# a candidate when it fits by the planners' own memory view: for one job
+# its op-grid peak (`analysis.opgrid.memory_of_plan` on the predicted
+# timeline) is within the budget, for several jobs the planner says it
+# fits (the op grid is per job). Each candidate, cheapest first by its
+# compute plus recompute time, becomes the model's decisions
+# (`readout.modes_from_plans`) with those decisions fixed and the timing
+# left to the model, under a soft budget (NOTE [ Soft budget ] in
+# cpsat/search.py); the fastest that the model finds within the budget is
+# the hint. Where none is, the candidate (or, with no candidate, the plan of
+# least op-grid peak) whose completion is least over the budget starts the
+# soft search instead. A planner that raises is skipped: a hint is a
+# convenience. `hint=NAME` asks one planner, fitting or not, as before.
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    name: str
+    result: PlanResult
+    peak_bytes: float  # op-grid peak (one job), inf when not measured
+    fits: bool
+    cost_us: float  # predicted compute plus recompute time
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """What the hint phase found: `solution`, a plan of the model (or None);
+    else `start`, a solution over the budget for a soft solve (or None);
+    `source` says whose choices and why; `fitting` the planners whose plans
+    fit the budget by the op-grid view (NOTE [ Hints ])."""
+
+    solution: Solution | None
+    start: Solution | None
+    source: str
+    fitting: tuple[str, ...] = ()
+
+
+def hint_solution(
+    data: CpsatData,
+    traces: tuple[Trace, ...],
+    device: DeviceModel,
+    budget: int,
+    opts: CpsatOptions,
+    spec: ModelSpec,
+    time_limit_s: float,
+) -> Hint:
+    """NOTE [ Hints ], within `time_limit_s` (every planner asked runs to its end)."""
+    if opts.hint is None:
+        return Hint(None, None, "none")
+    if opts.hint == "cpsat":
+        raise PlanError("cpsat: hint='cpsat' would call itself; name another planner")
+    deadline = time.perf_counter() + time_limit_s
+    names = _heuristics() if opts.hint == BEST else [opts.hint]
+    cands, failed = [], []
+    for name in names:
+        if cands and time.perf_counter() >= deadline:
+            break
+        c = _candidate(name, traces, device, budget)
+        if isinstance(c, str):
+            failed.append(c)
+        else:
+            cands.append(c)
+    if not cands:
+        return Hint(None, None, f"none ({'; '.join(failed) or 'no planner'})")
+    fitting = sorted((c for c in cands if c.fits), key=lambda c: c.cost_us)
+    names_fit = tuple(c.name for c in fitting)
+    if opts.hint != BEST or not fitting:  # the closest plan, as a start over the budget
+        fitting = [min(cands, key=lambda c: c.peak_bytes)]
+    best: tuple[int, Solution, str] | None = None
+    over: tuple[int, Solution, str] | None = None
+    for i, c in enumerate(fitting):
+        share = time_left(deadline) / (len(fitting) - i)
+        out = _repair(data, opts, spec, c.result, share, c.name)
+        sol, start = out.solution, out.over_budget
+        if sol is not None and (best is None or sol.iteration_ticks < best[0]):
+            best = (sol.iteration_ticks, sol, c.name)
+        elif (
+            start is not None and out.excess is not None and (over is None or out.excess < over[0])
+        ):
+            over = (out.excess, start, c.name)
+    of = f"{len(names_fit)} of {len(cands)} plans fit"
+    if best is not None:
+        return Hint(best[1], None, best[2] if opts.hint != BEST else f"{best[2]} ({of})", names_fit)
+    if over is not None:
+        why = f"none ({over[2]}'s choices: over the budget in the model; {of})"
+        return Hint(None, over[1], why, names_fit)
+    return Hint(None, None, f"none ({of}; the model found no timing for them)", names_fit)
+
+
+def _heuristics() -> list[str]:
+    """The registered heuristic planners that move something."""
+    from memplan.planners import registry  # lazily: the registry imports planners, this one too
+
+    out = []
+    for name in registry.names():
+        try:
+            module = registry.get(name).fn.__module__
+        except MemplanError:
+            continue
+        if module.startswith(HEURISTICS) and not module.endswith(".vanilla"):
+            out.append(name)
+    return out
+
+
+def _candidate(
+    name: str, traces: tuple[Trace, ...], device: DeviceModel, budget: int
+) -> _Candidate | str:
+    """`name`'s plans at `budget` with their op-grid peak, or why there are none."""
+    from memplan.planners import registry
+
+    try:
+        res = registry.get(name)(list(traces), device, budget_bytes=budget)
+    except MemplanError as e:
+        return f"{name} failed: {e}"
+    if len(res.plans) != len(traces):
+        return f"{name} found no plan"
+    cost, peak = 0.0, math.inf
+    for t, plan in zip(traces, res.plans, strict=True):
+        tl = predict_timeline(t, device)
+        d = tl.duration_us
+        cost += tl.period_us
+        cost += sum(float(d[k]) for ev in plan.events if isinstance(ev, Recompute) for k in ev.ops)
+        if len(traces) == 1:
+            try:
+                peak = float(memory_of_plan(t, tl, plan, device).peak()[0])
+            except MemplanError:
+                return f"{name}'s plan is not valid"
+    fits = peak <= budget if len(traces) == 1 else res.feasible
+    return _Candidate(name, res, peak, fits, cost)
+
+
+def _repair(
+    data: CpsatData,
+    opts: CpsatOptions,
+    spec: ModelSpec,
+    result: PlanResult,
+    time_limit_s: float,
+    name: str,
+) -> SolveOutcome:
+    """The model's best timing for `result`'s decisions, under a soft budget:
+    only the gaps it moves are free (their modes then fixed), with one
+    segment per hot op, since its holes need not fill blocks."""
+    modes, rec_at = modes_from_plans(data, result.plans)
+    moved = frozenset(g.id for g in data.gaps if modes[g.id] != KEEP)
+    repair = replace(spec, soft=True, block=1, free=moved, incumbent=keep_all(data))
+    bm = build(data, repair)
+    fix_modes(bm, modes, rec_at)
+    return solve(bm, opts, time_limit_s, keep_all(data), f"cpsat hint ({name})")
