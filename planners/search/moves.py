@@ -183,3 +183,44 @@ def recompute_moves(
                 scored.append((gain, (j, (out, e), new)))
     scored.sort(key=lambda m: -m[0])
     return [m[1] for m in scored]
+
+
+def swap_moves(
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    timelines: Sequence[Timeline],
+    durations: Sequence[np.ndarray],
+    plans: Sequence[Plan],
+) -> list[Move]:
+    """The inverse of `recompute_moves`: Release after p and Recompute before
+    m of an activation as SwapOut after p and a SwapIn triggered where the
+    predicted timeline hides it before m, where the chain takes longer than
+    the two copies; longest chains first. A lane that recompute-heavy plans
+    leave idle then carries what compute paid for."""
+    scored = []
+    for j, (t, tl, p) in enumerate(zip(traces, timelines, plans, strict=True)):
+        releases: dict[int, list[Release]] = {}
+        for e in p.events:
+            if isinstance(e, Release):
+                releases.setdefault(e.buffer, []).append(e)
+        for e in p.events:
+            if not isinstance(e, Recompute) or t.persistent[e.buffer]:
+                continue
+            before = [r for r in releases.get(e.buffer, ()) if r.after_op < e.before_op]
+            if not before:
+                continue
+            rel = max(before, key=lambda r: r.after_op)
+            nbytes = int(t.nbytes[e.buffer])
+            h2d = float(device.copy_time(nbytes, Direction.H2D))
+            copies = h2d + float(device.copy_time(nbytes, Direction.D2H))
+            gain = float(sum(durations[j][k] for k in e.ops)) - copies
+            if gain <= 0:
+                continue
+            k = int(np.searchsorted(tl.end_us, float(tl.start_us[e.before_op]) - h2d, "right")) - 1
+            k = min(max(k, rel.after_op + 1), e.before_op - 1)
+            if k <= rel.after_op:
+                continue
+            new = (SwapOut(b := e.buffer, rel.after_op), SwapIn(b, k, e.before_op))
+            scored.append((gain, (j, (rel, e), new)))
+    scored.sort(key=lambda m: -m[0])
+    return [m[1] for m in scored]

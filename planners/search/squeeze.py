@@ -40,6 +40,7 @@ from memplan.planners.search.moves import (
     prefetch_moves,
     prune_moves,
     recompute_moves,
+    swap_moves,
 )
 from memplan.planners.search.netplan import plan_from_net
 from memplan.traces.model import Trace
@@ -115,7 +116,9 @@ def _scales(text: str) -> list[float]:
 #    alone is the incumbent.
 # 3. Improve the incumbent with batched moves (NOTE [ Batched acceptance ]),
 #    each round: swap pairs of activations whose producer is cheaper than
-#    the two copies become Release + Recompute; swap-out deadlines are
+#    the two copies become Release + Recompute, and Release + Recompute
+#    pairs whose chain costs more than the two copies become swaps
+#    prefetched to hide behind compute; swap-out deadlines are
 #    dropped; swap-ins are prefetched as early as the predicted timeline
 #    hides them (not before their swap-out must be over); and what the plan
 #    added beyond release_only is removed, per buffer, costliest first (a
@@ -288,6 +291,8 @@ class _Run:
         while not self.out_of_time():
             before = search.best.iteration_s
             moves = recompute_moves(traces, device, durations, search.plans)
+            accept_batches(search, moves, strict=True)
+            moves = swap_moves(traces, device, timelines, durations, search.plans)
             accept_batches(search, moves, strict=True)
             accept_batches(search, deadline_moves(search.plans), strict=True)
             moves = prefetch_moves(traces, device, timelines, search.plans)
