@@ -105,7 +105,10 @@ class CopyEngine:
                 return
             s.where[b] = DEV
             mem.drop(s, b)
-            s.passive += passive
+            if passive:
+                s.passive += 1
+                s.evictions += 1
+                s.evicted_bytes += n
             log(LogEntry(env.now, j, s.iteration, K.DISCARD, op, b))
             return
         mem.leave(s, b)
@@ -142,14 +145,19 @@ class CopyEngine:
         s.passive += passive
         if s.epoch[b] != ep:
             mem.free(j, c.kind[b], n)  # died during the copy: the bytes were ours
+            freed = True
         else:
             s.host[b] = s.wcount[b] == wc
-            if s.keep[b] or b in s.pinned:
-                s.keep[b] = False
-                mem.stay(s, b)
-            else:
+            freed = not (s.keep[b] or b in s.pinned)
+            if freed:
                 s.where[b] = DEV
                 mem.drop(s, b)
+            else:
+                s.keep[b] = False
+                mem.stay(s, b)
+        if passive and freed:
+            s.evictions += 1
+            s.evicted_bytes += n
         if stop is not None:
             raise stop
 

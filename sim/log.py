@@ -26,6 +26,7 @@ class LogKind(enum.Enum):
     FETCH_START = "fetch_start"  # passive: on-demand H2D copy of an absent input
     FETCH_END = "fetch_end"
     DISCARD = "discard"  # device copy dropped, the host copy is still valid: no transfer
+    DROP = "drop"  # dtr: device copy dropped, to be remade by recompute (NOTE [ DTR ])
     RELEASE = "release"
     STALL_START = "stall_start"  # compute waits for a swap-in or for memory
     STALL_END = "stall_end"

@@ -4,10 +4,11 @@ hold them, and the OOM policy.
 A process that needs bytes that may not fit does `yield from pool.get(...)`:
 it returns once they fit -- evicting or waiting as the policy says -- or
 raises `OutOfMemory`; the caller takes the bytes before it yields again, so
-nothing runs in between. One class per `OomPolicy` (`POOLS`): `MemoryPool`
-itself fails, `StallPool` waits on `changed()`, an event the pool succeeds
-when bytes are freed or in-flight swap-outs shrink (no polling), and
-`PassivePool` also evicts. Every change of the bytes is recorded as a sample
+nothing runs in between. One class per `OomPolicy` (`POOLS` in
+sim/model.py): `MemoryPool` itself fails, `StallPool` waits on `changed()`,
+an event the pool succeeds when bytes are freed or in-flight swap-outs
+shrink (no polling), and `PassivePool` and `DtrPool` (sim/dtr.py) also evict
+(`victim`, `evict`). Every change of the bytes is recorded as a sample
 (time, job, kind, delta) from which `sim.metrics` builds the memory curves.
 """
 
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.state import DEV, LEAVING, OFF, Gen, JobState, OomPolicy
+from memplan.sim.state import DEV, LEAVING, OFF, Gen, JobState
 
 if TYPE_CHECKING:
     from memplan.sim.model import GpuModel
@@ -43,6 +44,11 @@ K = LogKind
 #   passive swap of the job that owns the buffer (as do its bytes); the wait
 #   is stall of the job that needed the room. Recency is an op's start (for
 #   every buffer it accesses), an allocation, or the end of a swap-in.
+# - `dtr` (`DtrPool`): evicts by DTR's heuristic instead, dropping what can be
+#   remade or fetched and swapping out the rest (NOTE [ DTR ] in sim/remat.py);
+#   then as `passive`.
+# Every buffer a policy evicts -- its device copy freed by the eviction --
+# counts for the job that owns it (`JobState.evictions`, `evicted_bytes`).
 # Prefetching swap-ins make room the same way, but their waiting is not
 # compute stall (`on_compute=False`): only the job's own process logs
 # `stall_start` (when it first waits on `changed()`, not while it evicts)
@@ -63,6 +69,7 @@ class MemoryPool:
     """Bytes on the device and the buffers holding them; the `fail` policy."""
 
     passive = False  # keeps `lru` (PassivePool)
+    dtr = False  # keeps `tables` of what can be remade, and recency (DtrPool)
 
     def __init__(self, model: GpuModel, budget_bytes: int):
         self.model = model
@@ -112,7 +119,7 @@ class MemoryPool:
             ev, self._changed = self._changed, None
             ev.succeed()
 
-    # ---- buffers (the passive pool also keeps their recency) -----------------------
+    # ---- buffers (the passive and dtr pools also keep their recency) ---------------
     def take(self, s: JobState, b: int) -> None:
         """Allocate `b`'s bytes; it is on the device and usable."""
         c = s.c
@@ -138,6 +145,9 @@ class MemoryPool:
     def leave(self, s: JobState, b: int) -> None:
         """`b` is leaving: its swap-out owns the bytes."""
         s.where[b] = LEAVING
+
+    def touch(self, s: JobState, bufs: tuple[int, ...]) -> None:
+        """`bufs` are used now (an op starts); recency for `DtrPool`."""
 
     # ---- the policy ------------------------------------------------------------------
     def get(self, s: JobState, nbytes: int, op: int, b: int, on_compute: bool) -> Gen:
@@ -168,7 +178,7 @@ class StallPool(MemoryPool):
             victim = self.victim()
             if victim is not None:
                 owner = model.jobs[victim[0]]
-                yield from model.copies.copy_out(owner, victim[1], op if owner is s else -1, True)
+                yield from self.evict(owner, victim[1], op if owner is s else -1)
                 continue
             if self.free_bytes + self.pending_out < nbytes:
                 raise OutOfMemory(op, b)
@@ -182,6 +192,11 @@ class StallPool(MemoryPool):
             model.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_END, op, b))
         if on_compute:
             s.stall_us += env.now - t0
+
+    def evict(self, owner: JobState, b: int, op: int) -> Gen:
+        """Evict `owner`'s buffer `b` for an allocation of op `op` (-1: of
+        another job): a synchronous swap-out, or a discard with a host copy."""
+        yield from self.model.copies.copy_out(owner, b, op, True)
 
 
 class PassivePool(StallPool):
@@ -215,10 +230,3 @@ class PassivePool(StallPool):
     def leave(self, s: JobState, b: int) -> None:
         s.where[b] = LEAVING
         self.lru.pop((s.c.index, b), None)
-
-
-POOLS: dict[OomPolicy, type[MemoryPool]] = {
-    OomPolicy.FAIL: MemoryPool,
-    OomPolicy.STALL: StallPool,
-    OomPolicy.PASSIVE: PassivePool,
-}

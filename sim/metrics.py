@@ -28,7 +28,20 @@ class JobResult:
     """One job. Times in seconds, sizes in bytes. `iteration_time_s` is the
     steady state: the mean of the iterations after the first (the first alone
     if only one ran; NaN after an OOM). `oom_at` is (iteration, op, buffer)
-    of the allocation that failed, op -1 at the start of an iteration."""
+    of the allocation that failed, op -1 at the start of an iteration.
+
+    What the OOM policy -- the safety net under a plan -- did, summed over
+    all iterations (NOTE [ Out of memory ] in sim/memory.py):
+    - `evictions`, `evicted_bytes`: the job's buffers the policy evicted to
+      make room (for this job or another), whatever the way: a swap-out, a
+      discard of a device copy with a valid host copy, a `dtr` drop;
+    - `passive_swaps`: the policy's transfers of this job's buffers: its
+      evictions that copy or discard, and every on-demand fetch of an
+      absent buffer with a host copy (which every policy does);
+    - `remat_s`: compute time of `dtr`'s remakes (NOTE [ DTR ]);
+    - `stall_s`: compute waiting, for planned copies and for memory
+      (evictions by copy included); `recompute_s`: compute time of re-run
+      ops, the plan's recomputes and `remat_s` both."""
 
     index: int
     name: str
@@ -44,11 +57,20 @@ class JobResult:
     passive_swaps: int
     oom: bool
     oom_at: tuple[int, int, int] | None = None
+    evictions: int = 0
+    evicted_bytes: int = 0
+    remat_s: float = 0.0
 
     @property
     def time_s(self) -> float:
         """Wall time from arrival to end."""
         return self.end_s - self.start_s
+
+    @property
+    def net_used(self) -> bool:
+        """The OOM policy acted: it evicted, fetched or remade something. A
+        job that ran to its end with this False fit on its own."""
+        return bool(self.evictions or self.passive_swaps or self.remat_s)
 
     def to_dict(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -64,6 +86,10 @@ class JobResult:
             "bytes_h2d": self.bytes_h2d,
             "bytes_d2h": self.bytes_d2h,
             "passive_swaps": self.passive_swaps,
+            "evictions": self.evictions,
+            "evicted_bytes": self.evicted_bytes,
+            "remat_s": self.remat_s,
+            "net_used": self.net_used,
             "oom": self.oom,
             "oom_at": list(self.oom_at) if self.oom_at else None,
             "start_s": self.start_s,
@@ -157,6 +183,9 @@ def _job_result(s: JobState, peak: int) -> JobResult:
         passive_swaps=s.passive,
         oom=s.oom is not None,
         oom_at=s.oom,
+        evictions=s.evictions,
+        evicted_bytes=s.evicted_bytes,
+        remat_s=s.remat_us / 1e6,
     )
 
 

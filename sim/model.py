@@ -17,16 +17,24 @@ from collections.abc import Sequence
 import simpy
 from memplan.hwmodels.device import DeviceModel
 from memplan.sim.copies import CopyEngine
+from memplan.sim.dtr import DtrPool
 from memplan.sim.errors import SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.memory import POOLS, OutOfMemory
+from memplan.sim.memory import MemoryPool, OutOfMemory, PassivePool, StallPool
 from memplan.sim.pcie import Pcie
+from memplan.sim.remat import remake
 from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Gen, JobState, OomPolicy
 from simpy.core import EmptySchedule
 from simpy.resources.resource import Request
 
 K = LogKind
+POOLS: dict[OomPolicy, type[MemoryPool]] = {
+    OomPolicy.FAIL: MemoryPool,
+    OomPolicy.STALL: StallPool,
+    OomPolicy.PASSIVE: PassivePool,
+    OomPolicy.DTR: DtrPool,
+}
 
 # NOTE [ Event semantics ]
 # Who does what: the job's process (`_job`) walks the ops, triggers plan
@@ -79,8 +87,9 @@ K = LogKind
 #   the chain only: that life ends with the chain, like a framework free
 #   (NOTE [ Incarnations ]).
 # - An input absent with nothing scheduled is fetched on demand (a passive
-#   swap) if a host copy exists; with no host copy and no Recompute the plan
-#   lost the data: `SimError` (`planners.core.check` rejects such plans).
+#   swap) if a host copy exists; under `dtr`, one that can be remade is
+#   remade (NOTE [ DTR ] in sim/remat.py); else the plan lost the data:
+#   `SimError` (`planners.core.check` rejects such plans).
 #
 # NOTE [ Iteration boundary ]
 # Iteration k ends when its last op ends; k+1 starts at once, with no barrier
@@ -223,6 +232,7 @@ class GpuModel:
         where, alive, host, keep = s.where, s.alive, s.host, s.keep
         wcount, deadlines = s.wcount, s.deadlines
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
+        touch = mem.touch if mem.dtr else None
         new, start, end = tuple.__new__, K.OP_START, K.OP_END  # LogEntry without its __new__
         for i in range(c.n_ops):
             s.pinned = accs[i]
@@ -237,9 +247,9 @@ class GpuModel:
                 if not mem.fits(cbytes[i]):
                     yield from mem.get(s, cbytes[i], i, create[i][0], True)
                 for b in create[i]:  # `_create`, inline
-                    take(s, b)
                     alive[b] = True
                     host[b] = keep[b] = False
+                    take(s, b)
             if passive:  # recency for the LRU eviction, see NOTE [ Out of memory ]
                 lru = mem.lru
                 for b in accs[i]:
@@ -247,6 +257,8 @@ class GpuModel:
                     if key in lru:
                         del lru[key]
                         lru[key] = None
+            elif touch is not None:  # and for DTR's staleness (NOTE [ DTR ])
+                touch(s, accs[i])
             if shared:
                 req = compute.request()
                 try:
@@ -320,19 +332,20 @@ class GpuModel:
                 yield from self._recompute(s, rc, i)
             elif s.host[b]:
                 yield from self.copies.fetch(s, b, i)
+            elif self.mem.dtr and self.mem.remakeable(s, b, i):  # NOTE [ DTR ]
+                yield from remake(self, s, b, i)
             else:
                 raise SimError(
                     f"job {c.index} ({c.name}), iteration {s.iteration}, op {i}: buffer {b} "
                     f"is absent with no host copy, no swap-in and no recompute "
                     f"(planners.core.check rejects this plan)"
                 )
-            if s.where[b] == OFF:  # a model bug: both branches deliver `b` or stop
+            if s.where[b] == OFF:  # a model bug: every branch delivers `b` or stops
                 raise RuntimeError(f"buffer {b} still absent after being made present")
 
     def _recompute(self, s: JobState, rc: tuple, i: int) -> Gen:
         target, chain, _e = rc
-        c, env, mem = s.c, self.env, self.mem
-        j, it = c.index, s.iteration
+        c, mem = s.c, self.mem
         where, pinned = s.where, s.pinned
         temps: list[int] = []
         for k, srcs in chain:
@@ -348,26 +361,7 @@ class GpuModel:
                 mem.take(s, w)
                 if w != target:
                     temps.append(w)
-            req = None
-            if self.shared:
-                req = self.compute.request()
-                try:
-                    yield req
-                except simpy.Interrupt:
-                    req.cancel()
-                    self.compute.release(req)
-                    raise
-            self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_START, k, target))
-            kernel = env.timeout(s.dur[k])
-            try:
-                yield kernel
-            except simpy.Interrupt:
-                yield from self._hold(kernel, req)
-                raise
-            if req is not None:
-                self.compute.release(req)
-            self.log.append(LogEntry(env.now, j, it, K.RECOMPUTE_END, k, target))
-            s.recompute_us += s.dur[k]
+            yield from self._rerun(s, k, target)
         s.pinned = pinned
         alive = s.alive
         for w in temps:
@@ -380,11 +374,40 @@ class GpuModel:
                 if not alive[src]:
                     self._framework_free(s, src)
 
+    def _rerun(self, s: JobState, k: int, target: int) -> Gen:
+        """Re-run op `k` on the compute stream to make `target` again (its
+        absent outputs already taken); returns its duration in us."""
+        env, j = self.env, s.c.index
+        req = None
+        if self.shared:
+            req = self.compute.request()
+            try:
+                yield req
+            except simpy.Interrupt:
+                req.cancel()
+                self.compute.release(req)
+                raise
+        self.mem.touch(s, s.c.accs[k])
+        self.log.append(LogEntry(env.now, j, s.iteration, K.RECOMPUTE_START, k, target))
+        kernel = env.timeout(s.dur[k])
+        try:
+            yield kernel
+        except simpy.Interrupt:
+            yield from self._hold(kernel, req)
+            raise
+        if req is not None:
+            self.compute.release(req)
+        self.log.append(LogEntry(env.now, j, s.iteration, K.RECOMPUTE_END, k, target))
+        s.recompute_us += s.dur[k]
+        return s.dur[k]
+
     # ---- buffers ---------------------------------------------------------------------
     def _create(self, s: JobState, b: int) -> None:
-        self.mem.take(s, b)
+        """A new incarnation of `b`: alive, no host copy, on the device (the
+        pool files it by that state)."""
         s.alive[b] = True
         s.host[b] = s.keep[b] = False
+        self.mem.take(s, b)
 
     def _framework_free(self, s: JobState, b: int) -> None:
         """End this incarnation of `b` (NOTE [ Incarnations ])."""

@@ -25,6 +25,7 @@ class OomPolicy(enum.Enum):
     FAIL = "fail"
     STALL = "stall"
     PASSIVE = "passive"
+    DTR = "dtr"
 
 
 class JobState:
@@ -60,4 +61,9 @@ class JobState:
         self.iter_start_us: list[float] = []
         self.iter_end_us: list[float] = []
         self.stall_us = self.recompute_us = 0.0
+        self.remat_us = 0.0  # the part of recompute_us that DTR's remakes took
         self.bytes_h2d = self.bytes_d2h = self.passive = 0
+        # what the OOM policy evicted (NOTE [ Out of memory ] in sim/memory.py)
+        self.evictions = self.evicted_bytes = 0
+        # NOTE [ DTR ] in sim/remat.py: when each buffer was last used (us)
+        self.last_use = [0.0] * nb
