@@ -11,11 +11,12 @@ from ortools.sat.python import cp_model
 # NOTE [ Lane windows ]
 # A copy-out of a buffer absent at hot op h runs between the end of the
 # access that opens its gap (E_a; 0 for a HEAD gap of one job) and E_{h-1} -
-# margin; a copy-in of it (but a cross-iteration one, which may wrap into the
+# margin, or R_h if h waits for it (NOTE [ Swap-out deadlines in the model ]
+# in cpsat/model.py; R_h >= E_{h-1} either way); a copy-in of it (but a cross-iteration one, which may wrap into the
 # next period) between E_h + margin and the ready time of the access that
 # closes it, R_c <= E_c - d_c. Copies in one direction never overlap (one
 # lane, or one lane per direction), so for every hot op h and every k
-#     sum of out_ticks over gaps absent at h with a >= k <= E_{h-1} - E_k
+#     sum of out_ticks over gaps absent at h with a >= k <= R_h - E_k
 #     sum of in_ticks over gaps absent at h with c <= k  <= E_k - d_k - E_h
 # (without the margin: with no gap absent the window may be shorter than it).
 # The lane's no-overlap implies them once the times are fixed, but its
@@ -64,7 +65,7 @@ def add_lane_windows(
         # copies-out, latest openers first: each prefix starts no earlier than E_a
         for a, terms in _prefixes(sorted(outs[h], key=lambda x: -x[0]), nested):
             start: cp_model.LinearExprT = end[a] if a >= 0 else 0
-            model.add(terms <= end[k - 1] - start)
+            model.add(terms <= bm.ready[k] - start)
         # copies-in, earliest closers first: each prefix is back by R_c <= E_c - d_c
         for c, terms in _prefixes(sorted(ins[h], key=lambda x: x[0]), nested):
             model.add(terms <= end[c] - dur[c] - end[k])
@@ -72,11 +73,11 @@ def add_lane_windows(
 
 def _prefixes(items: list[_Item], nested: bool) -> list[tuple[int, cp_model.LinearExprT]]:
     """(threshold, sum of ticks x literal) of each prefix of `items` that ends
-    where the threshold changes (only the whole list unless `nested`); none
-    for a single item, which its own absence rule already bounds."""
+    where the threshold changes (only the whole list unless `nested`). A
+    single item counts too: its absence rule leaves the op free to wait for
+    it (NOTE [ Swap-out deadlines in the model ]), and the relaxation would
+    not see what that wait costs."""
     out: list[tuple[int, cp_model.LinearExprT]] = []
-    if len(items) < 2:
-        return out
     for i, (key, _, _) in enumerate(items):
         last = i + 1 == len(items)
         if last or (nested and items[i + 1][0] != key):

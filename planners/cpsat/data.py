@@ -27,6 +27,7 @@ from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.hwmodels.errors import LatencyError
 from memplan.planners.analysis.bounds import StepOrder, in_step_order, joint_memory_curve
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.semantics import OpTable
 from memplan.planners.cpsat.chains import ChainGap, GapIndex, RecPoint, recompute_points
 from memplan.traces.model import Trace
 
@@ -147,6 +148,7 @@ class CpsatData:
     in_ticks: np.ndarray  # int64[n_buffers] H2D copy time
     nbytes: np.ndarray  # int64[n_buffers]
     mem0: np.ndarray  # int64[n_ops]
+    created: np.ndarray  # int64[n_ops] bytes op k allocates as it starts (its new outputs)
     threshold: int
     hot: np.ndarray  # int64[n_hot] hot ops, ascending
     gaps: tuple[Gap, ...]
@@ -238,6 +240,9 @@ def build_data(
     if not exact:  # NOTE [ Inexact copy times ]
         margin = max(margin, INEXACT_MARGIN)
     mem0 = joint_memory_curve(jobs, order)
+    created = np.zeros(len(order.job), np.int64)
+    for j, t in enumerate(jobs):
+        created[order.pos[j]] = OpTable.of(t).create_bytes
     hot = np.flatnonzero(mem0 > threshold).astype(np.int64)
     gaps = _gaps(jobs, order, buf0, hot)
     if len(jobs) == 1:
@@ -252,6 +257,7 @@ def build_data(
         in_ticks=in_t,
         nbytes=nbytes,
         mem0=mem0,
+        created=created,
         threshold=int(threshold),
         hot=hot,
         gaps=gaps,

@@ -8,12 +8,13 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from memplan.hwmodels.device import DeviceModel
+import numpy as np
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.analysis.opgrid import memory_of_plan
 from memplan.planners.analysis.optimes import predict_timeline
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.plan import PlanResult, Recompute
-from memplan.planners.cpsat.data import CpsatData
+from memplan.planners.core.plan import PlanResult, Recompute, SwapIn
+from memplan.planners.cpsat.data import TICKS_PER_US, CpsatData
 from memplan.planners.cpsat.model import build
 from memplan.planners.cpsat.options import CpsatOptions
 from memplan.planners.cpsat.readout import modes_from_plans
@@ -33,15 +34,17 @@ HEURISTICS = "memplan.planners.heuristics."
 # a candidate when it fits by the planners' own memory view: for one job
 # its op-grid peak (`analysis.opgrid.memory_of_plan` on the predicted
 # timeline) is within the budget, for several jobs the planner says it
-# fits (the op grid is per job). Each candidate, cheapest first by its
-# compute plus recompute time, becomes the model's decisions
-# (`readout.modes_from_plans`) with those decisions fixed and the timing
-# left to the model, under a soft budget (NOTE [ Soft budget ] in
-# cpsat/search.py); the fastest that the model finds within the budget is
-# the hint. Where none is, the candidate (or, with no candidate, the plan of
-# least op-grid peak) whose completion is least over the budget starts the
-# soft search instead. A planner that raises is skipped: a hint is a
-# convenience. `hint=NAME` asks one planner, fitting or not, as before.
+# fits (the op grid is per job). The candidates, cheapest first by a lower
+# bound on their time in the model (compute plus recompute time, or the
+# swap-ins' time on the lane, which the model's period holds), become the
+# model's decisions (`readout.modes_from_plans`), fixed, with the timing
+# left to the model under a soft budget (NOTE [ Soft budget ] in
+# cpsat/search.py), until the fastest plan the model found is no slower
+# than the next candidate's bound: that plan is the hint. Where none is,
+# the candidate (or, with none, the plan of least op-grid peak) whose
+# completion is least over the budget starts the soft search instead. A
+# planner that raises is skipped: a hint is a convenience. `hint=NAME` asks
+# one planner, fitting or not.
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,7 @@ class _Candidate:
     result: PlanResult
     peak_bytes: float  # op-grid peak (one job), inf when not measured
     fits: bool
-    cost_us: float  # predicted compute plus recompute time
+    cost_us: float  # a lower bound on its iteration time in the model (`_candidate`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,8 @@ def hint_solution(
     best: tuple[int, Solution, str] | None = None
     over: tuple[int, Solution, str] | None = None
     for i, c in enumerate(fitting):
+        if best is not None and best[0] <= c.cost_us * TICKS_PER_US:
+            break  # this one and the rest cannot be faster
         share = time_left(deadline) / (len(fitting) - i)
         out = _repair(data, opts, spec, c.result, share, c.name)
         sol, start = out.solution, out.over_budget
@@ -146,18 +151,22 @@ def _candidate(
     if len(res.plans) != len(traces):
         return f"{name} found no plan"
     cost, peak = 0.0, math.inf
+    lane = 0.0
     for t, plan in zip(traces, res.plans, strict=True):
         tl = predict_timeline(t, device)
         d = tl.duration_us
         cost += tl.period_us
         cost += sum(float(d[k]) for ev in plan.events if isinstance(ev, Recompute) for k in ev.ops)
+        ins = [ev.buffer for ev in plan.events if isinstance(ev, SwapIn)]
+        lane += float(np.sum(device.copy_time(t.nbytes[ins], Direction.H2D, TimeUnit.US)))
         if len(traces) == 1:
             try:
                 peak = float(memory_of_plan(t, tl, plan, device).peak()[0])
             except MemplanError:
                 return f"{name}'s plan is not valid"
     fits = peak <= budget if len(traces) == 1 else res.feasible
-    return _Candidate(name, res, peak, fits, cost)
+    # the model's iteration is its compute and recomputation, and holds every copy
+    return _Candidate(name, res, peak, fits, max(cost, lane))
 
 
 def _repair(

@@ -65,11 +65,16 @@ def add_absence(bm: BuiltModel, free: list[bool]) -> None:
         if free[g.id]:
             inc = spec.incumbent
             cut = inc.absent[g.id] if inc is not None else (-1, -1)
+            y = bm.wait.get(g.id)
             for h0, h1 in segments_of(g, spec.block, spec.fine, cut):
                 z = model.new_bool_var(f"absent_g{g.id}_h{h0}")
                 lo, hi = hot[h0], hot[h1]
                 model.add_implication(z, s)
-                model.add(os_ + ot + m <= end[lo - 1]).only_enforce_if([z, cp])
+                if y is not None and h0 == g.hot_idx[0]:  # or op lo waits for it
+                    model.add_implication(y, z)
+                    model.add(os_ + ot + m <= end[lo - 1]).only_enforce_if([z, cp, ~y])
+                else:
+                    model.add(os_ + ot + m <= end[lo - 1]).only_enforce_if([z, cp])
                 model.add(is_ >= end[hi] + m).only_enforce_if(z)
                 segs.append((h0, h1, z))
             # a hole that holds the end of one of the job's own ops (NOTE [ Several jobs ])
@@ -80,7 +85,8 @@ def add_absence(bm: BuiltModel, free: list[bool]) -> None:
             inc = bm.fixed()
             u, v = inc.absent[g.id]
             if inc.mode[g.id] == SWAP:
-                model.add(os_ + ot + m <= end[hot[u] - 1]).only_enforce_if(cp)
+                if not inc.wait[g.id]:  # (else its first hot op waits for the copy)
+                    model.add(os_ + ot + m <= end[hot[u] - 1]).only_enforce_if(cp)
                 model.add(is_ >= end[hot[v]] + m)
         bm.segments[g.id] = segs
 
@@ -94,25 +100,54 @@ def add_memory(bm: BuiltModel, free: list[bool]) -> None:
     unit = gcd_bytes(data, spec.objective is Objective.PEAK)
     bm.objective_unit = unit
     items, fixed_absent = _absence_items(bm, free, unit)
-    mem0 = data.mem0[data.hot].tolist()
+    slack: cp_model.LinearExprT = 0
     if spec.objective is Objective.PEAK:
         lo_p = -(-max(spec.peak_floor, 0) // unit)
         hi_p = spec.budget // unit
-        bm.peak = bm.model.new_int_var(min(lo_p, hi_p), hi_p, "peak_units")
-        # unit * (peak + absent) >= mem0  <=>  peak + absent >= ceil(mem0 / unit)
-        need = [-(-x // unit) - int(f) for x, f in zip(mem0, fixed_absent, strict=True)]
-        slack: cp_model.LinearExprT = bm.peak
-    else:
-        need = [
-            -(-(x - spec.budget) // unit) - int(f) for x, f in zip(mem0, fixed_absent, strict=True)
-        ]
-        slack = 0
+        slack = bm.peak = bm.model.new_int_var(min(lo_p, hi_p), hi_p, "peak_units")
+    need = _needs(bm, data.mem0[data.hot], fixed_absent, unit)
     need_expr = _soft_excess(bm, need) if spec.soft else list(need)
     bm.n_terms = sum(h1 - h0 + 1 for h0, h1, _, _ in items)
     if bm.n_terms <= DIRECT_TERMS_MAX:
-        _direct_rows(bm, items, slack, need_expr)
+        rows = _direct_rows(bm, items, slack, need_expr)
     else:
-        _chained_rows(bm, items, slack, need_expr)
+        rows = _chained_rows(bm, items, slack, need_expr)
+    # while an op waits for copy-outs, its new outputs are not made yet
+    wait_mem = (data.mem0 - data.created)[data.hot]
+    need_w = _needs(bm, wait_mem, fixed_absent, unit)
+    if spec.soft:
+        k = bm.excess_step
+        need_w = [x - k * o for x, o in zip(need_w, bm.row_excess, strict=True)]
+    _wait_rows(bm, unit, rows, slack, need_w)
+
+
+def _needs(bm: BuiltModel, mem: np.ndarray, fixed_absent: np.ndarray, unit: int) -> list[int]:
+    """Per hot position, the units the free part must keep off the device for
+    `mem` bytes: unit * (peak + absent) >= mem in peak mode, unit * absent >=
+    mem - budget in time mode."""
+    cap = 0 if bm.spec.objective is Objective.PEAK else bm.spec.budget
+    return [-(-(int(x) - cap) // unit) - int(f) for x, f in zip(mem, fixed_absent, strict=True)]
+
+
+def _wait_rows(
+    bm: BuiltModel,
+    unit: int,
+    rows: list[cp_model.LinearExprT],
+    slack: cp_model.LinearExprT,
+    need: list[cp_model.LinearExprT],
+) -> None:
+    """While a hot op waits for copy-outs its outputs are not made yet and the
+    buffers it waits for are still there (NOTE [ Swap-out deadlines in the
+    model ] in cpsat/model.py): its absent units less those, against `need`
+    (its row's, less its new outputs)."""
+    data = bm.data
+    back: dict[int, list[cp_model.LinearExprT]] = {}
+    for g in data.gaps:
+        if g.id in bm.wait:  # absent at its first hot op in `rows`, but still there
+            w = int(data.nbytes[g.buffer]) // unit
+            back.setdefault(g.hot_idx[0], []).append(w * bm.wait[g.id])
+    for h, terms in back.items():
+        bm.model.add(slack + rows[h] - sum(terms) >= need[h])
 
 
 def _absence_items(bm: BuiltModel, free: list[bool], unit: int) -> tuple[list[_Item], np.ndarray]:
@@ -158,14 +193,17 @@ def _direct_rows(
     items: list[_Item],
     slack: cp_model.LinearExprT,
     need: list[cp_model.LinearExprT],
-) -> None:
-    """One linear row per hot position over the items absent there."""
+) -> list[cp_model.LinearExprT]:
+    """One linear row per hot position over the items absent there; the absent
+    units per hot position."""
     rows: list[_Terms] = [[] for _ in range(len(bm.data.hot))]
     for h0, h1, w, lit in items:
         for h in range(h0, h1 + 1):
             rows[h].append((w, lit))
-    for h, row in enumerate(rows):
-        bm.model.add(slack + sum(w * x for w, x in row) >= need[h])
+    sums: list[cp_model.LinearExprT] = [sum(w * x for w, x in row) for row in rows]
+    for h, absent in enumerate(sums):
+        bm.model.add(slack + absent >= need[h])
+    return sums
 
 
 def _chained_rows(
@@ -173,8 +211,9 @@ def _chained_rows(
     items: list[_Item],
     slack: cp_model.LinearExprT,
     need: list[cp_model.LinearExprT],
-) -> None:
-    """A running sum over hot positions: each item enters and leaves once."""
+) -> list[cp_model.LinearExprT]:
+    """A running sum over hot positions: each item enters and leaves once; the
+    sums."""
     model, n_hot = bm.model, len(bm.data.hot)
     starts: list[_Terms] = [[] for _ in range(n_hot + 1)]
     stops: list[_Terms] = [[] for _ in range(n_hot + 1)]
@@ -189,3 +228,4 @@ def _chained_rows(
         covered = y
         bm.chain.append(y)
         model.add(slack + y >= need[h])
+    return list(bm.chain)

@@ -27,7 +27,8 @@ from ortools.sat.python import cp_model
 # sim/model.py), for one job alone on the device, in steady state (for
 # several, read "op k" as "position k" and see NOTE [ Several jobs ]):
 # - Op k becomes ready at R_k = max(E_{k-1}, end of every swap-in due before
-#   k) (E_{-1} = 0, the iteration start), runs the recomputations placed
+#   k, and of every copy-out it waits for: NOTE [ Swap-out deadlines in the
+#   model ]) (E_{-1} = 0, the iteration start), runs the recomputations placed
 #   before it, then itself: E_k = R_k + sum(recompute durations) + d_k. Ops
 #   never idle: R_k is an equality, as in the simulator.
 # - A swapped gap has an optional D2H interval starting at or after E_a and an
@@ -110,6 +111,7 @@ def build(data: CpsatData, spec: ModelSpec) -> BuiltModel:
     _modes_and_host_copies(bm, free)
     _recompute_sources(bm, free)
     lanes, loads, due = _transfers(bm)
+    _swap_out_deadlines(bm, free, due)
     _op_chain(bm, due)
     if data.n_jobs > 1:
         _fifo_order(bm, due)
@@ -261,9 +263,55 @@ def _transfers(bm: BuiltModel) -> tuple[_Lanes, _Loads, _Due]:
     return lanes, loads, due
 
 
+# ---- constraints: swap-out deadlines -----------------------------------------------------------
+# NOTE [ Swap-out deadlines in the model ]
+# A swap whose copy-out cannot end before the memory is needed may still
+# pay if the op that needs it waits: the plan's `SwapOut.before_op` (planners
+# NOTE [ Swap-out deadlines ]), which the heuristics set on most swaps. In
+# the model (one job) a swapped gap may `wait`: its first hot op h waits
+# for its copy-out, R_h = max(E_{h-1}, swap-ins due, copy-out ends waited
+# for) -- no margin: the op resumes when the copy's end has freed the bytes
+# -- and the gap counts absent from h on (its first segment) with the
+# copy-out ended by R_h instead of `margin` before E_{h-1}. While h waits,
+# the buffer is still resident but h's outputs are not yet made: the wait
+# row of h asks mem0[h] - (bytes op h creates) - (absent at h) + (bytes of
+# the gaps waited for at h) to be within the budget (`cpsat/memory.py`),
+# which covers the simulator's memory from the end of op h-1 to the start
+# of op h. A copy-out that makes no copy (a valid host copy) never waits,
+# nor one of a persistent buffer: the model never counts on a host copy
+# across iterations (NOTE [ Iteration zero ]), but the simulator keeps it
+# when nothing wrote the buffer, and its copy-out then ends at once.
+# Several jobs never wait (NOTE [ Several jobs ] in cpsat/data.py: the
+# waiting op would let another job's op run first).
+def _swap_out_deadlines(bm: BuiltModel, free: list[bool], due: _Due) -> None:
+    """`wait_g{g}` per swappable gap, its copy-out's end `wait_end_g{g}` among
+    the ends its first hot op waits for (NOTE [ Swap-out deadlines in the
+    model ])."""
+    model, data, H = bm.model, bm.data, bm.horizon
+    if data.n_jobs > 1 or not bm.spec.waits:
+        return
+    persistent = np.concatenate([t.persistent for t in data.traces])
+    for g in data.gaps:
+        if persistent[g.buffer]:
+            continue  # its host copy may outlive the iteration: the copy-out may not happen
+        if free[g.id]:
+            y = model.new_bool_var(f"wait_g{g.id}")
+            model.add(y <= bm.copy[g.id])
+        elif bm.fixed().wait[g.id]:
+            y = model.new_constant(1)
+        else:
+            continue
+        w = model.new_int_var(0, H, f"wait_end_g{g.id}")
+        model.add(w == bm.out_start[g.id] + int(data.out_ticks[g.buffer])).only_enforce_if(y)
+        model.add(w == 0).only_enforce_if(~y)
+        bm.wait[g.id], bm.wait_end[g.id] = y, w
+        due[g.hot[0]].append(w)
+
+
 # ---- constraints: op chain (fixed order, no idling) ------------------------------------------
 def _op_chain(bm: BuiltModel, due: _Due) -> None:
-    """`ready_k{k}` = max(end of op k-1, the swap-ins due at k); op k ends its
+    """`ready_k{k}` = max(end of op k-1, the swap-ins due at k, the copy-outs
+    it waits for); op k ends its
     duration and the recomputations placed before it later."""
     model, data, end = bm.model, bm.data, bm.end
     dur = data.dur.tolist()

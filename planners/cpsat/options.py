@@ -26,6 +26,8 @@ class CpsatOptions:
       cpsat/hints.py), or None.
     - `chain_depth`: how many recomputations a chain may pull its sources
       through (NOTE [ Recompute chains ] in cpsat/chains.py); 0: none.
+    - `swap_waits`: an op may wait for a copy-out (NOTE [ Swap-out deadlines
+      in the model ] in cpsat/model.py).
     - `margin_ns`: how long before an allocation a copy's free must happen.
     - `max_exact_terms`: above this many (gap, hot op) pairs the model is
       solved coarsened and refined in windows (`lns_*`, see cpsat/lns.py).
@@ -38,6 +40,7 @@ class CpsatOptions:
     max_eor: float = 1.2
     hint: str | None = "best"
     chain_depth: int = 64
+    swap_waits: bool = True
     margin_ns: int = 1
     max_exact_terms: int = 40_000
     lns_coarse_segments: int = 12_000

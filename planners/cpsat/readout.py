@@ -66,7 +66,9 @@ def plans_from_solution(data: CpsatData, sol: Solution) -> tuple[Plan, ...]:
         assert mode == SWAP
         if sol.copy[g.id]:
             k, delay = _trigger(end, sol.out_start[g.id], a, start)
-            timed[j].append(SwapOut(b, k, _us(delay)))
+            # its first hot op waits for it (NOTE [ Swap-out deadlines in the model ])
+            due = op[g.hot[0]] if sol.wait[g.id] else -1
+            timed[j].append(SwapOut(b, k, _us(delay), before_op=due))
         else:
             timed[j].append(Release(b, a))
         t_in = sol.in_start[g.id]

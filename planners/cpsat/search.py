@@ -133,7 +133,12 @@ def _spec(
     # T is whole ticks: T >= bound  <=>  T >= ceil(bound) (less float noise)
     floor = math.ceil(time_lb_s * TICKS_PER_S - 1e-3) if math.isfinite(time_lb_s) else 0
     return ModelSpec(
-        opts.objective, budget, time_cap, peak_floor=peak_lb, time_floor=0 if peak_mode else floor
+        opts.objective,
+        budget,
+        time_cap,
+        peak_floor=peak_lb,
+        time_floor=0 if peak_mode else floor,
+        waits=opts.swap_waits,
     )
 
 

@@ -57,6 +57,11 @@ def add_hint(bm: BuiltModel, sol: Solution) -> None:
         cp = bm.copy[g.id]
         if isinstance(cp, cp_model.IntVar) and cp is not bm.swap[g.id]:
             hints.add_hint(cp, int(sol.copy[g.id]))
+        if g.id in bm.wait:
+            w = sol.wait[g.id]
+            hints.add_hint(bm.wait[g.id], int(w))
+            t_end = sol.out_start[g.id] + int(data.out_ticks[g.buffer])
+            hints.add_hint(bm.wait_end[g.id], t_end if w else 0)
         if sol.out_start[g.id] >= 0:
             hints.add_hint(bm.out_start[g.id], sol.out_start[g.id])
         if sol.in_start[g.id] >= 0:
@@ -111,7 +116,7 @@ def read_solution(
     """The solver's current solution as plain integers."""
     data = bm.data
     val = solver.value
-    modes, copies, outs, ins, absent, rec_at = [], [], [], [], [], []
+    modes, copies, outs, ins, absent, rec_at, wait = [], [], [], [], [], [], []
     for g in data.gaps:
         at = [pt.op for x, pt in zip(bm.rec_at.get(g.id, ()), g.rec_points) if val(x)]
         if val(bm.swap[g.id]):
@@ -122,6 +127,13 @@ def read_solution(
             mode = KEEP
         rec_at.append(at[0] if mode == RECOMPUTE else -1)
         cp = mode == SWAP and bool(val(bm.copy[g.id]))
+        waits = cp and g.id in bm.wait and bool(val(bm.wait[g.id]))
+        if waits:  # a copy that ends `margin` before the op's window needs no wait
+            h = g.hot[0]
+            waits = val(bm.out_start[g.id]) + int(data.out_ticks[g.buffer]) + data.margin > (
+                val(bm.end[h - 1]) if h > 0 else 0
+            )
+        wait.append(waits)
         modes.append(mode)
         copies.append(cp)
         outs.append(int(val(bm.out_start[g.id])) if cp else -1)
@@ -146,6 +158,7 @@ def read_solution(
         tuple(ins),
         tuple(absent),
         tuple(rec_at),
+        tuple(wait),
         ready,
         end,
         0,
@@ -181,5 +194,6 @@ def keep_all(data: CpsatData) -> Solution:
     end = tuple(np.cumsum(data.dur).tolist())
     ready = (0, *end[:-1])
     none = (-1,) * g
-    sol = Solution((KEEP,) * g, (False,) * g, none, none, ((-1, -1),) * g, none, ready, end, 0)
+    no = (False,) * g
+    sol = Solution((KEEP,) * g, no, none, none, ((-1, -1),) * g, none, no, ready, end, 0)
     return _with_peak(data, sol)

@@ -28,7 +28,9 @@ class Solution:
     `out_start` / `in_start` (-1 when unused), `absent` = (first, last) hot
     position it is absent over, (-1, -1) when kept, `rec_at` the position
     before which it is recomputed (-1 unless recomputed; NOTE [ Recompute
-    chains ] in cpsat/chains.py). Per op: `ready`, `end`."""
+    chains ] in cpsat/chains.py), `wait`: its first hot op waits for its
+    copy-out (NOTE [ Swap-out deadlines in the model ] in cpsat/model.py).
+    Per op: `ready`, `end`."""
 
     mode: tuple[int, ...]
     copy: tuple[bool, ...]
@@ -36,6 +38,7 @@ class Solution:
     in_start: tuple[int, ...]
     absent: tuple[tuple[int, int], ...]
     rec_at: tuple[int, ...]
+    wait: tuple[bool, ...]
     ready: tuple[int, ...]
     end: tuple[int, ...]
     peak_bytes: int
@@ -61,6 +64,7 @@ class ModelSpec:
     fine: tuple[int, int] | None = None  # hot positions with one-op segments whatever `block`
     soft: bool = False  # memory may exceed the cap, minimised first (NOTE [ Soft budget ])
     time_floor: int = 0  # a lower bound on the iteration (ticks) valid for every plan
+    waits: bool = True  # ops may wait for copy-outs (NOTE [ Swap-out deadlines in the model ])
 
 
 @dataclass(eq=False)
@@ -82,6 +86,8 @@ class BuiltModel:
     in_start: dict[int, cp_model.IntVar] = field(default_factory=dict)
     in_end: dict[int, cp_model.IntVar] = field(default_factory=dict)  # 0 unless swapped
     in_wrapped: dict[int, cp_model.IntVar] = field(default_factory=dict)  # in_start - T
+    wait: dict[int, cp_model.IntVar] = field(default_factory=dict)  # its first hot op waits
+    wait_end: dict[int, cp_model.IntVar] = field(default_factory=dict)  # out end if waited for
     segments: dict[int, list[tuple[int, int, cp_model.IntVar]]] = field(default_factory=dict)
     peak: cp_model.IntVar | None = None
     excess: cp_model.IntVar | None = None

@@ -374,9 +374,14 @@ def _best_timing(trace, gaps, modes, acc, writes, mem0, hot, budget, d, io, best
         [False, True] if gaps[i].kind == "cross" and gaps[i].c >= 1 else [False] for i in swaps
     ]
     q_opts = [list(gaps[i].inner) for i in swaps]
+    wait_opts = [
+        [False, True] if copy[i] and not trace.buffers[gaps[i].buffer].persistent else [False]
+        for i in swaps
+    ]
     found: int | None = None
     tried = 0
     bound = best[0] if best is not None else None
+    no_wait = dict.fromkeys(swaps, False)
     for nxt in itertools.product(*placements):
         nxt_of = dict(zip(swaps, nxt))
         transfers = [("out", i) for i in swaps if copy[i]] + [("in", i) for i in swaps]
@@ -387,34 +392,33 @@ def _best_timing(trace, gaps, modes, acc, writes, mem0, hot, budget, d, io, best
             for qs in itertools.product(
                 *[[None] if nxt_of[i] else q for i, q in zip(swaps, q_opts)]
             ):
-                tried += 1
-                t = _evaluate(
-                    trace,
-                    gaps,
-                    swaps,
-                    recs,
-                    copy,
-                    nxt_of,
-                    dict(zip(swaps, qs)),
-                    order,
-                    rec_at,
-                    mem0,
-                    hot,
-                    budget,
-                    d,
-                    io,
-                )
-                if t is not None and (found is None or t < found):
-                    found = t
-                    if t == lb:
-                        return found, tried
+                args = [trace, gaps, swaps, recs, copy, nxt_of, no_wait, dict(zip(swaps, qs))]
+                args += [order, rec_at, mem0, hot, budget, d, io]
+                # waits only delay: no better than the timing without them
+                t0 = _evaluate(*args, memory=False)
+                if t0 is None or (found is not None and t0 >= found):
+                    continue
+                for waits in itertools.product(*wait_opts):
+                    tried += 1
+                    args[6] = dict(zip(swaps, waits))
+                    t = _evaluate(*args)
+                    if t is not None and (found is None or t < found):
+                        found = t
+                        if t == lb:
+                            return found, tried
         if bound is not None and found is not None and found <= lb:
             break
     return found, tried
 
 
-def _evaluate(trace, gaps, swaps, recs, copy, nxt, q, order, rec_at, mem0, hot, budget, d, io):
-    """Iteration ticks of the earliest schedule with this lane order, or None."""
+def _evaluate(
+    trace, gaps, swaps, recs, copy, nxt, waits, q, order, rec_at, mem0, hot, budget, d, io,
+    memory=True,
+):  # fmt: skip
+    """Iteration ticks of the earliest schedule with this lane order, or None
+    (with `memory=False`, of its timing alone). A swap that `waits` has its
+    first hot op wait for its copy-out, and must then be absent there; while
+    that op waits its outputs are not made yet."""
     n = trace.n_ops
     m = MARGIN
     end = list(itertools.accumulate(d))
@@ -444,6 +448,9 @@ def _evaluate(trace, gaps, swaps, recs, copy, nxt, q, order, rec_at, mem0, hot, 
             g = gaps[i]
             if g.kind != "cross":
                 due[g.c] = max(due[g.c], start[("in", i)] + io[g.buffer])
+            if waits[i]:  # its first hot op starts when the copy-out has ended
+                k0 = g.inner[0]
+                due[k0] = max(due[k0], start[("out", i)] + io[g.buffer])
         prev = 0
         for k in range(n):
             e = max(prev, due[k]) + rec_at[k] + d[k]
@@ -457,6 +464,8 @@ def _evaluate(trace, gaps, swaps, recs, copy, nxt, q, order, rec_at, mem0, hot, 
     else:
         return None
     T = end[-1]
+    if not memory:
+        return T
     # cross-iteration swap-ins: done before their op's ready time, never stalling it
     frame = [
         (start[t], start[t] + io[gaps[t[1]].buffer])
@@ -482,6 +491,7 @@ def _evaluate(trace, gaps, swaps, recs, copy, nxt, q, order, rec_at, mem0, hot, 
                 return None
     # memory, op window by op window
     absent_somewhere = dict.fromkeys(swaps, False)
+    freed: dict[int, int] = {}
     for k in hot:
         free = 0
         for i, g in enumerate(gaps):
@@ -492,14 +502,39 @@ def _evaluate(trace, gaps, swaps, recs, copy, nxt, q, order, rec_at, mem0, hot, 
                 continue
             s_in = start[("in", i)] + (T if nxt[i] else 0)
             out_ok = (start[("out", i)] + io[g.buffer] + m <= end[k - 1]) if copy[i] else True
+            out_ok = out_ok or (waits[i] and k == g.inner[0])  # k waited for the copy
             if out_ok and s_in >= end[k] + m:
                 free += trace.buffers[g.buffer].nbytes
                 absent_somewhere[i] = True
+            elif waits[i] and k == g.inner[0]:
+                return None  # waited for, yet back by then
         free += sum(
             trace.buffers[gaps[i].buffer].nbytes for i, r in recs if k in gaps[i].inner and k < r
         )
         if mem0[k] - free > budget:
             return None
+        freed[k] = free
     if not all(absent_somewhere.values()):
         return None
-    return T
+    return T if _waits_fit(trace, gaps, swaps, waits, mem0, freed, budget) else None
+
+
+def _waits_fit(trace, gaps, swaps, waits, mem0, freed, budget) -> bool:
+    """Each op that waits for copy-outs fits while it waits: the buffers it
+    waits for are still there, its new outputs not yet."""
+    back: dict[int, int] = {}
+    for i in swaps:
+        if waits[i]:
+            k0 = gaps[i].inner[0]
+            back[k0] = back.get(k0, 0) + trace.buffers[gaps[i].buffer].nbytes
+    for k0, extra in back.items():
+        made = sum(
+            b.nbytes
+            for b in trace.buffers
+            if not b.persistent
+            and b.kind is not BufferKind.INPUT
+            and trace.accesses_of(b.id).tolist()[:1] == [k0]
+        )
+        if mem0[k0] - made - freed[k0] + extra > budget:
+            return False
+    return True
