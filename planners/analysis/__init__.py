@@ -19,6 +19,12 @@ this module re-exports their public names, so planners import from one place:
 - `planners.analysis.lanes`: `LaneSet` -- the PCIe lane timeline(s) and their free
   intervals (NOTE [ Lane timelines ]).
 
+Lower bounds are imported from their modules, not from here (the multi-op
+bound loads OR-tools' min-cost flow): `planners.analysis.bounds` (peak and
+single-op time, NOTE [ Lower bounds ]), `planners.analysis.gaps` (what an
+absence costs, NOTE [ Absences ]) and `planners.analysis.window_bound`
+(`best_time_bound`, NOTE [ Window bounds ]).
+
 Times are microseconds throughout (what `delay_us` in a plan is), sizes bytes.
 """
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+from memplan.planners.analysis.gaps import gap_table, recompute_costs
 from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
 
@@ -22,26 +23,25 @@ from memplan.traces.model import Trace
 # loads before any plan event can act (persistent buffers are allocated when
 # the job arrives, inputs when the iteration starts): peak >= that too.
 #
-# Time: ops run one after another, so T >= sum(d), with each d the
-# `DeviceModel`'s, rounded to 1 ns as the simulator rounds it (NOTE [ One
-# rounding rule ] in hwmodels/device.py; 4000 unrounded durations can differ
-# from the simulated sum by microseconds). Under a budget B, an op k
-# whose release-only memory M_k exceeds B needs M_k - B bytes of buffers that
-# are alive but not accessed at k to be off the device while it runs. Each
-# such buffer leaves either by a swap, which costs its H2D copy and -- unless
-# it is a persistent buffer nobody writes (whose host copy outlives the
-# iteration) -- a D2H copy in every iteration, on a lane that is busy at most
-# T per iteration; or by recomputation of its producer (not if it consumes
-# RNG, not for inputs and persistent buffers), which adds that op's duration
-# to the compute stream. Letting every buffer be split fractionally and used
-# by both means at once relaxes this to two fractional knapsacks: T is at
-# least the smallest T with
+# Time (one job): each bound holds for every iteration of every run the
+# simulator makes of any plan the checker accepts, under any OOM policy --
+# not only for the mean of a steady state. Ops run one after another, so
+# T >= sum(d), with each d the `DeviceModel`'s, rounded to 1 ns as the
+# simulator rounds it (NOTE [ One rounding rule ] in hwmodels/device.py; 4000
+# unrounded durations can differ from the simulated sum by microseconds).
+# Under a budget B, while an op k whose release-only memory M_k exceeds B
+# runs, M_k - B bytes of the gaps around it are absent, and each absent gap
+# costs copies on the lane or a recompute kernel within the iteration (NOTE
+# [ Absences ] in planners/analysis/gaps.py says which, and why). The lane is
+# busy at most T per iteration and recompute kernels add to sum(d) on the
+# compute stream; letting every gap be split fractionally and used by both
+# means at once relaxes this to two fractional knapsacks (the single-op
+# bound): T is at least the smallest T with
 #     lane_bytes(T) + recompute_bytes(T - sum(d)) >= M_k - B,
-# for every k, copies costed by `DeviceModel.copy_time`. With two lanes
-# (`device.lanes == 2`) a byte costs half its round trip (the busier
-# direction is at least the average), with H2D at full speed (not the
-# duplex rate, which is never faster). The compute a copy costs to issue
-# (`extra_per_transfer_s`) is left out: it only adds time.
+# for every k. With two lanes (`device.lanes == 2`) a gap costs half its
+# copies (the busier direction is at least the average). The window bounds
+# of planners/analysis/window_bound.py (NOTE [ Window bounds ]) split the
+# iteration in two at an op, or cover every op at once.
 #
 # The CP-SAT planner's best bound is a bound over the plans its model can
 # express (NOTE [ CP-SAT semantics ] lists its rules); it is reported beside
@@ -170,9 +170,9 @@ def _compute_s(d: np.ndarray) -> float:
 
 @dataclass(frozen=True, eq=False)
 class _Costs:
-    """Per buffer of one job: (start, end) op of its release-only life, bytes,
-    the lane time a round trip costs, and the compute a recomputation costs
-    (inf where it cannot be recomputed)."""
+    """Per buffer of one job, for jobs in step (NOTE [ Jobs in step ]): (start,
+    end) op of its release-only life, bytes, the lane time a round trip costs
+    per period, and the compute a recomputation costs (inf where none can)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -189,26 +189,39 @@ def _costs(trace: Trace, device: DeviceModel, d: np.ndarray) -> _Costs:
     d2h = np.asarray(device.copy_time(nb, Direction.D2H, TimeUnit.S), np.float64)
     # H2D at full speed, never the (slower) duplex rate: a lower bound
     h2d = np.asarray(device.copy_time(nb, Direction.H2D, TimeUnit.S, duplex=False), np.float64)
+    # per period: a persistent buffer nobody writes keeps its host copy, and
+    # one nobody accesses never comes back
     needs_out = ~trace.persistent | writes_any
-    lane_cost = h2d + np.where(needs_out, d2h, 0.0)
+    comes_back = ~trace.persistent | (trace.last_access >= 0)
+    lane_cost = np.where(comes_back, h2d, 0.0) + np.where(needs_out, d2h, 0.0)
     if device.lanes == 2:
         lane_cost = lane_cost / 2
-    producer = trace.created_at
-    rng = np.fromiter((op.rng for op in trace.ops), bool, trace.n_ops)
-    recomputable = (producer >= 0) & ~trace.persistent & ~trace.exists_at_start
-    rec_cost = np.full(trace.n_buffers, np.inf)
-    ok = recomputable & ~rng[np.maximum(producer, 0)]
-    rec_cost[ok] = d[producer[ok]]
+    rec_cost = np.where(trace.persistent, np.inf, recompute_costs(trace, d))
     return _Costs(start, end, nb, lane_cost, rec_cost)
 
 
 def time_lower_bound(
     trace: Trace, device: DeviceModel, budget: int, *, workspace: bool = True
 ) -> TimeBound:
-    """No plan runs one iteration of `trace` on `device` under `budget` bytes
-    faster: the one-job case of `joint_time_lower_bound` (its order is the op
-    order and its peak bound `peak_lower_bound`)."""
-    return joint_time_lower_bound([trace], device, budget, workspace=workspace)
+    """No iteration of any run of `trace` on `device` under `budget` bytes is
+    shorter: the single-op bound of NOTE [ Lower bounds ], at its tightest op."""
+    d = device.op_durations(trace, TimeUnit.S)
+    compute = _compute_s(d)
+    if budget < peak_lower_bound(trace, workspace=workspace).nbytes:
+        return TimeBound(math.inf, compute, math.inf, -1, False)
+    need = trace.memory_curve("liveness") - budget
+    hot = np.flatnonzero(need > 0)
+    if len(hot) == 0:
+        return TimeBound(compute, compute, 0.0, -1, True)
+    gaps = gap_table(trace, device)
+    lane = gaps.lane(device.lanes)
+    best, best_k = compute, -1
+    for k in hot.tolist():
+        g = gaps.around(k)
+        t_k = _row_time(compute, float(need[k]), lane[g], gaps.rec[g], gaps.nbytes[g])
+        if t_k > best:
+            best, best_k = t_k, k
+    return TimeBound(best, compute, best if best_k >= 0 else 0.0, best_k, math.isfinite(best))
 
 
 def _row_time(

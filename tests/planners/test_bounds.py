@@ -18,6 +18,7 @@ from memplan.planners.analysis.bounds import (
 )
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.plan import Plan, Recompute, Release, fingerprint_of
 from memplan.sim import Job, simulate
 from memplan.traces import io
 from memplan.traces.model import Op
@@ -76,24 +77,43 @@ def test_workspace_counts_unless_asked_not_to():
 # A (8 MiB) is made by op 0 (1 ms) and read by op 3; X (6 MiB) lives over ops
 # 1-2. At an 8 MiB budget ops 1 and 2 need 6 MiB of A gone. A round trip costs
 # 16 ms of lane for 8 MiB (1 MiB/ms); recomputing it costs 1 ms for 8 MiB.
-TIME_BUFS = [B(8), B(6)]
+# Buffer 2 is an empty parameter, written by op 0 only with `side_effect`.
+TIME_BUFS = [B(8), B(6), B(0, "param")]
 
 
-def _time_bound(rng: bool) -> float:
-    ops = [Step((), (0,), 1, rng), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
-    t = tiny_trace(TIME_BUFS, ops)
+def _time_trace(rng: bool = False, side_effect: bool = False):
+    made = (0, 2) if side_effect else (0,)
+    ops = [Step((), made, 1, rng), Step((), (1,), 1), Step((1,), (), 1), Step((0,), (), 1)]
+    return tiny_trace(TIME_BUFS, ops)
+
+
+def _time_bound(**kind: bool) -> float:
+    t = _time_trace(**kind)
     return time_lower_bound(t, DeviceModel(tiny_hw(), Fixed(durations_s(t))), 8 * MiB).seconds
 
 
 def test_time_bound_mixes_lane_and_recompute_fractionally():
     # T/16 ms * 8 MiB by the lane + (T - 4 ms) * 8 MiB/ms by recompute >= 6 MiB
     # => T/2 + 8 (T - 4) = 6  =>  T = 38 / 8.5 ms
-    assert _time_bound(rng=False) == pytest.approx(38 / 8.5 * 1e-3, rel=1e-9)
+    assert _time_bound() == pytest.approx(38 / 8.5 * 1e-3, rel=1e-9)
+
+
+def test_time_bound_lets_rng_ops_be_recomputed():
+    # a recompute chain may restore the generator (`restore_rng`): op 0 drawing
+    # random numbers changes nothing, and the plan that releases A and runs op
+    # 0 again before op 3 takes 5 ms (a lane-only bound claimed 12 ms)
+    assert _time_bound(rng=True) == pytest.approx(38 / 8.5 * 1e-3, rel=1e-9)
+    t = _time_trace(rng=True)
+    plan = Plan(fingerprint_of(t), (Release(0, 0), Recompute(0, 3, (0,), True)))
+    check(plan, t)
+    run = simulate([Job(t, plan)], DeviceModel(tiny_hw(), Fixed(durations_s(t))), budget=8 * MiB)
+    assert run.jobs[0].iteration_times_s == pytest.approx((0.005,) * 3)
 
 
 def test_time_bound_by_the_lane_alone():
-    # op 0 draws random numbers: only the lane, 2 ms per MiB: 6 MiB = 12 ms
-    assert _time_bound(rng=True) == pytest.approx(0.012, rel=1e-9)
+    # op 0 also writes a parameter: it may never run twice, so only the lane,
+    # 2 ms per MiB: 6 MiB = 12 ms
+    assert _time_bound(side_effect=True) == pytest.approx(0.012, rel=1e-9)
 
 
 def test_time_bound_is_compute_when_nothing_is_hot():
@@ -171,7 +191,7 @@ def trace_file(tmp_path):
     return path
 
 
-def test_command_prints_both_bounds_and_the_solvers(trace_file, capsys):
+def test_command_prints_every_bound_and_the_solvers(trace_file, capsys):
     rc = main(
         [
             "bounds",
@@ -190,8 +210,12 @@ def test_command_prints_both_bounds_and_the_solvers(trace_file, capsys):
     assert rc == 0
     assert out[0] == "tiny on a100-pcie-40gb, budget 5.00 MiB, lanes 1"
     assert out[1].startswith("peak  >=     5.00 MiB")
-    assert out[2].startswith("time  >=    10.000 ms")
-    assert out[3].startswith("cpsat    OPTIMAL, plan 10.")
+    # op 0's 4 MiB output is 1 MiB too many at op 2, which ends 9 ms in: that
+    # MiB comes back after op 2 and before op 3 (1 ms) starts, 36 us of lane
+    assert out[2] == "time  >=    10.036 ms   (best: split, end of op 2)"
+    assert [line.split()[0] for line in out[3:7]] == ["compute", "single-op", "split", "multi-op"]
+    assert out[7].startswith("cpsat    OPTIMAL, plan 10.")
+    assert "within its model" in out[7]
 
 
 def test_command_json(trace_file, capsys):
@@ -212,6 +236,17 @@ def test_command_json(trace_file, capsys):
     assert rc == 0
     assert doc["peak_bytes"] == 5 * MiB and doc["budget_bytes"] == 4 * MiB
     assert doc["feasible"] is False and doc["time_s"] is None and doc["cpsat"] is None
+    assert doc["time_bounds"] == {
+        "best": "peak floor",
+        "best_s": None,
+        "bounds": [
+            {
+                "name": "peak floor",
+                "seconds": None,
+                "where": "the budget is below the peak lower bound (5242880 bytes)",
+            }
+        ],
+    }
 
 
 def test_command_bad_input_is_one_line_exit_2(trace_file, capsys):

@@ -1,0 +1,185 @@
+"""Absences: where in one iteration a buffer may be off the device, and what
+having it back costs within that iteration (NOTE [ Absences ]). The time
+bounds of `planners.analysis.bounds` and `planners.analysis.window_bound`
+are built on this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+from memplan.traces.model import Trace
+
+# NOTE [ Absences ]
+# What every plan the simulator runs (NOTE [ Event semantics ] in
+# sim/model.py), under any OOM policy, must do in one iteration of one job.
+#
+# Gaps. A buffer x that lives across op k without being accessed by it is in
+# a gap (p, q) of its accesses p < k < q: consecutive accesses of one
+# iteration (q - p >= 2); for an input or a persistent buffer before its
+# first access, p = -1; for a persistent buffer after its last access, q =
+# n (its next access is in the next iteration); a persistent buffer no op
+# accesses has the gap (-1, n). The release-only memory of op k (the
+# `liveness` curve) is what op k accesses plus the bytes of the gaps around
+# k, so while op k runs a budget B leaves need_k = M_k - B bytes of gaps to
+# be absent: holding no device bytes (not resident, not leaving, not
+# arriving with its bytes taken). That holds at two instants: when op k's
+# kernel starts (tau_k: its inputs are present and pinned, its outputs just
+# allocated) and just before it ends (eps_k: nothing is freed before then).
+#
+# What one absence costs. Let x be absent at an instant iota of op k in gap
+# (p, q). Before op q starts (q in this iteration) x holds its bytes again,
+# so after iota there is a return: an H2D copy of x that takes its bytes
+# after iota (a planned swap-in or an on-demand fetch), or a kernel of an
+# op that writes x without reading it (a plan's recompute chain allocates x
+# at the first chain op that writes it, and that op cannot read x, which is
+# absent; DTR's remake re-runs x's producer). That kernel is one of the
+# chain's ops, on the compute stream. If the return is a copy, the host copy
+# it reads was made by a D2H copy of x that started after the last write of
+# x before the gap ended (a copy overlapping a write is stale), or after the
+# iteration started for an input (loaded without a host copy), and that
+# ended by iota, since x holds no bytes from iota to its return. A
+# persistent buffer absent after a write of this iteration has such a D2H
+# copy whatever comes next: it cannot be recomputed (no op writing a
+# persistent buffer may be re-run), and the plan checker rejects a plan that
+# drops it without a host copy. So per gap, within the iteration:
+# - by the lane: a D2H copy in [end of w, iota] if the last write w before
+#   the gap is in this iteration (or x is an input), else none forced (a
+#   persistent buffer's host copy may be older); and an H2D copy in (iota,
+#   start of q] if q is in this iteration;
+# - by recompute: a kernel in (iota, start of q] (q in this iteration; a
+#   persistent buffer has no such option), of at least the cheapest op that
+#   writes x, does not read it and writes no persistent buffer. DTR remakes
+#   an op's dropped outputs together, so one kernel may bring back several
+#   gaps: each is charged its share of the kernel by bytes (`rec`), and
+#   the shares of one kernel add up to at most its duration.
+# Copies and kernels of different gaps are different: a copy moves one
+# buffer, and two gaps of one buffer have disjoint (iota, start of q]
+# intervals. Only D2H copies can be shared: one host copy serves every gap
+# of one buffer between two writes (an `epoch`). Copies hold a lane for at
+# least `DeviceModel.copy_time` (H2D at full speed: the duplex rate is never
+# faster); the compute stream runs op kernels (each at least the op's
+# duration) and recompute kernels one at a time. What a copy costs to issue
+# on the compute stream (`extra_per_transfer_s`) is left out: it only adds.
+
+
+@dataclass(frozen=True, eq=False)
+class Gaps:
+    """The gaps of one trace on one device (NOTE [ Absences ]): gap g is
+    buffer `buffer[g]`, off the device at most while ops `after[g]` + 1 ..
+    `before[g]` - 1 run; `nbytes[g]` its bytes (float64); `d2h[g]`, `h2d[g]`
+    the seconds of the copies forced within the iteration if it is absent
+    and comes back by the lane (0 where none is forced); `rec[g]` the
+    seconds of compute a recomputation is charged (inf: none possible);
+    `epoch[g]` numbers the gaps that can share one D2H copy."""
+
+    n_ops: int
+    buffer: np.ndarray
+    after: np.ndarray
+    before: np.ndarray
+    nbytes: np.ndarray
+    d2h: np.ndarray
+    h2d: np.ndarray
+    rec: np.ndarray
+    written: np.ndarray
+    epoch: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def around(self, k: int) -> np.ndarray:
+        """int64[]: the gaps op `k` runs in."""
+        return np.flatnonzero((self.after < k) & (self.before > k))
+
+    def lane(self, lanes: int) -> np.ndarray:
+        """Seconds a gap's copies add to the whole iteration's lane time: the
+        round trip on one lane, half of it on two (the busier direction is at
+        least the average)."""
+        both = self.d2h + self.h2d
+        return both / 2 if lanes == 2 else both
+
+
+def recompute_costs(trace: Trace, d: np.ndarray) -> np.ndarray:
+    """float64[n_buffers]: the compute a recomputation of each buffer is
+    charged, in the units of `d` (per op): the least, over the ops that
+    write it, do not read it and write no persistent buffer, of that op's
+    duration times the buffer's share of the bytes it writes (NOTE
+    [ Absences ]); inf where no op qualifies. RNG ops qualify: a chain may
+    restore the generator (`Recompute.restore_rng`)."""
+    n, nb = trace.n_ops, trace.nbytes
+    wp, wb = trace.writes_csr
+    w_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(wp))
+    rp, rb = trace.reads_csr
+    r_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(rp))
+    width = np.int64(trace.n_buffers + 1)
+    reads_it = np.isin(w_op * width + wb, r_op * width + rb)
+    out_bytes = np.zeros(n, np.float64)
+    np.add.at(out_bytes, w_op, nb[wb])
+    ok = ~reads_it & ~trace.writes_persistent[w_op]
+    share = np.where(out_bytes[w_op] > 0, nb[wb] / np.maximum(out_bytes[w_op], 1), 1.0)
+    rec = np.full(trace.n_buffers, np.inf)
+    np.minimum.at(rec, wb[ok], (d[w_op] * share)[ok])
+    return rec
+
+
+def gap_table(trace: Trace, device: DeviceModel) -> Gaps:
+    """Every gap of `trace` (NOTE [ Absences ]), costed on `device`, in seconds."""
+    n = trace.n_ops
+    bp, acc = trace.buffer_accesses
+    owner = np.repeat(np.arange(trace.n_buffers, dtype=np.int64), np.diff(bp))
+    same = owner[1:] == owner[:-1]
+    within = same & (acc[1:] - acc[:-1] >= 2)
+    first, last = trace.first_access, trace.last_access
+    head = np.flatnonzero(trace.exists_at_start & (first >= 1))
+    tail = np.flatnonzero(trace.persistent & (last >= 0) & (last <= n - 2))
+    idle = np.flatnonzero(trace.persistent & (last < 0))
+    buf = np.concatenate([owner[:-1][within], head, tail, idle])
+    p = np.concatenate(
+        [acc[:-1][within], np.full(len(head), -1), last[tail], np.full(len(idle), -1)]
+    )
+    q = np.concatenate([acc[1:][within], first[head], np.full(len(tail) + len(idle), n)])
+    w = _last_write(trace, buf, p)
+    nb = trace.nbytes[buf]
+    d = device.op_durations(trace, TimeUnit.S)
+    d2h = np.asarray(device.copy_time(nb, Direction.D2H, TimeUnit.S), np.float64)
+    h2d = np.asarray(device.copy_time(nb, Direction.H2D, TimeUnit.S, duplex=False), np.float64)
+    d2h_forced = w >= -1
+    back_in_iteration = q <= n - 1
+    rec = np.where(back_in_iteration, recompute_costs(trace, d)[buf], np.inf)
+    _, epoch = np.unique(buf * np.int64(n + 3) + (w + 2), return_inverse=True)
+    return Gaps(
+        n_ops=n,
+        buffer=buf.astype(np.int64),
+        after=p.astype(np.int64),
+        before=q.astype(np.int64),
+        nbytes=nb.astype(np.float64),
+        d2h=np.where(d2h_forced, d2h, 0.0),
+        h2d=np.where(back_in_iteration, h2d, 0.0),
+        rec=rec,
+        written=w,
+        epoch=epoch.astype(np.int64),
+    )
+
+
+def _last_write(trace: Trace, buf: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """int64[gaps]: the op after whose end a D2H copy for the gap may start:
+    the last write of the buffer at or before `p` in this iteration (the op
+    before its creation, if no write), -1 for an input never written (the
+    iteration's start), -2 when none is in this iteration (a persistent
+    buffer)."""
+    n = trace.n_ops
+    wp, wb = trace.writes_csr
+    w_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(wp))
+    width = np.int64(n + 2)
+    keys = np.sort(wb.astype(np.int64) * width + w_op + 1)
+    probe = buf * width + p + 1  # writes at ops <= p sort at or below it
+    i = np.searchsorted(keys, probe, side="right") - 1
+    hit = (i >= 0) & (keys[np.maximum(i, 0)] // width == buf)
+    written = np.where(hit, keys[np.maximum(i, 0)] % width - 1, -2)
+    # a buffer exists from its creation, before the creating op ends (if that
+    # op only read it, a copy could start with it); inputs from the start
+    made = np.where(trace.created_at[buf] >= 0, trace.created_at[buf] - 1, -1)
+    w = np.maximum(written, np.where(trace.persistent[buf], -2, made))
+    return w.astype(np.int64)

@@ -1,0 +1,386 @@
+"""Lower bounds on one iteration's time under a memory budget that look at
+more than one instant of the iteration (NOTE [ Window bounds ]), and the
+strongest bound proven for every plan (`best_time_bound`), named.
+
+Every bound here holds for each iteration of every run the simulator makes
+of any plan the checker accepts, under any OOM policy, as the single-op
+bound of `planners.analysis.bounds` does (NOTE [ Lower bounds ]). The
+CP-SAT planner's bound is not among them: it holds within its model only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+from memplan.hwmodels.device import DeviceModel, TimeUnit
+from memplan.planners.analysis.bounds import _compute_s, peak_lower_bound, time_lower_bound
+from memplan.planners.analysis.gaps import Gaps, gap_table
+from memplan.traces.model import Trace
+from ortools.graph.python import min_cost_flow
+
+# NOTE [ Window bounds ]
+# Two bounds built on NOTE [ Absences ] (planners/analysis/gaps.py), for one
+# iteration [I, I'] of length T, with D its ops' durations summed.
+#
+# Split ("split"). Pick an op k and an instant sigma of it, its kernel's
+# start or its end: D_< is the ops before sigma, D_> the others. At sigma at
+# least need_k bytes of the gaps around k are absent, and each comes back
+# either by the lane -- its D2H copy, where one is forced, after its epoch's
+# write w_g ends and before sigma, its H2D copy, where forced, after sigma
+# and before its next access q_g starts -- or by a recompute kernel after
+# sigma. Pick also an op s before sigma and an op r after it (s = -1: the
+# iteration's start, r = n: its end). Before sigma, ops 0..s run, then the
+# D2H copies of the gaps with w_g >= s; after sigma, the H2D copies of the
+# gaps with q_g <= r end before op r starts, and ops r.. follow it. With
+# y_g, z_g in {0, 1} (back by the lane / by a recompute),
+#   T >= max(D_<, D_{<=s} + sum_{w_g >= s} d2h_g y_g)
+#      + max(D_> + sum rec_g z_g, sum_{q_g <= r} h2d_g y_g + D_{>=r}),
+#   sum nbytes_g (y_g + z_g) >= need_k,  y_g + z_g <= 1,
+# with one lane or two alike (only D2H copies are counted before sigma, only
+# H2D copies after). Relaxed to 0 <= y, z and dualised on the terms of the
+# two maxima with weights 1 - b1, b1 and 1 - b2, b2,
+#   T >= (1 - b1) D_< + b1 D_{<=s} + (1 - b2) D_> + b2 D_{>=r} + (the least
+#        cost of need_k bytes at, per gap,
+#        cost_g = min(b1 d2h_g [w_g >= s] + b2 h2d_g [q_g <= r], (1 - b2) rec_g)),
+# a fractional knapsack, for *every* b1, b2 in [0, 1], s and r (weak
+# duality): the search over them and over ops can only miss the best, never
+# give an invalid bound. It is what the single-op bound misses when copies
+# cannot hide: the lane time before sigma is the compute before sigma, less
+# what runs before the buffers are written.
+#
+# Multi-op ("multi-op"). The whole iteration, with every op over the budget
+# covered at once. An absent gap costs its copies or a recompute kernel, all
+# within the iteration; the D2H copy of an epoch is charged to one of its
+# gaps only (the one covering the most ops), so however many of them use
+# it, at most one copy is charged. So T >= max(D + sum rec_g z_g, lane(y))
+# with sum_{g around k} nbytes_g (y_g + z_g) >= need_k for every k over the
+# budget, and dualising the max with 1 - b, b gives, for every b in [0, 1],
+#   T >= (1 - b) D + (the least cost covering every need_k at
+#        cost_g = min(b lane_g, (1 - b) rec_g) per gap),
+# lane_g = (d2h_g if charged) + h2d_g (half of it on two lanes). Each gap
+# covers an interval of ops, so subtracting consecutive rows of the cover
+# makes it a min-cost flow (per gap an arc from the row after its last op
+# back to its first, its bytes as capacity; free arcs forward), solved
+# exactly in integers with costs per byte rounded down (a lower cost only
+# lowers the bound). Dropping rows only relaxes the cover: at most MAX_ROWS
+# ops are kept (the largest needs and a spread of the others).
+
+SINGLE_OP, SPLIT, MULTI_OP, COMPUTE, PEAK_FLOOR = (
+    "single-op",
+    "split",
+    "multi-op",
+    "compute",
+    "peak floor",
+)
+TIE = 1e-6  # relative: bounds this close name the simpler argument
+MAX_ROWS = 128  # ops whose need the multi-op cover keeps
+SPLIT_OPS = 48  # ops the split bound tries on a coarse grid of (b1, b2)
+SPLIT_REFINED = 4  # of those, how many it refines
+REFINE_ROUNDS = 2  # rounds of coordinate ascent in a refinement
+POINTS = 3  # values of s and of r (besides the iteration's ends) a search tries
+# the coarse grid of dual weights, dense near 0: copies are dear next to compute
+COARSE = np.array([0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+COST_SCALE = 1e16  # integer cost units per second in the min-cost flow
+GOLDEN_STEPS = 18  # a bracket of 0.618^18 ~ 2e-4
+MAX_UNIT = 1 << 40  # largest integer cost per byte (clipped down: still a bound)
+
+
+@dataclass(frozen=True, slots=True)
+class NamedBound:
+    """One lower bound on the iteration time, in seconds: `name` says which
+    (`single-op`, `split`, `multi-op`, `compute`, `peak floor`), `where` what
+    sets it (e.g. "start of op 320")."""
+
+    name: str
+    seconds: float
+    where: str = ""
+
+
+class BestBound(NamedTuple):
+    """The strongest bound proven for every plan: (seconds, name)."""
+
+    seconds: float
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBounds:
+    """Every time bound of one trace at one budget (bytes); `best` the
+    largest (the earliest listed of equals: the simplest argument)."""
+
+    budget_bytes: int
+    compute_s: float
+    bounds: tuple[NamedBound, ...]
+
+    @property
+    def best(self) -> NamedBound:
+        """The largest bound; of bounds within TIE of it, the first listed (the
+        bounds sum the same durations in different orders)."""
+        top = max(b.seconds for b in self.bounds)
+        return next(b for b in self.bounds if b.seconds >= top * (1 - TIE))
+
+    def to_dict(self) -> dict:
+        inf = math.isinf
+        return {
+            "best": self.best.name,
+            "best_s": None if inf(self.best.seconds) else self.best.seconds,
+            "bounds": [
+                {"name": b.name, "seconds": None if inf(b.seconds) else b.seconds, "where": b.where}
+                for b in self.bounds
+            ],
+        }
+
+
+def time_bounds(trace: Trace, device: DeviceModel, budget_bytes: int) -> TimeBounds:
+    """Every bound on one iteration of `trace` on `device` under
+    `budget_bytes`: the ops' compute, the single-op bound (NOTE [ Lower
+    bounds ]) and the split and multi-op bounds (NOTE [ Window bounds ]).
+    Below the peak lower bound (no workspace: the simulator allocates none)
+    no plan fits: one bound, `peak floor`, of inf seconds."""
+    d = device.op_durations(trace, TimeUnit.S)
+    compute = _compute_s(d)
+    floor = peak_lower_bound(trace, workspace=False).nbytes
+    if budget_bytes < floor:
+        where = f"the budget is below the peak lower bound ({floor} bytes)"
+        return TimeBounds(budget_bytes, compute, (NamedBound(PEAK_FLOOR, math.inf, where),))
+    out = [NamedBound(COMPUTE, compute, "every op once")]
+    need = (trace.memory_curve("liveness") - budget_bytes).astype(np.float64)
+    if (need > 0).any():
+        single = time_lower_bound(trace, device, budget_bytes, workspace=False)
+        out.append(NamedBound(SINGLE_OP, single.seconds, _at(single.op)))
+        gaps = gap_table(trace, device)
+        out.append(split_bound(gaps, d, need, (single.op,) if single.op >= 0 else ()))
+        out.append(multi_op_bound(gaps, d, need, device.lanes))
+    return TimeBounds(budget_bytes, compute, tuple(out))
+
+
+def best_time_bound(trace: Trace, device: DeviceModel, budget_bytes: int) -> BestBound:
+    """(seconds, name) of the largest bound of `time_bounds`: what a gap to
+    the bound is measured against."""
+    b = time_bounds(trace, device, budget_bytes).best
+    return BestBound(b.seconds, b.name)
+
+
+def _at(op: int) -> str:
+    return f"op {op}" if op >= 0 else "its copies hide behind compute"
+
+
+# ---- split ----------------------------------------------------------------------------
+def split_bound(
+    gaps: Gaps, d: np.ndarray, need: np.ndarray, also: tuple[int, ...] = ()
+) -> NamedBound:
+    """The split bound of NOTE [ Window bounds ] at the best op, instant and
+    (s, r) tried: every hot op if few, else the largest needs, a spread of
+    the others and the ops in `also`, screened on a coarse grid of (b1, b2)
+    with s and r at the iteration's ends; the best few searched further."""
+    hot = np.flatnonzero(need > 0)
+    ops = np.unique(np.concatenate([_pick(hot, need, SPLIT_OPS), np.asarray(also, np.int64)]))
+    before = np.concatenate([[0.0], np.cumsum(d)])  # seconds of ops 0..k-1
+    b1, b2 = (a.ravel() for a in np.meshgrid(COARSE, COARSE))
+    tried = []
+    for k in ops.tolist():
+        sp = _Split(gaps, k, float(need[k]), before)
+        tried.append((float(sp.values(b1, b2, -1, sp.n).max()), k))
+    tried.sort(reverse=True)
+    best, where = -math.inf, ""
+    for _, k in tried[:SPLIT_REFINED]:
+        v, where_k = _Split(gaps, k, float(need[k]), before).search()
+        if v > best:
+            best, where = v, where_k
+    return NamedBound(SPLIT, best, where)
+
+
+class _Split:
+    """The split bound's dual at op `k` (NOTE [ Window bounds ]): row 0 at its
+    start, row 1 at its end, for weights (b1, b2) and ops (s, r)."""
+
+    def __init__(self, gaps: Gaps, k: int, need: float, before: np.ndarray):
+        g = _useful(gaps, gaps.around(k))
+        self.d2h, self.h2d, self.rec = gaps.d2h[g], gaps.h2d[g], gaps.rec[g]
+        self.nbytes, self.written, self.back = gaps.nbytes[g], gaps.written[g], gaps.before[g]
+        self.k, self.n, self.need, self.before = k, gaps.n_ops, need, before
+
+    def values(self, b1: np.ndarray, b2: np.ndarray, s: int, r: int) -> np.ndarray:
+        """float64[2, len(b1)]: the bound at both instants for each (b1, b2);
+        -1 <= s < k, k < r <= n."""
+        out = self.d2h * (self.written >= s)
+        back = self.h2d * (self.back <= r)
+        cost = np.minimum(b1[:, None] * out + b2[:, None] * back, _times(1 - b2[:, None], self.rec))
+        cover = _min_cover(cost, self.nbytes, self.need)
+        total, upto_s, from_r = (
+            self.before[-1],
+            self.before[s + 1],
+            self.before[-1] - self.before[r],
+        )
+        rows = []
+        for cut in (self.before[self.k], self.before[self.k + 1]):
+            rows.append((1 - b1) * cut + b1 * upto_s + (1 - b2) * (total - cut) + b2 * from_r)
+        return np.stack(rows) + cover
+
+    def search(self) -> tuple[float, str]:
+        """The largest bound met: the coarse grid over a few (s, r), then
+        coordinate ascent (golden sections on b1 and b2 in turn) from the best."""
+        b1, b2 = (a.ravel() for a in np.meshgrid(COARSE, COARSE))
+        starts = np.unique(self.written[(self.d2h > 0) & (self.written >= 0)])
+        backs = np.unique(self.back[(self.h2d > 0) & (self.back < self.n)])
+        best = (-math.inf, 0, 0.0, 0.0, -1, self.n)
+        for s in (-1, *_spread(starts[starts < self.k], POINTS)):
+            for r in (self.n, *_spread(backs, POINTS)):
+                v = self.values(b1, b2, s, r)
+                row, i = np.unravel_index(int(np.argmax(v)), v.shape)
+                if v[row, i] > best[0]:
+                    best = (float(v[row, i]), int(row), float(b1[i]), float(b2[i]), s, r)
+        value, row, x1, x2, s, r = best
+        x = [x1, x2]
+        for _ in range(REFINE_ROUNDS):
+            for axis in (0, 1):
+
+                def f(t: float, axis: int = axis) -> float:
+                    y = list(x)
+                    y[axis] = t
+                    return float(self.values(np.array([y[0]]), np.array([y[1]]), s, r)[row, 0])
+
+                t, v = _golden(f, 0.0, 1.0)
+                if v > value:
+                    x[axis], value = t, v
+        return value, f"{('start', 'end')[row]} of op {self.k}"
+
+
+def _min_cover(cost: np.ndarray, nbytes: np.ndarray, need: float) -> np.ndarray:
+    """float64[rows]: per row of `cost` (rows x gaps, seconds), the least cost
+    of `need` bytes taken fractionally from the gaps (`nbytes` > 0), cheapest
+    per byte first; inf where all of them are not enough."""
+    rows = cost.shape[0]
+    if need <= 0:
+        return np.zeros(rows)
+    if nbytes.sum() < need:
+        return np.full(rows, np.inf)
+    ratio = cost / nbytes
+    order = np.argsort(ratio, axis=1, kind="stable")
+    r_sorted = np.take_along_axis(ratio, order, axis=1)
+    n_sorted = nbytes[order]
+    cum_n = np.cumsum(n_sorted, axis=1)
+    cum_c = np.cumsum(np.take_along_axis(cost, order, axis=1), axis=1)
+    i = np.minimum((cum_n < need).sum(axis=1), cost.shape[1] - 1)
+    r = np.arange(rows)
+    prev_n = np.where(i > 0, cum_n[r, i - 1], 0.0)
+    prev_c = np.where(i > 0, cum_c[r, i - 1], 0.0)
+    return prev_c + (need - prev_n) * r_sorted[r, i]
+
+
+# ---- multi-op --------------------------------------------------------------------------
+def multi_op_bound(gaps: Gaps, d: np.ndarray, need: np.ndarray, lanes: int) -> NamedBound:
+    """The multi-op bound of NOTE [ Window bounds ]: a golden-section search
+    over b of (1 - b) D + the flow's cover cost."""
+    hot = np.flatnonzero(need > 0)
+    rows = np.sort(_pick(hot, need, MAX_ROWS))
+    first = np.searchsorted(rows, gaps.after + 1, side="left")
+    last = np.searchsorted(rows, gaps.before, side="left") - 1
+    g = np.flatnonzero((first <= last) & (gaps.nbytes > 0))
+    lane = gaps.d2h[g] * _one_per_epoch(gaps.epoch[g], last[g] - first[g]) + gaps.h2d[g]
+    lane = lane / 2 if lanes == 2 else lane
+    rec = gaps.rec[g]
+    total = _compute_s(d)
+    flow = _CoverFlow(need[rows], first[g], last[g], gaps.nbytes[g])
+
+    def value(b: float) -> float:
+        return (1 - b) * total + flow.cost(np.minimum(b * lane, _times(1 - b, rec)))
+
+    _, best = _golden(value, 0.0, 1.0)
+    return NamedBound(MULTI_OP, best, f"{len(rows)} of the {len(hot)} ops over the budget at once")
+
+
+class _CoverFlow:
+    """min sum cost_g x_g over 0 <= x_g <= nbytes_g with, for every row i,
+    sum of x_g over the gaps covering rows first_g..last_g >= need_i: the
+    min-cost flow of NOTE [ Window bounds ]."""
+
+    def __init__(self, need: np.ndarray, first: np.ndarray, last: np.ndarray, nbytes: np.ndarray):
+        k = len(need)
+        rhs = np.concatenate([need, [0.0]]).astype(np.int64)
+        self.supply = -(rhs - np.concatenate([[0], rhs[:-1]]))
+        self.tails = np.concatenate([last + 1, np.arange(k)]).astype(np.int32)
+        self.heads = np.concatenate([first, np.arange(1, k + 1)]).astype(np.int32)
+        free = np.full(k, int(nbytes.sum()) + int(rhs.max()) + 1, np.int64)
+        self.caps = np.concatenate([nbytes.astype(np.int64), free])
+        self.nbytes = nbytes
+        self.n_nodes = k + 1
+
+    def cost(self, cost: np.ndarray) -> float:
+        """Seconds: the cover's least cost at `cost` (seconds per gap)."""
+        unit = np.minimum(np.floor(cost / self.nbytes * COST_SCALE), MAX_UNIT).astype(np.int64)
+        units = np.concatenate([unit, np.zeros(len(self.caps) - len(unit), np.int64)])
+        m = min_cost_flow.SimpleMinCostFlow()
+        m.add_arcs_with_capacity_and_unit_cost(self.tails, self.heads, self.caps, units)
+        m.set_nodes_supplies(np.arange(self.n_nodes, dtype=np.int32), self.supply)
+        status = m.solve()
+        if status == m.INFEASIBLE:
+            return math.inf
+        if status != m.OPTIMAL:  # a solver failure proves nothing: the cover adds nothing
+            return 0.0
+        return m.optimal_cost() / COST_SCALE
+
+
+# ---- helpers ---------------------------------------------------------------------------
+def _one_per_epoch(epoch: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """float64[gaps]: 1 for the gap of each epoch that covers the most rows
+    (the first of equals), 0 for the others: the share of the epoch's one
+    D2H copy each is charged (shares of at most 1 per epoch keep the bound)."""
+    order = np.lexsort((np.arange(len(epoch)), -width, epoch))
+    first = np.ones(len(epoch), bool)
+    first[1:] = epoch[order][1:] != epoch[order][:-1]
+    out = np.zeros(len(epoch))
+    out[order[first]] = 1.0
+    return out
+
+
+def _pick(hot: np.ndarray, need: np.ndarray, most: int) -> np.ndarray:
+    """At most `most` of the ops `hot`: all if few, else the half with the
+    largest need and a spread of the rest (any subset gives a bound)."""
+    if len(hot) <= most:
+        return hot
+    top = hot[np.argsort(-need[hot], kind="stable")[: most // 2]]
+    spread = hot[np.linspace(0, len(hot) - 1, most - most // 2).astype(np.int64)]
+    return np.unique(np.concatenate([top, spread]))
+
+
+def _spread(values: np.ndarray, most: int) -> list[int]:
+    """At most `most` of `values` (sorted), evenly spread, the last included."""
+    if len(values) <= most:
+        return values.tolist()
+    return values[np.linspace(0, len(values) - 1, most).round().astype(np.int64)].tolist()
+
+
+def _golden(f: Callable[[float], float], lo: float, hi: float) -> tuple[float, float]:
+    """(x, f(x)) of the largest value met by a golden-section search for the
+    maximum of `f` on [lo, hi] (ends included): exact for a concave `f` up
+    to the last bracket, and a value met in any case."""
+    phi = (math.sqrt(5) - 1) / 2
+    best = max(((lo, f(lo)), (hi, f(hi))), key=lambda p: p[1])
+    x1, x2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    f1, f2 = f(x1), f(x2)
+    for _ in range(GOLDEN_STEPS):
+        best = max(best, (x1, f1), (x2, f2), key=lambda p: p[1])
+        if f1 >= f2:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - phi * (hi - lo)
+            f1 = f(x1)
+        else:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + phi * (hi - lo)
+            f2 = f(x2)
+    return max(best, (x1, f1), (x2, f2), key=lambda p: p[1])
+
+
+def _useful(gaps: Gaps, g: np.ndarray) -> np.ndarray:
+    """The gaps of `g` with bytes: an empty buffer covers nothing."""
+    return g[gaps.nbytes[g] > 0]
+
+
+def _times(w: np.ndarray | float, rec: np.ndarray) -> np.ndarray:
+    """w * rec, with inf (no recompute) staying inf even where w is 0."""
+    return np.where(np.isfinite(rec), w * np.where(np.isfinite(rec), rec, 0.0), np.inf)
