@@ -82,7 +82,8 @@ class Bounds:
 
     @property
     def best_time_s(self) -> float:
-        """The largest bound that holds for every plan (the analytic one)."""
+        """The single-op bound, which holds for every plan; the split and
+        multi-op bounds may be larger (`window_bound.best_time_bound`)."""
         return self.time.seconds
 
     def to_dict(self) -> dict:

@@ -17,7 +17,12 @@ from typing import NamedTuple
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, TimeUnit
-from memplan.planners.analysis.bounds import _compute_s, peak_lower_bound, time_lower_bound
+from memplan.planners.analysis.bounds import (
+    _budget,
+    _compute_s,
+    peak_lower_bound,
+    time_lower_bound,
+)
 from memplan.planners.analysis.gaps import Gaps, gap_table
 from memplan.traces.model import Trace
 from ortools.graph.python import min_cost_flow
@@ -140,7 +145,9 @@ def time_bounds(trace: Trace, device: DeviceModel, budget_bytes: int) -> TimeBou
     `budget_bytes`: the ops' compute, the single-op bound (NOTE [ Lower
     bounds ]) and the split and multi-op bounds (NOTE [ Window bounds ]).
     Below the peak lower bound (no workspace: the simulator allocates none)
-    no plan fits: one bound, `peak floor`, of inf seconds."""
+    no plan fits: one bound, `peak floor`, of inf seconds. A budget that is
+    not a positive number of bytes is a `PlanError`."""
+    budget_bytes = _budget(device, budget_bytes)
     d = device.op_durations(trace, TimeUnit.S)
     compute = _compute_s(d)
     floor = peak_lower_bound(trace, workspace=False).nbytes

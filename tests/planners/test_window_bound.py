@@ -260,6 +260,12 @@ def test_names_of_the_best_bound():
     assert tb.best.name == tb.to_dict()["best"] == "split"
 
 
+def test_a_bad_budget_is_a_plan_error():
+    t = tiny_trace(SPLIT_BUFFERS, SPLIT_OPS)
+    with pytest.raises(PlanError, match="budget=0 must be a positive number of bytes"):
+        time_bounds(t, _device(t), 0)
+
+
 # ---- validity -----------------------------------------------------------------------------
 def _all_bounds(t, dev, budget) -> list[float]:
     return [b.seconds for b in time_bounds(t, dev, budget).bounds]
