@@ -35,17 +35,22 @@ if TYPE_CHECKING:
 #   time); an op that needs it re-runs its producer first (`remake`); c = the
 #   producer's duration plus DTR's evicted neighbourhood e*: the costs of the
 #   absent buffers that remaking it needs first, recursively (an absent input
-#   with a host copy costs its fetch and ends the walk), each producer counted
-#   once. Only ancestors count: an evicted consumer does not make it dearer
-#   (DTR's e* also adds evicted children; the brief of issue 16 asks for the
-#   ancestors).
+#   with a host copy, or arriving, costs its fetch and ends the walk), each
+#   buffer and each producer counted once. Only ancestors count: an evicted
+#   consumer does not make it dearer (DTR's e* also adds evicted children;
+#   the brief of issue 16 asks for the ancestors).
 # - anything else (persistent buffers, inputs, buffers written in place, RNG
 #   outputs, buffers whose inputs change before they die, buffers made again
 #   for a recompute chain only): a synchronous swap-out on the lane, as
-#   `passive` evicts; c = its D2H + H2D copy times. So `dtr` can evict every
-#   buffer `passive` can, at no greater cost: it never runs out of memory
-#   where `passive` would not for want of a victim.
-# Ties in h go to the lower (job, buffer).
+#   `passive` evicts; c = its D2H + H2D copy times.
+# Ties in h go to the lower job, then the staler buffer, then the lower id.
+# So `dtr` can evict every buffer `passive` can: it never runs out of memory
+# for want of a victim where `passive` has one. A remake needs its producer's
+# inputs and outputs on the device at once where a fetch needs the buffer
+# alone, so a budget barely above an op's own needs can still stop `dtr`
+# where `passive` goes on (none of the shipped traces, vanilla or
+# release_only, at 10..95% of its liveness peak: either both run or both
+# run out).
 #
 # Remakeable (`RematTable`, per job and plan, before the run). Buffer x
 # created by op p can be remade by re-running p alone if p is pure: it
@@ -174,24 +179,27 @@ class RematTable:
 
     def neighbourhood_us(self, s: JobState, b: int, cap: float = float("inf")) -> float:
         """DTR's e* of droppable `b`: what having its absent inputs again
-        costs, recursively, each producer once (NOTE [ DTR ]); an arriving
-        input counts as absent (its fetch). Infinite once past `cap` (the
-        walk stops there)."""
+        costs, recursively, each buffer and producer once (NOTE [ DTR ]); an
+        arriving input counts as absent (its fetch). Infinite once past `cap`
+        (the walk stops there)."""
         where = s.where
         todo = [z for z in self.inputs[b] if where[z] in ABSENT]
         if not todo:
             return 0.0
-        host, prod = s.host, self.prod
-        seen = {prod[b]}
+        host, prod, inputs = s.host, self.prod, self.inputs
+        seen, made = set(todo), {prod[b]}
         total = 0.0
         while todo:
             z = todo.pop()
             if host[z]:
                 total += self.fetch[z]
-            elif prod[z] >= 0 and prod[z] not in seen:
-                seen.add(prod[z])
+            elif prod[z] >= 0 and prod[z] not in made:
+                made.add(prod[z])
                 total += self.redo[z]
-                todo.extend(y for y in self.inputs[z] if where[y] in ABSENT)
+                for y in inputs[z]:
+                    if y not in seen and where[y] in ABSENT:
+                        seen.add(y)
+                        todo.append(y)
             if total > cap:
                 return float("inf")
         return total

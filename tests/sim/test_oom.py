@@ -1,6 +1,7 @@
 """Out of memory in the simulator, worked by hand: `fail` stops the job,
 `stall` waits for memory a swap-out will return, `passive` evicts the least
-recently used buffer (NOTE [ Out of memory ] in sim/memory.py)."""
+recently used buffer (NOTE [ Out of memory ] in sim/memory.py); `dtr` has
+its own cases in test_dtr.py."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def test_oom_stall_waits_for_an_inflight_swap_out():
     ]
     j = r.jobs[0]
     assert (j.oom, j.stall_s, j.peak_bytes) == (False, 0.004, 2 * MiB)
+    assert (j.evictions, j.net_used) == (0, False)  # waiting evicts nothing
     # the same plan under `fail` dies at op1; `stall` with nothing in flight too
     assert simulate([Job(t, p)], DeviceModel(gpu(), lat), budget=3 * MiB, oom="fail").jobs[0].oom
     assert simulate([t], DeviceModel(gpu(), lat), budget=3 * MiB, oom="stall").jobs[0].oom_at == (
@@ -95,6 +97,14 @@ def test_oom_passive_evicts_lru_and_fetches_on_demand():
     j = r.jobs[0]
     assert (j.passive_swaps, j.stall_s, j.bytes_d2h, j.bytes_h2d) == (2, 0.004, 2 * MiB, 2 * MiB)
     assert j.peak_bytes == 2 * MiB
+    # the net's figures: one eviction (the fetch is a passive swap, not one)
+    assert (j.evictions, j.evicted_bytes, j.remat_s, j.net_used) == (1, 2 * MiB, 0.0, True)
+    assert {k: j.to_dict()[k] for k in ("evictions", "evicted_bytes", "remat_s", "net_used")} == {
+        "evictions": 1,
+        "evicted_bytes": 2 * MiB,
+        "remat_s": 0.0,
+        "net_used": True,
+    }
 
 
 def test_oom_when_one_op_needs_more_than_the_budget():
