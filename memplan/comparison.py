@@ -5,7 +5,8 @@ both `planners` and `sim`: each planner plans the jobs, `check` verifies
 every plan, the simulator runs the plans and the vanilla baseline on the
 same hardware, and TENSILE's metrics (MSR, EOR, CBR) compare the two.
 
-See NOTE [ Budgets in a comparison ] above `compare_planners`.
+See NOTE [ Budgets in a comparison ] above `compare_planners` and NOTE [ The
+safety net ] above `run_planner`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memplan.evaluator import sim_evaluator
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners import registry
 from memplan.planners.analysis.bounds import gap_to_bound, joint_bounds
+from memplan.planners.analysis.window_bound import best_time_bound
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
@@ -30,6 +33,19 @@ from memplan.traces.model import Trace
 
 UNLIMITED_BYTES = 1 << 62
 NEEDS_BUDGET = ("capuchin",)
+# The runtime safety net under a plan: `--fallback` name -> the simulator's OOM policy.
+FALLBACKS = {"none": "fail", "passive": "passive", "dtr": "dtr"}
+# Rows with no plan at all: the online policy alone (NOTE [ The safety net ]).
+WITNESSES = ("passive", "dtr")
+
+
+class Fit:
+    """How a row's run went (NOTE [ The safety net ])."""
+
+    ALONE = "alone"  # the plan fit the budget on its own
+    NET = "net"  # it finished because the safety net evicted
+    OOM = "oom"  # it ran out of memory even so
+    NO_PLAN = "no plan"  # the planner gave no plan, or its plan failed the check
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +71,17 @@ class Row:
     gap: float = math.nan
     result: PlanResult | None = None
     sim: SimResult | None = None
+    fit: str = Fit.NO_PLAN
+    fallback: str = "none"
+    evictions: int = 0
+    evicted_bytes: int = 0
+    remat_s: float = 0.0
+    bound: str = ""  # the name of the bound `gap` is measured against
+
+    @property
+    def finished(self) -> bool:
+        """The run ended without OOM, on its own or with the net."""
+        return self.fit in (Fit.ALONE, Fit.NET)
 
     def to_dict(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -77,6 +104,12 @@ class Row:
             "plan_time_s": self.plan_time_s,
             "events": self.events,
             "gap": num(self.gap),
+            "bound": self.bound or None,
+            "fit": self.fit,
+            "fallback": self.fallback,
+            "evictions": self.evictions,
+            "evicted_bytes": self.evicted_bytes,
+            "remat_s": self.remat_s,
         }
 
 
@@ -100,18 +133,47 @@ class Comparison:
         }
 
 
+def fit_of(sim: SimResult) -> str:
+    """`Fit` of a finished simulation (NOTE [ The safety net ])."""
+    return Fit.OOM if sim.oom else Fit.NET if any(j.net_used for j in sim.jobs) else Fit.ALONE
+
+
+def vanilla_peak(traces: Sequence[Trace], device: DeviceModel) -> int:
+    """Bytes the jobs peak at with no plan and no budget (simulated)."""
+    run = simulate(
+        planned_jobs(traces, [vanilla_plan(t) for t in traces]),
+        device,
+        iterations=2,
+        budget=UNLIMITED_BYTES,
+        check=False,
+    )
+    return run.peak_bytes
+
+
 def _mean_iteration(result: SimResult) -> float:
     times = [j.iteration_time_s for j in result.jobs]
     return math.nan if any(math.isnan(t) for t in times) else sum(times) / len(times)
 
 
-def _jobs(traces: Sequence[Trace], plans: Sequence[Any]) -> list[Job]:
+def planned_jobs(traces: Sequence[Trace], plans: Sequence[Any]) -> list[Job]:
     return [
         Job(t, p, name=f"{t.meta.model or 'job'}#{i}")
         for i, (t, p) in enumerate(zip(traces, plans, strict=True))
     ]
 
 
+# NOTE [ The safety net ]
+# TENSILE's and Capuchin's real systems fall back on passive swapping when a
+# plan leaves memory short, and their reported overheads include it. A row
+# is simulated under `fallback` (`FALLBACKS`: none = the simulator's `fail`
+# policy, passive = Capuchin's LRU swapping, dtr = DTR's eviction with
+# rematerialisation) and says how it went (`Fit`): `alone` when the net never
+# acted (the run is then the same as under `fail`), `net` when it finished
+# because the net evicted (`evictions`, `evicted_bytes`, `remat_s`; its
+# stalls are in `stall_s`), `oom` when it ran out even so. `feasible` means
+# fits alone: a plan the simulator runs out of memory on, or rescues with
+# the net, is never reported as fitting. The witnesses (`WITNESSES`) are
+# rows with no plan at all -- the vanilla job under the online policy alone.
 def run_planner(
     name: str,
     traces: Sequence[Trace],
@@ -121,12 +183,19 @@ def run_planner(
     budget: int | None,
     iterations: int = 3,
     options: object = None,
+    fallback: str = "none",
 ) -> Row:
-    """Plan with `name`, check, simulate under the budget, score against `vanilla`."""
-    sim_budget = budget if budget is not None else device.hw.memory_bytes
+    """Plan with `name`, check, simulate under the budget with the `fallback`
+    net, score against `vanilla` (NOTE [ The safety net ])."""
+    if name in WITNESSES:
+        return run_witness(name, traces, device, vanilla, budget=budget, iterations=iterations)
     t0 = time.perf_counter()
+    sim_budget = budget if budget is not None else device.hw.memory_bytes
+    evaluator = sim_evaluator(traces, device, sim_budget)
     try:
-        result = registry.run(name, traces, device, budget_bytes=budget, options=options)
+        result = registry.run(
+            name, traces, device, budget_bytes=budget, options=options, evaluator=evaluator
+        )
     except MemplanError as e:
         return _failed(name, budget, f"planner error: {e}", time.perf_counter() - t0)
     plan_time = time.perf_counter() - t0
@@ -141,23 +210,61 @@ def run_planner(
             check(p, t)
     except MemplanError as e:
         return _failed(name, budget, f"check: {e}", plan_time, result)
+    reasons = [] if result.feasible else [result.explain()]
+    return _simulated(
+        name, traces, device, vanilla, result.plans, budget, iterations, fallback, reasons,
+        plan_time_s=plan_time, events=events, result=result,
+    )  # fmt: skip
+
+
+def run_witness(
+    policy: str,
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    vanilla: SimResult,
+    *,
+    budget: int | None,
+    iterations: int = 3,
+) -> Row:
+    """The jobs with no plan under the online `policy` alone (a witness row)."""
+    plans = [vanilla_plan(t) for t in traces]
+    reasons = [f"no plan: the {policy} policy alone"]
+    return _simulated(policy, traces, device, vanilla, plans, budget, iterations, policy, reasons)
+
+
+def _simulated(
+    name: str,
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    vanilla: SimResult,
+    plans: Sequence[Any],
+    budget: int | None,
+    iterations: int,
+    fallback: str,
+    reasons: list[str],
+    **extra: Any,
+) -> Row:
+    sim_budget = budget if budget is not None else device.hw.memory_bytes
     sim = simulate(
-        _jobs(traces, result.plans),
+        planned_jobs(traces, plans),
         device,
         iterations=iterations,
         budget=sim_budget,
-        oom="fail",
+        oom=FALLBACKS[fallback],
         check=False,
     )
     metrics = savings(vanilla, sim).total
-    reasons = []
-    if not result.feasible:
-        reasons.append(result.explain())
-    if sim.oom:
-        reasons.append(f"out of memory in simulation (budget {sim_budget} bytes)")
+    jobs = sim.jobs
+    evictions = sum(j.evictions for j in jobs)
+    fit = fit_of(sim)
+    if fit == Fit.OOM:
+        net = "" if fallback == "none" else f" with the {fallback} net"
+        reasons.append(f"out of memory in simulation{net} (budget {sim_budget} bytes)")
+    elif fit == Fit.NET:
+        reasons.append(f"fits with the {fallback} net: {evictions} evictions")
     return Row(
         planner=name,
-        feasible=result.feasible and not sim.oom,
+        feasible=fit == Fit.ALONE,
         reason="; ".join(reasons),
         budget_bytes=budget,
         peak_bytes=sim.peak_bytes,
@@ -165,14 +272,17 @@ def run_planner(
         eor=metrics.eor,
         cbr=metrics.cbr,
         iteration_time_s=_mean_iteration(sim),
-        stall_s=sum(j.stall_s for j in sim.jobs),
-        recompute_s=sum(j.recompute_s for j in sim.jobs),
-        bytes_h2d=sum(j.bytes_h2d for j in sim.jobs),
-        bytes_d2h=sum(j.bytes_d2h for j in sim.jobs),
-        plan_time_s=plan_time,
-        events=events,
-        result=result,
+        stall_s=sum(j.stall_s for j in jobs),
+        recompute_s=sum(j.recompute_s for j in jobs),
+        bytes_h2d=sum(j.bytes_h2d for j in jobs),
+        bytes_d2h=sum(j.bytes_d2h for j in jobs),
         sim=sim,
+        fit=fit,
+        fallback=fallback,
+        evictions=evictions,
+        evicted_bytes=sum(j.evicted_bytes for j in jobs),
+        remat_s=sum(j.remat_s for j in jobs),
+        **{"plan_time_s": 0.0, **extra},
     )
 
 
@@ -218,23 +328,33 @@ def compare_planners(
     iterations: int = 3,
     options: dict[str, Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
+    fallback: str = "none",
+    budget_fraction: float | None = None,
 ) -> Comparison:
-    """Every planner in `planners` on the same jobs; see NOTE [ Budgets in a comparison ]."""
+    """Every planner in `planners` (and witness in `WITNESSES`) on the same
+    jobs, each simulated with the `fallback` net; `budget_fraction`, instead
+    of `budget`, is a share of the vanilla peak. See NOTE [ Budgets in a
+    comparison ] and NOTE [ The safety net ]."""
     if not traces:
         raise MemplanError("compare: no traces given")
     options = options or {}
+    if fallback not in FALLBACKS:
+        raise MemplanError(f"--fallback={fallback!r} must be one of {', '.join(FALLBACKS)}")
     for name in planners:  # unknown names and bad options fail before any work
-        registry.make_options(name, options.get(name))
+        if name not in WITNESSES:
+            registry.make_options(name, options.get(name))
     for name in options:
         if name not in planners and not (name == "tensile" and set(NEEDS_BUDGET) & set(planners)):
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
     vanilla = simulate(
-        _jobs(traces, [vanilla_plan(t) for t in traces]),
+        planned_jobs(traces, [vanilla_plan(t) for t in traces]),
         device,
         iterations=iterations,
         budget=UNLIMITED_BYTES,
         check=False,
     )
+    if budget_fraction is not None:
+        budget = int(vanilla.peak_bytes * budget_fraction)
     rows: dict[str, Row] = {}
     order = sorted(planners, key=lambda n: n in NEEDS_BUDGET)  # tensile before capuchin
     for name in order:
@@ -252,6 +372,7 @@ def compare_planners(
                     budget=None,
                     iterations=iterations,
                     options=options.get("tensile"),
+                    fallback=fallback,
                 )
             own_budget = tensile.peak_bytes
         if progress:
@@ -264,9 +385,11 @@ def compare_planners(
             budget=own_budget,
             iterations=iterations,
             options=options.get(name),
+            fallback=fallback,
         )
     ordered = [rows[n] for n in planners]
-    ordered = [_with_gap(r, traces, device) for r in ordered]
+    known: dict[int, tuple[float, str] | None] = {}
+    ordered = [_with_gap(r, traces, device, known) for r in ordered]
     return Comparison(vanilla, tuple(ordered))
 
 
@@ -277,13 +400,38 @@ def compare_planners(
 # step (NOTE [ Jobs in step ] in planners/analysis/bounds.py), the mean
 # iteration time of a run that keeps them in step; none when their op counts
 # differ.
-def _with_gap(row: Row, traces: Sequence[Trace], device: DeviceModel) -> Row:
-    """`row` with its gap to the lower bound (NOTE [ Gap to the bound ])."""
-    if not row.feasible:
+def _with_gap(
+    row: Row,
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    known: dict[int, tuple[float, str] | None],
+) -> Row:
+    """`row` with its gap to the lower bound (NOTE [ Gap to the bound ]);
+    `known` caches the bound per budget."""
+    if not row.finished:
         return row
     budget = row.budget_bytes if row.budget_bytes is not None else device.hw.memory_bytes
-    try:
-        b = joint_bounds(traces, device, budget_bytes=budget)
-    except PlanError:  # jobs that cannot be in step: no bound to compare with
+    if budget not in known:
+        known[budget] = best_bound(traces, device, budget)
+    bound = known[budget]
+    if bound is None:
         return row
-    return dataclasses.replace(row, gap=gap_to_bound(row.iteration_time_s, b.best_time_s))
+    seconds, name = bound
+    return dataclasses.replace(row, gap=gap_to_bound(row.iteration_time_s, seconds), bound=name)
+
+
+def best_bound(
+    traces: Sequence[Trace], device: DeviceModel, budget: int
+) -> tuple[float, str] | None:
+    """(seconds, name) of the strongest lower bound on the iteration time
+    proven for every plan at `budget` (one job: the best of
+    `planners.analysis.window_bound`; several: the joint single-op bound of
+    jobs in step); None for jobs that cannot be in step."""
+    if len(traces) == 1:
+        b = best_time_bound(traces[0], device, budget)
+        return b.seconds, b.name
+    try:
+        joint = joint_bounds(traces, device, budget_bytes=budget)
+    except PlanError:  # jobs that cannot be in step: no bound to compare with
+        return None
+    return joint.best_time_s, "jobs in step"

@@ -7,14 +7,14 @@ import json
 import math
 from pathlib import Path
 
-from memplan.comparison import Comparison, Row
+from memplan.comparison import WITNESSES, Comparison, Fit, Row
 from memplan.planners.core import io as plan_io
 from memplan.traces.io import atomic_write_bytes
 from memplan.units import format_bytes
 
 COLUMNS = (
     "planner",
-    "feasible",
+    "fit",
     "peak",
     "MSR",
     "EOR",
@@ -43,11 +43,17 @@ def _peak(row: Row) -> str:
     return format_bytes(row.peak_bytes)
 
 
+def _fit(row: Row) -> str:
+    if row.fit == Fit.NET:
+        return f"net ({row.evictions} ev)"
+    return {Fit.ALONE: "alone", Fit.OOM: "OOM"}.get(row.fit, row.fit)
+
+
 def cells(row: Row) -> tuple[str, ...]:
     moved = row.bytes_h2d + row.bytes_d2h
     return (
         row.planner,
-        "yes" if row.feasible else "no",
+        _fit(row),
         _peak(row),
         _num(row.msr, ".3f"),
         _num(row.eor, ".3f"),
@@ -63,9 +69,13 @@ def cells(row: Row) -> tuple[str, ...]:
 def header(c: Comparison) -> str:
     v = c.vanilla
     jobs = ", ".join(j.name for j in v.jobs)
+    net = {r.fallback for r in c.rows if r.planner not in WITNESSES} or {"none"}
+    bound = sorted({r.bound for r in c.rows if r.bound})
     return (
         f"{v.hardware}, {len(v.lanes)} lane(s); jobs: {jobs}; vanilla peak "
-        f"{format_bytes(v.peak_bytes)}, iteration {_ms(_vanilla_iter(c))}"
+        f"{format_bytes(v.peak_bytes)}, iteration {_ms(_vanilla_iter(c))}; fallback "
+        f"{', '.join(sorted(net))}"
+        + (f"; gap against the {', '.join(bound)} bound" if bound else "")
     )
 
 
@@ -105,8 +115,11 @@ def markdown(c: Comparison) -> str:
         "",
         "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "
         "against the vanilla run of the same jobs on the same hardware; gap = (iteration - "
-        "lower bound) / lower bound at the same budget (planners/analysis/bounds.py; for several jobs "
-        "the bound holds for runs that keep the jobs in step, NOTE [ Jobs in step ]).",
+        "lower bound) / lower bound at the same budget, against the strongest bound proven for "
+        "every plan (planners/analysis/bounds.py; for several jobs the bound holds for runs that "
+        "keep the jobs in step, NOTE [ Jobs in step ]). fit: alone = the plan fits the budget on its "
+        "own; net (n ev) = it finished because the fallback net evicted n buffers; OOM = it ran out "
+        "even so; passive and dtr rows are witnesses: no plan, the online policy alone.",
         "",
     ]
     for r in c.rows:
@@ -135,7 +148,7 @@ def memory_figure(c: Comparison):  # noqa: ANN201
             m.bytes / 2**30,
             where="post",
             lw=1,
-            label=f"{r.planner}" + ("" if r.feasible else " (infeasible)"),
+            label=f"{r.planner}" + ("" if r.fit == Fit.ALONE else f" ({_fit(r)})"),
         )
     budgets = {r.budget_bytes for r in c.rows if r.budget_bytes}
     for b in sorted(budgets):

@@ -20,8 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="plan with several planners, check, simulate and score them against vanilla",
         description=(
             "Plan the jobs with each planner, check every plan, simulate it and the vanilla "
-            "run on the same GPU, and print planner, feasible, peak, MSR, EOR, CBR, steady "
-            "iteration time, stall, bytes moved and planning time."
+            "run on the same GPU, and print planner, fit (alone: the plan fits the budget on "
+            "its own; net: it finished because the --fallback net evicted; OOM), peak, MSR, "
+            "EOR, CBR, steady iteration time, gap to the best lower bound, stall, bytes moved "
+            "and planning time. The rows 'passive' and 'dtr' are witnesses: no plan, the "
+            "online policy alone."
         ),
     )
     p.add_argument(
@@ -34,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--planners",
         default="all",
-        help="'all' (default: every heuristic planner) or a comma-separated list of "
-        "planner names; cpsat, the exact baseline, runs only when named",
+        help="'all' (default: every heuristic planner and the passive and dtr witnesses) "
+        "or a comma-separated list of planner names; cpsat, the exact baseline, runs only "
+        "when named",
     )
     p.add_argument(
         "--time-limit",
@@ -45,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cpsat's time limit in seconds (default 60)",
     )
     machine.add_budget(p, "none; capuchin then gets the peak TENSILE reached")
+    machine.add_fallback(p)
     machine.add_lanes(p)
     p.add_argument("--iterations", type=int, default=3, help="simulated iterations (default 3)")
     machine.add_latency(p)
@@ -81,16 +86,18 @@ def parse_jobs(specs: list[str]) -> list[Trace]:
 
 
 def planner_names(text: str) -> list[str]:
-    """`all` is every heuristic planner (not vanilla, not cpsat); names may be
-    mixed with it: `all,cpsat`."""
+    """`all` is every heuristic planner (not vanilla, not cpsat) and the
+    witnesses; names may be mixed with it: `all,cpsat`."""
+    from memplan.comparison import WITNESSES
     from memplan.planners import registry
 
     heuristics = [n for n in registry.names() if n not in ("vanilla", "cpsat")]
     names: list[str] = []
     for n in (x.strip() for x in text.split(",")):
-        for name in heuristics if n == "all" else [n] if n else []:
+        for name in [*heuristics, *WITNESSES] if n == "all" else [n] if n else []:
             if name not in names:
-                registry.get(name)
+                if name not in WITNESSES:
+                    registry.get(name)
                 names.append(name)
     if not names:
         raise MemplanError("--planners: give 'all' or planner names separated by commas")
@@ -138,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         options=options,
         progress=progress,
+        fallback=args.fallback,
+        budget_fraction=machine.budget_fraction(args),
     )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)

@@ -54,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_eval)
 
     q = lat.add_parser("predict", help="time every op of a trace")
-    q.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
+    q.add_argument(
+        "trace",
+        metavar="TRACE",
+        help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace",
+    )
     q.add_argument("--hardware", required=True, help="profile name or .toml path")
     q.add_argument(
         "--model",

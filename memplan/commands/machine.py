@@ -4,8 +4,10 @@ latency model, how many PCIe lanes, what memory budget -- defined once here."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
+from memplan.traces.errors import MemplanError
 from memplan.units import parse_size
 
 if TYPE_CHECKING:
@@ -42,7 +44,20 @@ def add_lanes(p: argparse.ArgumentParser) -> None:
 
 def add_budget(p: argparse.ArgumentParser, default: str = "the GPU's memory") -> None:
     p.add_argument(
-        "--budget", help=f"device memory for all jobs: 8GiB, 512MB or bytes (default: {default})"
+        "--budget",
+        help="device memory for all jobs: 8GiB, 512MB, bytes, or 60%% of the jobs' vanilla "
+        f"peak (default: {default})",
+    )
+
+
+def add_fallback(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fallback",
+        choices=("none", "passive", "dtr"),
+        default="none",
+        help="the runtime safety net when a plan leaves memory short: none (default: the run "
+        "stops out of memory), passive (Capuchin's LRU swapping to host) or dtr (DTR's "
+        "eviction by cost / (bytes x staleness), rematerialising by recompute or fetch)",
     )
 
 
@@ -74,5 +89,33 @@ def device(args: argparse.Namespace) -> DeviceModel:
 
 
 def budget(args: argparse.Namespace) -> int | None:
-    """`--budget` in bytes, or None when not given."""
-    return parse_size(args.budget, "--budget") if args.budget else None
+    """`--budget` in bytes, or None when not given or given as a share of
+    the vanilla peak (`budget_fraction`)."""
+    if not args.budget or budget_fraction(args) is not None:
+        return None
+    return parse_size(args.budget, "--budget")
+
+
+def budget_fraction(args: argparse.Namespace) -> float | None:
+    """`--budget 60%` as 0.6; None when the budget is not a percentage."""
+    text = (args.budget or "").strip()
+    if not text.endswith("%"):
+        return None
+    try:
+        share = float(text[:-1]) / 100
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 10:
+        raise MemplanError(f"--budget={args.budget!r}: a share must be a number in (0%, 1000%]")
+    return share
+
+
+def resolve_budget(args: argparse.Namespace, traces: list, device: DeviceModel) -> int | None:
+    """`--budget` in bytes; a percentage is of the jobs' vanilla peak, from a
+    vanilla simulation of them without a budget."""
+    share = budget_fraction(args)
+    if share is None:
+        return budget(args)
+    from memplan.comparison import vanilla_peak
+
+    return int(vanilla_peak(traces, device) * share)

@@ -14,12 +14,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="make a swap / recompute / release plan with one planner",
-        description="Plan the trace(s) with one planner, check the plan, and write it as JSON.",
+        description=(
+            "Plan the trace(s) with one planner, check the plan, simulate it under the budget "
+            "with the --fallback net (does it fit on its own, with the net, or not at all?), "
+            "and write it as JSON."
+        ),
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE[:COUNT]", help="trace files, or zoo:NAME for shipped traces")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE[:COUNT]",
+        help="trace files, or zoo:NAME for shipped traces",
+    )
     p.add_argument("--planner", required=True, help="tensile, capuchin, vdnn, checkpoint, ...")
     machine.add_gpu(p)
     machine.add_budget(p, "none")
+    machine.add_fallback(p)
     machine.add_latency(p)
     machine.add_lanes(p)
     p.add_argument(
@@ -40,11 +50,18 @@ def run(args: argparse.Namespace) -> int:
     from memplan.planners.core.check import check
 
     device = machine.device(args)
-    budget = machine.budget(args)
     traces = parse_jobs(args.traces)
-    result = registry.run(args.planner, traces, device, budget_bytes=budget, options=args.option)
+    budget = machine.resolve_budget(args, traces, device)
+    from memplan.evaluator import sim_evaluator
+
+    sim_budget = budget if budget is not None else device.hw.memory_bytes
+    evaluator = sim_evaluator(traces, device, sim_budget)
+    result = registry.run(
+        args.planner, traces, device, budget_bytes=budget, options=args.option, evaluator=evaluator
+    )
     for p, t in zip(result.plans, traces, strict=False):
         check(p, t)
+    fit = _simulated_fit(result.plans, traces, device, budget, args.fallback)
     if args.out and result.plans:
         plan_io.save(result, args.out)
     summary = {
@@ -56,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         "events": [p.counts() for p in result.plans],
         "options": result.options,
         "stats": {k: v for k, v in result.stats.items() if _jsonable(v)},
+        "simulated": fit,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -67,9 +85,50 @@ def run(args: argparse.Namespace) -> int:
     for i, p in enumerate(result.plans):
         counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in p.counts().items() if n)
         print(f"  job {i} ({traces[i].meta.model}): {counts or 'no events'}")
+    if fit is not None:
+        print(f"simulated: {fit['verdict']}")
     if args.out:
         print(f"wrote {args.out}" if result.plans else "no plan to write")
     return 0
+
+
+def _simulated_fit(
+    plans: list, traces: list, device: object, budget: int | None, fallback: str
+) -> dict | None:
+    """The plan simulated for 2 iterations under the budget with the net:
+    fit (alone / net / oom), iteration time, evictions (NOTE [ The safety net ])."""
+    if not plans:
+        return None
+    from memplan.comparison import FALLBACKS, Fit, fit_of, planned_jobs
+    from memplan.sim import simulate
+
+    sim = simulate(
+        planned_jobs(traces, plans),
+        device,
+        iterations=2,
+        budget=budget if budget is not None else device.hw.memory_bytes,
+        oom=FALLBACKS[fallback],
+        check=False,
+    )
+    jobs = sim.jobs
+    fit = fit_of(sim)
+    iteration = max(j.iteration_time_s for j in jobs)
+    evictions = sum(j.evictions for j in jobs)
+    verdict = {
+        Fit.ALONE: f"fits on its own, iteration {iteration * 1e3:.2f} ms",
+        Fit.NET: f"fits with the {fallback} net ({evictions} evictions), "
+        f"iteration {iteration * 1e3:.2f} ms",
+        Fit.OOM: "runs out of memory"
+        + ("" if fallback == "none" else f" even with the {fallback} net"),
+    }[fit]
+    return {
+        "fit": fit,
+        "fallback": fallback,
+        "iteration_time_s": None if fit == Fit.OOM else iteration,
+        "evictions": evictions,
+        "peak_bytes": sim.peak_bytes,
+        "verdict": verdict,
+    }
 
 
 def _jsonable(v: object) -> bool:

@@ -6,15 +6,14 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memplan.commands import machine
-from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core import io as plan_io
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
-from memplan.sim import Job, OomPolicy, SimResult, simulate
+from memplan.sim import Job, SimResult, simulate
 from memplan.traces import io
 from memplan.traces.io import atomic_write_bytes
 from memplan.traces.model import Trace
@@ -36,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "iteration time, peak memory, stalls and bytes moved per job."
         ),
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (.json or .json.gz), or zoo:NAME for shipped traces")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="trace files (.json or .json.gz), or zoo:NAME for shipped traces",
+    )
     machine.add_gpu(p)
     p.add_argument(
         "--plan",
@@ -52,10 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     machine.add_lanes(p)
     machine.add_budget(p)
     p.add_argument(
+        "--fallback",
         "--oom",
-        choices=[o.value for o in OomPolicy],
-        default="fail",
-        help="when an allocation does not fit: fail (default), stall, passive",
+        dest="fallback",
+        choices=("none", "fail", "stall", "passive", "dtr"),
+        default="none",
+        help="when an allocation does not fit: none (default; also 'fail': the job stops "
+        "out of memory), stall (wait for swap-outs in flight), passive (Capuchin's LRU "
+        "swapping to host) or dtr (DTR's eviction by cost / (bytes x staleness), "
+        "rematerialising by recompute or fetch); --oom is the old name",
     )
     p.add_argument(
         "--out",
@@ -94,10 +103,9 @@ def plans_for(sources: list[str], traces: list[Trace]) -> list[Plan]:
 
 def run(args: argparse.Namespace) -> int:
 
-    hw = machine.hardware(args)
-    latency = machine.latency_model(args.latency)
-    budget = machine.budget(args)
+    device = machine.device(args)
     traces = [io.load(p) for p in args.traces]
+    budget = machine.resolve_budget(args, traces, device)
     plans = plans_for(args.plan, traces)
     jobs = [
         Job(t, p, name=_job_name(path, t))
@@ -105,10 +113,10 @@ def run(args: argparse.Namespace) -> int:
     ]
     result = simulate(
         jobs,
-        DeviceModel(hw, latency, lanes=args.lanes),
+        device,
         iterations=args.iterations,
         budget=budget,
-        oom=args.oom,
+        oom="fail" if args.fallback == "none" else args.fallback,
     )
     summary = result.to_dict()
     summary["latency"] = args.latency
@@ -149,6 +157,13 @@ def _oom_text(at: tuple[int, int, int] | None) -> str:
     return f"iteration {it} " + ("start" if op < 0 else f"op {op}")
 
 
+def _net_text(j: Any) -> str:
+    """What the OOM policy did for the job: evictions and bytes, or '-'."""
+    if not j.net_used:
+        return "-"
+    return f"{j.evictions} ev, {format_bytes(j.evicted_bytes)}"
+
+
 def print_table(result: SimResult, latency: str) -> None:
     lanes = "1 shared lane" if len(result.lanes) == 1 else "2 lanes (h2d, d2h)"
     print(
@@ -164,7 +179,7 @@ def print_table(result: SimResult, latency: str) -> None:
         "recompute",
         "H2D",
         "D2H",
-        "passive",
+        "net",
         "OOM",
     )
     rows = [
@@ -177,7 +192,7 @@ def print_table(result: SimResult, latency: str) -> None:
             _ms(j.recompute_s),
             format_bytes(j.bytes_h2d),
             format_bytes(j.bytes_d2h),
-            str(j.passive_swaps),
+            _net_text(j),
             _oom_text(j.oom_at),
         )
         for j in result.jobs

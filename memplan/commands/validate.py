@@ -28,7 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the plan left every result bit-identical."
         ),
     )
-    p.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
+    p.add_argument(
+        "trace",
+        metavar="TRACE",
+        help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", metavar="PLAN", help="plan file (memplan.plan/1) for this trace")
     src.add_argument(

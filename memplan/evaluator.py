@@ -1,0 +1,76 @@
+"""The simulator as a search planner's evaluator (planners.core.evaluate).
+
+Planners never import `sim`; the app shell, which may import both, builds the
+`Evaluator` a search planner scores its candidates with and hands it over
+through `planners.registry.run(..., evaluator=...)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from memplan.hwmodels.device import DeviceModel
+from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove
+from memplan.planners.core.plan import Plan
+from memplan.sim import Job, SimResult, simulate
+from memplan.sim.log import LogKind
+from memplan.traces.model import Trace
+
+K = LogKind
+
+
+def sim_evaluator(
+    traces: Sequence[Trace], device: DeviceModel, budget: int, *, iterations: int = 2
+) -> Evaluator:
+    """An `Evaluator` simulating `traces` (one job each) on `device` under
+    `budget` for `iterations` iterations, plans unchecked (the planner checks
+    what it returns)."""
+
+    def evaluate(plans: Sequence[Plan], policy: str = "fail") -> Evaluation:
+        pairs = enumerate(zip(traces, plans, strict=True))
+        jobs = [Job(t, p, name=f"job{i}") for i, (t, p) in pairs]
+        sim = simulate(jobs, device, iterations=iterations, budget=budget, oom=policy, check=False)
+        return evaluation(sim)
+
+    return evaluate
+
+
+def evaluation(sim: SimResult) -> Evaluation:
+    """What a search planner reads from a simulated run."""
+    times = [j.iteration_time_s for j in sim.jobs]
+    oom_at = next(((j.index, *j.oom_at[:2]) for j in sim.jobs if j.oom_at is not None), None)
+    net_used = any(j.net_used for j in sim.jobs)
+    finished = not sim.oom and not any(math.isnan(t) for t in times)
+    return Evaluation(
+        fits=finished and not net_used,
+        iteration_s=sum(times) / len(times) if finished else math.inf,
+        peak_bytes=sim.peak_bytes,
+        iterations=max(len(j.iteration_times_s) for j in sim.jobs),
+        oom_at=oom_at,
+        net_used=net_used,
+        moves=net_moves(sim),
+    )
+
+
+def net_moves(sim: SimResult) -> tuple[NetMove, ...]:
+    """What the OOM policy did, from the log: evictions (passive's swap-out,
+    DTR's drop) and restores (an on-demand fetch, or a producer re-run,
+    restored for the next op the job starts: DTR's remakes, and the ops of
+    the plan's own recompute chains, which `plan_from_net` recognises)."""
+    out: list[NetMove] = []
+    pending: dict[int, list[tuple[int, int, int]]] = {}  # job -> (iteration, buffer, producer)
+    for e in sim.log:
+        kind = e.kind
+        if kind is K.EVICT_START:
+            out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, True))
+        elif kind is K.DROP:
+            out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, False))
+        elif kind is K.FETCH_START:
+            out.append(NetMove(e.job, e.iteration, "restore", e.op, e.buffer, True))
+        elif kind is K.RECOMPUTE_START:  # a remake, or an op of a plan's chain
+            pending.setdefault(e.job, []).append((e.iteration, e.buffer, e.op))
+        elif kind is K.OP_START and pending.get(e.job):
+            for it, b, producer in pending.pop(e.job):
+                out.append(NetMove(e.job, it, "restore", e.op, b, False, (producer,)))
+    return tuple(out)

@@ -1,0 +1,158 @@
+"""squeeze (planners/search): NOTE [ Squeeze ], NOTE [ From the net to a plan ],
+NOTE [ Batched acceptance ]."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.latency import Measured, Roofline
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners.core.check import check
+from memplan.planners.core.evaluate import Evaluation
+from memplan.planners.core.plan import Plan, Release, Status, SwapIn, SwapOut
+from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
+from memplan.planners.registry import run
+from memplan.planners.search.moves import Search, accept_batches, prune_moves
+from memplan.planners.search.netplan import plan_from_net
+from memplan.planners.search.squeeze import SqueezeOptions, squeeze
+from memplan.sim import Job, simulate
+from memplan.traces import synthetic
+from memplan.traces.io import fingerprint
+
+from memplan.evaluator import sim_evaluator
+from tests.planners.bruteforce import B, MiB, Step, tiny_hw, tiny_trace
+
+
+# ---- batched acceptance, against a stub evaluator --------------------------------------------
+def test_batches_keep_exactly_the_moves_that_keep_the_plan_fitting():
+    """Eight removable events, two of which the budget needs: the search must
+    end with exactly those two, in few evaluations (delta debugging: each bad
+    move costs about log2(8) = 3 splits)."""
+    events = tuple(Release(b, 0) for b in range(8))
+    needed = {events[2], events[5]}
+
+    def stub(plans):
+        evs = set(plans[0].events)
+        return Evaluation(
+            fits=needed <= evs, iteration_s=float(len(evs)), peak_bytes=0, iterations=2
+        )
+
+    plan = Plan("fp", events)
+    search = Search([plan], stub([plan]), stub, lambda: False)
+    moves = prune_moves([Plan("fp")], [plan], lambda j, e: 1.0, random.Random(0))
+    kept = accept_batches(search, moves, strict=False)
+    assert set(search.plans[0].events) == needed
+    assert kept == 6
+    assert search.evaluations <= 1 + 2 * 2 * 3
+
+
+def test_strict_batches_need_a_gain():
+    events = (Release(0, 0),)
+    stub_calls = []
+
+    def stub(plans):
+        stub_calls.append(plans)
+        return Evaluation(fits=True, iteration_s=1.0, peak_bytes=0, iterations=2)
+
+    plan = Plan("fp", events)
+    search = Search([plan], stub([plan]), stub, lambda: False)
+    moves = prune_moves([Plan("fp")], [plan], lambda j, e: 1.0, random.Random(0))
+    assert accept_batches(search, moves, strict=True) == 0
+    assert search.plans[0].events == events
+
+
+# ---- the net's choices as a plan, worked by hand ---------------------------------------------
+def _evict_case():
+    """X (buffer 0) is made by op 0, read by op 1 and op 4; A, C, D, E come and
+    go in between; every op takes 1 ms and every buffer is 2 MiB; the lane moves
+    1 MiB per ms. Under a 4 MiB budget op 2 (A and C) has no room for X: the
+    passive net evicts X there (after its last use, op 1) and fetches it back
+    for op 4."""
+    trace = tiny_trace(
+        [B(2), B(2), B(2), B(2), B(2)],
+        [Step((), (0,)), Step((0,), (1,)), Step((1,), (2,)), Step((2,), (3,)), Step((0,), (4,))],
+    )
+    return trace, DeviceModel(tiny_hw(), Measured())
+
+
+def test_the_net_evictions_become_a_swap_pair():
+    trace, device = _evict_case()
+    base = release_only_plan(trace)
+    ev = sim_evaluator([trace], device, 4 * MiB)([base], "passive")
+    assert ev.net_used and not ev.fits and ev.oom_at is None
+    plan, added = plan_from_net(trace, base, ev.moves, 0, ev.iterations - 1)
+    assert added == (SwapOut(0, 1, before_op=2), SwapIn(0, 3, 4))
+    check(plan, trace)
+    # op0 0-1, op1 1-2, X's copy out 2-4 (op 2 waits for it), op2 4-5, op3 5-6,
+    # X's copy in 6-8, op4 8-9: 9 ms, as the net took, and now without it
+    run_ = simulate([Job(trace, plan)], device, iterations=2, budget=4 * MiB)
+    job = run_.jobs[0]
+    assert not run_.oom and not job.net_used
+    assert job.iteration_times_s[0] == pytest.approx(9e-3)
+    witness = simulate([Job(trace, base)], device, iterations=2, budget=4 * MiB, oom="passive")
+    assert witness.jobs[0].iteration_times_s[0] == pytest.approx(9e-3)
+
+
+# ---- the planner ----------------------------------------------------------------------------
+DEV = DeviceModel(load_hardware("rtx-a6000"), Roofline())
+
+
+def test_squeeze_without_a_budget_or_an_evaluator_or_below_the_floor():
+    t = synthetic.chain(4)
+    free = squeeze([t], DEV)
+    assert free.status is Status.PLANNED and free.plans[0] == release_only_plan(t)
+    blind = squeeze([t], DEV, budget_bytes=int(t.peak("framework")[0] * 0.7))
+    assert blind.status is Status.STOPPED and "simulation" in blind.detail
+    below = squeeze([t], DEV, budget_bytes=1 * MiB, evaluator=sim_evaluator([t], DEV, 1 * MiB))
+    assert below.status is Status.INFEASIBLE
+
+
+@pytest.fixture(scope="module")
+def tight():
+    t = synthetic.residual(3, act_mib=8)
+    peak = simulate([Job(t, vanilla_plan(t))], DEV, iterations=2, budget=1 << 40).peak_bytes
+    budget = int(peak * 0.55)
+    opts = SqueezeOptions(max_evaluations=80, time_limit_s=600)
+    r = run(
+        "squeeze",
+        [t],
+        DEV,
+        budget_bytes=budget,
+        options=opts,
+        evaluator=sim_evaluator([t], DEV, budget),
+    )
+    return t, budget, opts, r
+
+
+def test_squeeze_fits_alone_and_beats_the_nets_and_the_seeds(tight):
+    t, budget, _opts, r = tight
+    assert r.status is Status.PLANNED, r.explain()
+    check(r.plans[0], t)
+    run_ = simulate([Job(t, r.plans[0])], DEV, iterations=3, budget=budget)
+    assert not run_.oom and not run_.jobs[0].net_used
+    mine = run_.jobs[0].iteration_time_s
+    for net in ("passive", "dtr"):
+        w = simulate([Job(t, release_only_plan(t))], DEV, iterations=3, budget=budget, oom=net)
+        if not w.oom:
+            assert mine <= w.jobs[0].iteration_time_s * (1 + 1e-9), net
+    for name in ("tensile", "capuchin", "checkpoint", "vdnn"):
+        seed = run(name, [t], DEV, budget_bytes=budget)
+        if not seed.plans:
+            continue
+        s = simulate([Job(t, seed.plans[0])], DEV, iterations=3, budget=budget, check=False)
+        if not s.oom and not s.jobs[0].net_used:
+            assert mine <= s.jobs[0].iteration_time_s * (1 + 1e-9), name
+
+
+def test_squeeze_is_deterministic_for_a_seed(tight):
+    t, budget, opts, r = tight
+    again = squeeze(
+        [t], DEV, budget_bytes=budget, options=opts, evaluator=sim_evaluator([t], DEV, budget)
+    )
+    assert again.plans == r.plans
+    assert again.stats["stopped_by"] != "time limit"
+    assert math.isfinite(again.stats["predicted_iteration_s"])
+    assert fingerprint(t) == r.plans[0].trace_fingerprint
