@@ -68,7 +68,7 @@ def cpsat_bound(trace: Any, device: Any, budget: int, limit: float) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from memplan.hwmodels.device import DeviceModel
-    from memplan.planners.analysis.bounds import bounds
+    from memplan.planners.analysis.bounds import Bounds, peak_lower_bound, time_lower_bound
     from memplan.planners.analysis.window_bound import time_bounds
     from memplan.traces import io
 
@@ -79,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     latency = machine.latency_model(args.latency)
     budget = machine.budget(args) or hw.memory_bytes
     device = DeviceModel(hw, latency, lanes=args.lanes)
-    b = bounds(trace, device, budget_bytes=budget)
     tb = time_bounds(trace, device, budget)
+    # time bounds count no workspace (the simulator allocates none); the peak does
+    single = tb.single_op or time_lower_bound(trace, device, budget, workspace=False)
+    b = Bounds(budget, peak_lower_bound(trace), single)
     solver = None
     if args.time_limit > 0 and b.time.feasible:
         solver = cpsat_bound(trace, device, budget, args.time_limit)

@@ -228,7 +228,10 @@ def time_lower_bound(
 def _row_time(
     compute: float, need: float, lane: np.ndarray, rec: np.ndarray, nbytes: np.ndarray
 ) -> float:
-    """The smallest time at which `need` bytes of these candidates can be off the device."""
+    """The smallest time at which `need` bytes of these candidates can be off
+    the device; inf if they hold fewer bytes than that."""
+    if nbytes[np.isfinite(lane) | np.isfinite(rec)].sum() < need * (1 - 1e-12):
+        return math.inf
     lc, lb = _by_ratio(lane, nbytes)
     rc, rb = _by_ratio(rec, nbytes)
     return _smallest_time(compute, need, lc, lb, rc, rb)
@@ -237,26 +240,47 @@ def _row_time(
 def _smallest_time(
     compute: float, need: float, lc: np.ndarray, lb: np.ndarray, rc: np.ndarray, rb: np.ndarray
 ) -> float:
-    """Smallest T >= compute with cover(lane, T) + cover(recompute, T - compute) >= need."""
+    """Smallest T >= compute with cover(lane, T) + cover(recompute, T - compute)
+    >= need (costs sorted by cost per byte). Both covers are piecewise linear
+    in T, so their sum is linear between the merged breakpoints: the answer
+    is found on the segment where the sum first reaches `need`."""
+    lane, rec = _curve(lc, lb), _curve(rc, rb)
 
-    def covered(t: float) -> float:
-        return _cover(lc, lb, t) + _cover(rc, rb, t - compute)
+    def covered(t: np.ndarray | float) -> np.ndarray:
+        return _on(lane, t) + _on(rec, np.asarray(t) - compute)
 
-    hi = compute + float(lc.sum()) + float(rc.sum())
-    if covered(hi) < need * (1 - 1e-12):
+    if float(covered(compute)) >= need:
+        return compute
+    knots = np.unique(np.concatenate([lane[0], rec[0] + compute]))
+    knots = knots[knots > compute]
+    if len(knots) == 0 or float(covered(knots[-1])) < need * (1 - 1e-12):
         return math.inf
-    lo = compute
-    if covered(lo) >= need:
-        return lo
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if covered(mid) >= need:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-12 * max(hi, 1e-9):
-            break
-    return hi
+    values = covered(knots)
+    i = int(np.searchsorted(values, need, side="left"))
+    if i == len(knots):  # within the tolerance above: the whole cover
+        return float(knots[-1])
+    t0 = compute if i == 0 else float(knots[i - 1])
+    v0 = float(covered(t0))
+    t1, v1 = float(knots[i]), float(values[i])
+    return t1 if v1 <= v0 else t0 + (need - v0) * (t1 - t0) / (v1 - v0)
+
+
+def _curve(cost: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(cumulative costs, cumulative bytes, free bytes) of a fractional
+    knapsack sorted by cost per byte: the bytes it covers as a function of
+    its budget, with the items that cost nothing apart (np.interp needs
+    increasing costs)."""
+    free = cost <= 0
+    c = np.concatenate([[0.0], np.cumsum(cost[~free])])
+    n = np.concatenate([[0.0], np.cumsum(nbytes[~free], dtype=np.float64)])
+    return c, n, float(nbytes[free].sum())
+
+
+def _on(curve: tuple[np.ndarray, np.ndarray, float], t: np.ndarray | float) -> np.ndarray:
+    """Bytes `curve` covers with budget `t` (none below 0)."""
+    c, n, free = curve
+    t = np.asarray(t, np.float64)
+    return np.where(t >= 0, np.interp(t, c, n) + free, 0.0)
 
 
 def bounds(

@@ -13,8 +13,10 @@ from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.traces.model import Trace
 
 # NOTE [ Absences ]
-# What every plan the simulator runs (NOTE [ Event semantics ] in
-# sim/model.py), under any OOM policy, must do in one iteration of one job.
+# What any plan the checker accepts (`planners.core.check`, which the
+# simulator runs first) must do in each iteration of one job when the
+# simulator runs it (NOTE [ Event semantics ] in sim/model.py), under any
+# OOM policy (`passive` and `dtr` evict by copies, drops and remakes).
 #
 # Gaps. A buffer x that lives across op k without being accessed by it is in
 # a gap (p, q) of its accesses p < k < q: consecutive accesses of one
@@ -37,10 +39,11 @@ from memplan.traces.model import Trace
 # at the first chain op that writes it, and that op cannot read x, which is
 # absent; DTR's remake re-runs x's producer). That kernel is one of the
 # chain's ops, on the compute stream. If the return is a copy, the host copy
-# it reads was made by a D2H copy of x that started after the last write of
-# x before the gap ended (a copy overlapping a write is stale), or after the
-# iteration started for an input (loaded without a host copy), and that
-# ended by iota, since x holds no bytes from iota to its return. A
+# it reads was made by a D2H copy of x that started after the last write w
+# of x up to p ended (a copy overlapping a write is stale; if nothing wrote
+# x, after x was made, or after the iteration started for an input, which is
+# loaded without a host copy) and that ended by iota, since x holds no bytes
+# from iota to its return. A
 # persistent buffer absent after a write of this iteration has such a D2H
 # copy whatever comes next: it cannot be recomputed (no op writing a
 # persistent buffer may be re-run), and the plan checker rejects a plan that

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, TimeUnit
 from memplan.planners.analysis.bounds import (
+    TimeBound,
     _budget,
     _compute_s,
     peak_lower_bound,
@@ -120,6 +121,7 @@ class TimeBounds:
     budget_bytes: int
     compute_s: float
     bounds: tuple[NamedBound, ...]
+    single_op: TimeBound | None = None  # its details, when some op is over the budget
 
     @property
     def best(self) -> NamedBound:
@@ -156,13 +158,14 @@ def time_bounds(trace: Trace, device: DeviceModel, budget_bytes: int) -> TimeBou
         return TimeBounds(budget_bytes, compute, (NamedBound(PEAK_FLOOR, math.inf, where),))
     out = [NamedBound(COMPUTE, compute, "every op once")]
     need = (trace.memory_curve("liveness") - budget_bytes).astype(np.float64)
-    if (need > 0).any():
-        single = time_lower_bound(trace, device, budget_bytes, workspace=False)
-        out.append(NamedBound(SINGLE_OP, single.seconds, _at(single.op)))
-        gaps = gap_table(trace, device)
-        out.append(split_bound(gaps, d, need, (single.op,) if single.op >= 0 else ()))
-        out.append(multi_op_bound(gaps, d, need, device.lanes))
-    return TimeBounds(budget_bytes, compute, tuple(out))
+    if not (need > 0).any():
+        return TimeBounds(budget_bytes, compute, tuple(out))
+    single = time_lower_bound(trace, device, budget_bytes, workspace=False)
+    out.append(NamedBound(SINGLE_OP, single.seconds, _at(single.op)))
+    gaps = gap_table(trace, device)
+    out.append(split_bound(gaps, d, need, (single.op,) if single.op >= 0 else ()))
+    out.append(multi_op_bound(gaps, d, need, device.lanes))
+    return TimeBounds(budget_bytes, compute, tuple(out), single)
 
 
 def best_time_bound(trace: Trace, device: DeviceModel, budget_bytes: int) -> BestBound:
