@@ -6,13 +6,17 @@ does it (`remake`). The pool that evicts by DTR's heuristic is `DtrPool` in
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import weakref
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from memplan.hwmodels.device import Direction
+import numpy as np
+from memplan.hwmodels.device import Direction, TimeUnit
+from memplan.planners.core.semantics import OpTable
 from memplan.sim.errors import SimError
 from memplan.sim.job import REL, CompiledJob
 from memplan.sim.state import ARRIVING, DEV, OFF, Gen, JobState
+from memplan.traces.model import Trace
 
 if TYPE_CHECKING:
     from memplan.sim.model import GpuModel
@@ -120,58 +124,44 @@ class RematTable:
 
     def __init__(self, c: CompiledJob, pcie: Pcie):
         t = c.trace
-        n, nb = t.n_ops, t.n_buffers
-        rp, rb = (a.tolist() for a in t.reads_csr)
-        writes, dur, nbytes = c.writes, c.durations, c.nbytes
-        created = t.created_at.tolist()
-        persistent = t.persistent.tolist()
-        freed = [min(f, n - 1) for f in t.freed_after.tolist()]
-        writers: list[list[int]] = [[] for _ in range(nb)]
-        for i in range(n):
-            for b in writes[i]:
-                writers[b].append(i)
-        released: list[list[int]] = [[] for _ in range(nb)]  # after_op, ascending
+        nb = t.n_buffers
+        pure, freed, persistent = _pure_ops(t)
+        released: dict[int, list[int]] = {}  # buffer -> after_op of its releases, ascending
         for group in c.triggers:
             for ev in group:
                 if ev[0] == REL:
-                    released[ev[1]].append(ev[6])
+                    released.setdefault(ev[1], []).append(ev[6])
         unloaded = set(t.exists_at_start.nonzero()[0].tolist()) - set(c.inputs) - set(c.persistent)
-
-        def first_after(ops: list[int], p: int) -> int:
-            k = bisect_right(ops, p - 1)  # the first at or after p (ops ascending)
-            return ops[k] if k < len(ops) else NEVER
-
         prod, limit = [-1] * nb, [-1] * nb
         inputs: list[tuple[int, ...]] = [()] * nb
-        for p in range(n):
-            outs = writes[p]
-            reads = tuple(rb[rp[p] : rp[p + 1]])
-            if not outs or t.ops[p].rng or any(created[w] != p or w in reads for w in outs):
-                continue
-            bound = NEVER
+        for p, reads, outs, bound, own in pure:
             for z in reads:
-                bound = min(bound, first_after(writers[z], p + 1))
-                if persistent[z]:
+                if persistent[z]:  # resident or on the host: its writes are in `bound`
                     continue
-                avail = -1 if z in unloaded else min(freed[z], first_after(released[z], p))
-                if prod[z] >= 0:
-                    avail = max(avail, limit[z])
-                bound = min(bound, avail)
-            for w in outs:
-                prod[w], inputs[w] = p, reads
-                limit[w] = min(bound, first_after(writers[w], p + 1))
+                avail = -1 if z in unloaded else freed[z]
+                rel = released.get(z)
+                if rel is not None:
+                    avail = min(avail, _first_at_or_after(rel, p))
+                if prod[z] >= 0 and limit[z] > avail:
+                    avail = limit[z]
+                if avail < bound:
+                    bound = avail
+            for w, next_write in zip(outs, own):
+                prod[w], inputs[w], limit[w] = p, reads, min(bound, next_write)
         self.prod = prod
         self.limit = limit
         self.inputs = inputs
-        self.droppable = [prod[b] >= 0 and limit[b] >= freed[b] for b in range(nb)]
-        self.redo = [dur[p] if p >= 0 else 0.0 for p in prod]
-        self.fetch = [pcie.full_speed_us(m, Direction.H2D) for m in nbytes]
-        self.swap = [pcie.full_speed_us(m, Direction.D2H) + h for m, h in zip(nbytes, self.fetch)]
+        self.droppable = [x >= 0 and limit[b] >= freed[b] for b, x in enumerate(prod)]
+        dur = c.durations
+        self.redo = [dur[x] if x >= 0 else 0.0 for x in prod]
+        m = t.nbytes
+        fetch = pcie.device.copy_time(m, Direction.H2D, TimeUnit.US)
+        swap = fetch + pcie.device.copy_time(m, Direction.D2H, TimeUnit.US)
+        per = np.divide(1.0, m, out=np.zeros(nb), where=m > 0)  # 0 for an empty buffer
+        self.fetch, self.swap = fetch.tolist(), swap.tolist()
         # the same per byte, what the pool's scan divides by staleness
-        per = [1.0 / m if m else 0.0 for m in nbytes]
-        self.redo_pb = [c * k for c, k in zip(self.redo, per)]
-        self.fetch_pb = [c * k for c, k in zip(self.fetch, per)]
-        self.swap_pb = [c * k for c, k in zip(self.swap, per)]
+        self.redo_pb = (np.array(self.redo) * per).tolist()
+        self.fetch_pb, self.swap_pb = (fetch * per).tolist(), (swap * per).tolist()
 
     def remakeable(self, b: int, i: int) -> bool:
         """`b` can be remade by re-running its producer before op `i`."""
@@ -203,6 +193,45 @@ class RematTable:
             if total > cap:
                 return float("inf")
         return total
+
+
+def _first_at_or_after(ops: list[int], p: int) -> int:
+    """The first of ascending `ops` at or after `p` (NEVER if none)."""
+    k = bisect_left(ops, p)
+    return ops[k] if k < len(ops) else NEVER
+
+
+_PURE: weakref.WeakKeyDictionary[Trace, tuple] = weakref.WeakKeyDictionary()
+
+
+def _pure_ops(t: Trace) -> tuple[list[tuple], list[int], list[bool]]:
+    """What of NOTE [ DTR ] depends on the trace alone, once per trace object:
+    per pure op p (in order) (p, what it reads, what it writes, the first op
+    after p writing one of its inputs, per output the first op after p
+    writing it); per buffer the op after which the framework frees it, and
+    whether it is persistent."""
+    hit = _PURE.get(t)
+    if hit is not None:
+        return hit
+    table = OpTable.of(t)
+    n, nb = t.n_ops, t.n_buffers
+    rp, rb = (a.tolist() for a in t.reads_csr)
+    created = t.created_at.tolist()
+    writers: list[list[int]] = [[] for _ in range(nb)]
+    for i, ws in enumerate(table.writes):
+        for b in ws:
+            writers[b].append(i)
+    pure = []
+    for p, outs in enumerate(table.writes):
+        reads = tuple(rb[rp[p] : rp[p + 1]])
+        if not outs or t.ops[p].rng or any(created[w] != p or w in reads for w in outs):
+            continue
+        bound = min((_first_at_or_after(writers[z], p + 1) for z in reads), default=NEVER)
+        own = tuple(_first_at_or_after(writers[w], p + 1) for w in outs)
+        pure.append((p, reads, outs, bound, own))
+    freed = [min(f, n - 1) for f in t.freed_after.tolist()]
+    hit = _PURE[t] = (pure, freed, t.persistent.tolist())
+    return hit
 
 
 def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
