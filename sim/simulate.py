@@ -37,8 +37,8 @@ def simulate(
     - `iterations`: per job, unless the job says otherwise.
     - `budget`: device bytes the jobs may use (default: the profile's
       `memory_bytes`).
-    - `oom`: what an allocation that does not fit does -- "fail", "stall" or
-      "passive" (NOTE [ Out of memory ] in `sim/memory.py`).
+    - `oom`: what an allocation that does not fit does -- "fail", "stall",
+      "passive" or "dtr" (NOTE [ Out of memory ] in `sim/memory.py`).
     - `seed`: recorded in the result; the model itself is deterministic (ties
       are broken by job index and plan order), so the same inputs always give
       the same result.

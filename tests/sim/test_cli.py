@@ -89,7 +89,7 @@ def test_table_and_report_folder(files, capsys):
     lines = out.splitlines()
     assert lines[0] == "hand-gpu: 2 lanes (h2d, d2h), budget 8.00 MiB, oom fail, latency measured"
     assert lines[1].split() == [
-        "job", "name", "iteration", "peak", "stall", "recompute", "H2D", "D2H", "passive", "OOM"
+        "job", "name", "iteration", "peak", "stall", "recompute", "H2D", "D2H", "net", "OOM"
     ]  # fmt: skip
     assert lines[2].split()[:4] == [
         "0",
