@@ -257,7 +257,12 @@ class _Split:
                 t, v = _golden(f, 0.0, 1.0)
                 if v > value:
                     x[axis], value = t, v
-        return value, f"{('start', 'end')[row]} of op {self.k}"
+        where = f"{('start', 'end')[row]} of op {self.k}"
+        if s >= 0:
+            where += f", copies out after op {s}"
+        if r < self.n:
+            where += f", back before op {r}"
+        return value, where
 
 
 def _min_cover(cost: np.ndarray, nbytes: np.ndarray, need: float) -> np.ndarray:
