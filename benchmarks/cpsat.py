@@ -22,7 +22,7 @@ hide behind compute), shipped traces with the roofline model.
 
 `--solve-times` instead times CP-SAT alone on the synthetic steps of at most
 60 ops (the issue's "proves optimality within 10 s") at a tight (50%) and a
-loose (75%) budget, hint from TENSILE as by default, and prints each status
+loose (75%) budget, hint from the best heuristic as by default, and prints each status
 and wall time with their median and worst.
 """
 

@@ -21,6 +21,7 @@ from memplan.planners.cpsat.readout import modes_from_plans
 from memplan.planners.cpsat.solution import keep_all
 from memplan.planners.cpsat.solve import SolveOutcome, fix_modes, solve, time_left
 from memplan.planners.cpsat.spec import KEEP, ModelSpec, Solution
+from memplan.planners.cpsat.timing import plan_timing
 from memplan.traces.errors import MemplanError
 from memplan.traces.model import Trace
 
@@ -181,8 +182,11 @@ def _repair(
     only the gaps it moves are free (their modes then fixed), with one
     segment per hot op, since its holes need not fill blocks."""
     modes, rec_at = modes_from_plans(data, result.plans)
+    start = plan_timing(data, modes, rec_at, result.plans)
+    if start is not None:  # (a swap that leaves no hole there is kept)
+        modes, rec_at = list(start.mode), list(start.rec_at)
     moved = frozenset(g.id for g in data.gaps if modes[g.id] != KEEP)
     repair = replace(spec, soft=True, block=1, free=moved, incumbent=keep_all(data))
     bm = build(data, repair)
     fix_modes(bm, modes, rec_at)
-    return solve(bm, opts, time_limit_s, keep_all(data), f"cpsat hint ({name})")
+    return solve(bm, opts, time_limit_s, start or keep_all(data), f"cpsat hint ({name})")

@@ -95,19 +95,25 @@ def add_hint(bm: BuiltModel, sol: Solution) -> None:
 
 
 def row_excess(bm: BuiltModel, sol: Solution) -> list[int]:
-    """Per hot position, the units by which `sol` exceeds the memory cap."""
+    """Per hot position, the units by which `sol` exceeds the memory cap, in
+    its row or, where an op waits for copy-outs, in its wait row (NOTE
+    [ Swap-out deadlines in the model ] in cpsat/model.py)."""
     data, unit = bm.data, bm.objective_unit
     absent = absent_bytes(data, sol) // unit
-    mem0 = data.mem0[data.hot]
-    cap = bm.spec.budget // unit
-    if bm.peak is not None:
-        return [
-            max(0, -(-int(x) // unit) - int(a) - cap) for x, a in zip(mem0, absent, strict=True)
-        ]
-    return [
-        max(0, -(-(int(x) - bm.spec.budget) // unit) - int(a))
-        for x, a in zip(mem0, absent, strict=True)
-    ]
+    back = np.zeros(len(data.hot), np.int64)
+    for g in data.gaps:
+        if sol.mode[g.id] == SWAP and sol.wait[g.id]:
+            back[g.hot_idx[0]] += int(data.nbytes[g.buffer]) // unit
+    peak = bm.peak is not None
+    cap = 0 if peak else bm.spec.budget
+    top = bm.spec.budget // unit if peak else 0  # the peak variable's largest value
+    out = []
+    mem0, created = data.mem0[data.hot].tolist(), data.created[data.hot].tolist()
+    for x, c, a, w in zip(mem0, created, absent.tolist(), back.tolist(), strict=True):
+        row = -(-(x - cap) // unit) - a - top
+        wait_row = -(-(x - c - cap) // unit) - a + w - top if w else row
+        out.append(max(0, row, wait_row))
+    return out
 
 
 def read_solution(

@@ -30,13 +30,19 @@ from memplan.planners.core.plan import (
 )
 from memplan.planners.cpsat import hints
 from memplan.planners.cpsat.data import INEXACT_MARGIN, build_data
-from memplan.planners.cpsat.model import Objective
+from memplan.planners.cpsat.model import Objective, build
 from memplan.planners.cpsat.outcome import result
 from memplan.planners.cpsat.planner import CpsatOptions, cpsat
+from memplan.planners.cpsat.readout import modes_from_plans
+from memplan.planners.cpsat.solution import add_hint, keep_all
+from memplan.planners.cpsat.solve import fix_modes
+from memplan.planners.cpsat.spec import KEEP, SWAP, ModelSpec
+from memplan.planners.cpsat.timing import plan_timing
 from memplan.planners.registry import PlannerSpec
 from memplan.sim import Job, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
+from ortools.sat.python import cp_model
 
 from tests.planners.bruteforce import (
     MS,
@@ -251,6 +257,32 @@ def test_the_hint_is_the_fastest_plan_that_fits_of_any_planner(monkeypatch):
     assert r.stats["hint"].startswith("recomputes_c")
     assert r.stats["hint_iteration_s"] == pytest.approx(0.008, abs=NS / 10)
     assert r.stats["iteration_time_s"] == pytest.approx(0.008, abs=NS / 10)
+
+
+@pytest.mark.parametrize(("planner", "seed", "frac"), [("vdnn", 3, 0.5), ("capuchin", 2, 0.6)])
+def test_another_planners_swaps_timed_forward_are_a_solution_of_the_model(planner, seed, frac):
+    # A hint's decisions timed after the plan's own triggers (cpsat/timing.py),
+    # ops waiting for the copy-outs the plan set deadlines on: every variable
+    # fixed to that timing, the model (soft budget, as a hint is completed)
+    # accepts it as it is -- the solver needs no search for a first timing
+    t = random_dag(60, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
+    device = DeviceModel(tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096), Measured())
+    budget = int(frac * t.peak("liveness")[0])
+    res = registry.run(planner, [t], device, budget_bytes=budget)
+    data = build_data(t, device, budget, chain_depth=64)
+    modes, rec_at = modes_from_plans(data, res.plans)
+    sol = plan_timing(data, modes, rec_at, res.plans)
+    assert sum(m == SWAP for m in sol.mode) >= 10 and sum(sol.wait) >= 10
+    moved = frozenset(g.id for g in data.gaps if sol.mode[g.id] != KEEP)
+    spec = ModelSpec(Objective.TIME, budget, soft=True, free=moved, incumbent=keep_all(data))
+    bm = build(data, spec)
+    fix_modes(bm, sol.mode, sol.rec_at)
+    add_hint(bm, sol)
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.num_workers = 1
+    assert solver.solve(bm.model) == cp_model.OPTIMAL
+    assert [solver.value(e) for e in bm.end] == list(sol.end)
 
 
 def test_cross_iteration_swap_of_a_parameter():
