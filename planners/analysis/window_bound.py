@@ -84,12 +84,13 @@ SINGLE_OP, SPLIT, MULTI_OP, COMPUTE, PEAK_FLOOR = (
 )
 TIE = 1e-6  # relative: bounds this close name the simpler argument
 MAX_ROWS = 128  # ops whose need the multi-op cover keeps
-SPLIT_OPS = 48  # ops the split bound tries on a coarse grid of (b1, b2)
+SPLIT_OPS = 48  # ops the split bound screens on a coarse grid of (b1, b2)
+SPLIT_SCANNED = 16  # of those, how many it tries at more (s, r)
 SPLIT_REFINED = 4  # of those, how many it refines
 REFINE_ROUNDS = 2  # rounds of coordinate ascent in a refinement
-POINTS = 3  # values of s and of r (besides the iteration's ends) a search tries
-# the coarse grid of dual weights, dense near 0: copies are dear next to compute
-COARSE = np.array([0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+POINTS = 2  # values of s and of r (besides the iteration's ends) a search tries
+# the screening grid of dual weights, dense near 0: copies are dear next to compute
+SCREEN = np.array([0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
 COST_SCALE = 1e16  # integer cost units per second in the min-cost flow
 GOLDEN_STEPS = 18  # a bracket of 0.618^18 ~ 2e-4
 MAX_UNIT = 1 << 40  # largest integer cost per byte (clipped down: still a bound)
@@ -184,24 +185,26 @@ def split_bound(
     gaps: Gaps, d: np.ndarray, need: np.ndarray, also: tuple[int, ...] = ()
 ) -> NamedBound:
     """The split bound of NOTE [ Window bounds ] at the best op, instant and
-    (s, r) tried: every hot op if few, else the largest needs, a spread of
-    the others and the ops in `also`, screened on a coarse grid of (b1, b2)
-    with s and r at the iteration's ends; the best few searched further."""
+    (s, r) tried, in three rounds on fewer and fewer ops: every hot op if few,
+    else the largest needs, a spread of the others and the ops in `also`, on
+    a coarse grid of (b1, b2) at a few (s, r) (`_Split.tight`); the best of
+    them at more (s, r); the best of those refined by golden sections."""
     hot = np.flatnonzero(need > 0)
     ops = np.unique(np.concatenate([_pick(hot, need, SPLIT_OPS), np.asarray(also, np.int64)]))
     before = np.concatenate([[0.0], np.cumsum(d)])  # seconds of ops 0..k-1
-    b1, b2 = (a.ravel() for a in np.meshgrid(COARSE, COARSE))
-    tried = []
-    for k in ops.tolist():
-        sp = _Split(gaps, k, float(need[k]), before)
-        tried.append((float(sp.values(b1, b2, -1, sp.n).max()), k))
-    tried.sort(reverse=True)
+    splits = [_Split(gaps, k, float(need[k]), before) for k in ops.tolist()]
+    ranked = sorted(((sp.scan(sp.pairs(0)), sp) for sp in splits), key=lambda x: -x[0][0])
+    ranked = [(sp.scan(sp.pairs(POINTS)), sp) for _, sp in ranked[:SPLIT_SCANNED]]
+    ranked.sort(key=lambda x: -x[0][0])
     best, where = -math.inf, ""
-    for _, k in tried[:SPLIT_REFINED]:
-        v, where_k = _Split(gaps, k, float(need[k]), before).search()
+    for start, sp in ranked[:SPLIT_REFINED]:
+        v, where_k = sp.refine(start)
         if v > best:
             best, where = v, where_k
     return NamedBound(SPLIT, best, where)
+
+
+Start = tuple[float, int, float, float, int, int]  # value, row, b1, b2, s, r
 
 
 class _Split:
@@ -214,37 +217,45 @@ class _Split:
         self.nbytes, self.written, self.back = gaps.nbytes[g], gaps.written[g], gaps.before[g]
         self.k, self.n, self.need, self.before = k, gaps.n_ops, need, before
 
-    def values(self, b1: np.ndarray, b2: np.ndarray, s: int, r: int) -> np.ndarray:
-        """float64[2, len(b1)]: the bound at both instants for each (b1, b2);
-        -1 <= s < k, k < r <= n."""
-        out = self.d2h * (self.written >= s)
-        back = self.h2d * (self.back <= r)
-        cost = np.minimum(b1[:, None] * out + b2[:, None] * back, _times(1 - b2[:, None], self.rec))
-        cover = _min_cover(cost, self.nbytes, self.need)
-        total, upto_s, from_r = (
-            self.before[-1],
-            self.before[s + 1],
-            self.before[-1] - self.before[r],
-        )
-        rows = []
-        for cut in (self.before[self.k], self.before[self.k + 1]):
-            rows.append((1 - b1) * cut + b1 * upto_s + (1 - b2) * (total - cut) + b2 * from_r)
-        return np.stack(rows) + cover
+    def tight(self) -> tuple[int, int]:
+        """(s, r) that make the lane terms tight if every gap went by the lane:
+        the last write after which, and the first access before which, the
+        copied gaps hold `need` bytes (-1 and n if none do)."""
+        out = (self.d2h > 0) & (self.written >= 0) & (self.written < self.k)
+        order = np.argsort(-self.written[out], kind="stable")
+        i = np.searchsorted(np.cumsum(self.nbytes[out][order]), self.need)
+        s = int(self.written[out][order][i]) if i < len(order) else -1
+        back = (self.h2d > 0) & (self.back < self.n)
+        order = np.argsort(self.back[back], kind="stable")
+        i = np.searchsorted(np.cumsum(self.nbytes[back][order]), self.need)
+        r = int(self.back[back][order][i]) if i < len(order) else self.n
+        return s, r
 
-    def search(self) -> tuple[float, str]:
-        """The largest bound met: the coarse grid over a few (s, r), then
-        coordinate ascent (golden sections on b1 and b2 in turn) from the best."""
-        b1, b2 = (a.ravel() for a in np.meshgrid(COARSE, COARSE))
+    def pairs(self, points: int) -> set[tuple[int, int]]:
+        """(s, r) to try: the iteration's ends, `tight`, and `points` more of
+        each spread over the writes and accesses of the gaps."""
+        s_t, r_t = self.tight()
         starts = np.unique(self.written[(self.d2h > 0) & (self.written >= 0)])
         backs = np.unique(self.back[(self.h2d > 0) & (self.back < self.n)])
-        best = (-math.inf, 0, 0.0, 0.0, -1, self.n)
-        for s in (-1, *_spread(starts[starts < self.k], POINTS)):
-            for r in (self.n, *_spread(backs, POINTS)):
-                v = self.values(b1, b2, s, r)
-                row, i = np.unravel_index(int(np.argmax(v)), v.shape)
-                if v[row, i] > best[0]:
-                    best = (float(v[row, i]), int(row), float(b1[i]), float(b2[i]), s, r)
-        value, row, x1, x2, s, r = best
+        ss = {-1, s_t, *_spread(starts[starts < self.k], points)}
+        rs = {self.n, r_t, *_spread(backs, points)}
+        return {(s, r) for s in ss for r in rs}
+
+    def scan(self, pairs: set[tuple[int, int]]) -> Start:
+        """The best bound on the screening grid over `pairs`."""
+        b1, b2 = (a.ravel() for a in np.meshgrid(SCREEN, SCREEN))
+        best: Start = (-math.inf, 0, 0.0, 0.0, -1, self.n)
+        for s, r in sorted(pairs):
+            v = self.values(b1, b2, s, r)
+            row, i = np.unravel_index(int(np.argmax(v)), v.shape)
+            if v[row, i] > best[0]:
+                best = (float(v[row, i]), int(row), float(b1[i]), float(b2[i]), s, r)
+        return best
+
+    def refine(self, start: Start) -> tuple[float, str]:
+        """The largest bound met by coordinate ascent (golden sections on b1
+        and b2 in turn) from `start`, and where it is."""
+        value, row, x1, x2, s, r = start
         x = [x1, x2]
         for _ in range(REFINE_ROUNDS):
             for axis in (0, 1):
@@ -263,6 +274,23 @@ class _Split:
         if r < self.n:
             where += f", back before op {r}"
         return value, where
+
+    def values(self, b1: np.ndarray, b2: np.ndarray, s: int, r: int) -> np.ndarray:
+        """float64[2, len(b1)]: the bound at both instants for each (b1, b2);
+        -1 <= s < k, k < r <= n."""
+        out = self.d2h * (self.written >= s)
+        back = self.h2d * (self.back <= r)
+        cost = np.minimum(b1[:, None] * out + b2[:, None] * back, _times(1 - b2[:, None], self.rec))
+        cover = _min_cover(cost, self.nbytes, self.need)
+        total, upto_s, from_r = (
+            self.before[-1],
+            self.before[s + 1],
+            self.before[-1] - self.before[r],
+        )
+        rows = []
+        for cut in (self.before[self.k], self.before[self.k + 1]):
+            rows.append((1 - b1) * cut + b1 * upto_s + (1 - b2) * (total - cut) + b2 * from_r)
+        return np.stack(rows) + cover
 
 
 def _min_cover(cost: np.ndarray, nbytes: np.ndarray, need: float) -> np.ndarray:
@@ -354,13 +382,20 @@ def _one_per_epoch(epoch: np.ndarray, width: np.ndarray) -> np.ndarray:
 
 
 def _pick(hot: np.ndarray, need: np.ndarray, most: int) -> np.ndarray:
-    """At most `most` of the ops `hot`: all if few, else the half with the
-    largest need and a spread of the rest (any subset gives a bound)."""
+    """At most `most` of the ops `hot`: all if few, else a quarter of the
+    peaks of `need` that need the most, a quarter of those that stand out
+    most from their neighbours (a temporary's spike), and a spread of the
+    rest (any subset gives a bound)."""
     if len(hot) <= most:
         return hot
-    top = hot[np.argsort(-need[hot], kind="stable")[: most // 2]]
-    spread = hot[np.linspace(0, len(hot) - 1, most - most // 2).astype(np.int64)]
-    return np.unique(np.concatenate([top, spread]))
+    padded = np.concatenate([[-np.inf], need, [-np.inf]])
+    above = need[hot] - np.maximum(padded[hot], padded[hot + 2])
+    peaks, above = hot[above >= 0], above[above >= 0]
+    high = peaks[np.argsort(-need[peaks], kind="stable")[: most // 4]]
+    spiky = peaks[np.argsort(-above, kind="stable")[: most // 4]]
+    chosen = np.union1d(high, spiky)
+    spread = hot[np.linspace(0, len(hot) - 1, most - len(chosen)).astype(np.int64)]
+    return np.union1d(chosen, spread)
 
 
 def _spread(values: np.ndarray, most: int) -> list[int]:
