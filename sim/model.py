@@ -25,8 +25,8 @@ from memplan.sim.memory import MemoryPool, OutOfMemory, PassivePool, StallPool
 from memplan.sim.pcie import Pcie
 from memplan.sim.remat import remake
 from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Gen, JobState, OomPolicy
+from memplan.sim.stream import ComputeStream
 from simpy.core import EmptySchedule
-from simpy.resources.resource import Request
 
 K = LogKind
 POOLS: dict[OomPolicy, type[MemoryPool]] = {
@@ -169,7 +169,7 @@ class GpuModel:
     ):
         env = self.env = simpy.Environment()
         self.n_events = 0
-        self.compute = simpy.Resource(env, capacity=1)
+        self.compute = ComputeStream(env)
         self.shared = len(jobs) > 1  # alone, a job never queues for compute
         self.pcie = Pcie(env, device)
         self.policy = oom
@@ -264,8 +264,7 @@ class GpuModel:
                 try:
                     yield req
                 except simpy.Interrupt:  # the job stopped while queued
-                    req.cancel()
-                    compute.release(req)
+                    compute.cancel(req)
                     raise
             log(new(LogEntry, (env.now, j, it, start, i, -1, -1)))
             for b in writes[i]:  # a copy overlapping the write in any way is stale
@@ -278,7 +277,7 @@ class GpuModel:
                 yield from self._hold(kernel, req if shared else None)
                 raise
             if shared:
-                compute.release(req)
+                compute.release()
             log(new(LogEntry, (env.now, j, it, end, i, -1, -1)))
             for b in writes[i]:
                 host[b] = False
@@ -291,12 +290,12 @@ class GpuModel:
         s.iter_end_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_END))
 
-    def _hold(self, kernel: simpy.Event, req: Request | None) -> Gen:
+    def _hold(self, kernel: simpy.Event, req: simpy.Event | None) -> Gen:
         """The job stopped while its kernel runs: the kernel holds the compute
         stream until it ends (NOTE [ Stopping a job ])."""
         yield kernel
         if req is not None:
-            self.compute.release(req)
+            self.compute.release()
 
     def _await_copies(self, s: JobState, waits: list[tuple[int, simpy.Event]], i: int) -> Gen:
         """The swap-ins due before op `i`, and the swap-outs with it as deadline."""
@@ -384,8 +383,7 @@ class GpuModel:
             try:
                 yield req
             except simpy.Interrupt:
-                req.cancel()
-                self.compute.release(req)
+                self.compute.cancel(req)
                 raise
         self.mem.touch(s, s.c.accs[k])
         self.log.append(LogEntry(env.now, j, s.iteration, K.RECOMPUTE_START, k, target))
@@ -396,7 +394,7 @@ class GpuModel:
             yield from self._hold(kernel, req)
             raise
         if req is not None:
-            self.compute.release(req)
+            self.compute.release()
         self.log.append(LogEntry(env.now, j, s.iteration, K.RECOMPUTE_END, k, target))
         s.recompute_us += s.dur[k]
         return s.dur[k]
