@@ -11,7 +11,8 @@ call, then the median of 5 calls, each after a `gc.collect()` so that a
 collection of earlier garbage does not land in it; the figures are the median of those over
 rounds, and the ratio is new / old (below 1: the new code is faster). The subprocess for REV imports
 only REV's code (this checkout's editable-install finder is removed from
-`sys.meta_path` there), whichever API generation REV has.
+`sys.meta_path` there, and for a REV with the `memplan.<layer>` layout a
+finder maps those names onto REV's folders), whichever API generation REV has.
 
 Workloads, on the shipped traces with roofline latencies on rtx-a6000, one job:
 - sim: `simulate` of resnet50 for 3 iterations under release_only (plans
@@ -37,13 +38,33 @@ DEFAULT_REV = "0f2f132"
 
 # Runs inside the subprocess, with the code root as argv[1] and the workload as argv[2].
 PROBE = r"""
-import gc, json, sys, time
+import gc, json, os, sys, time
 root, only, isolate = sys.argv[1], sys.argv[2], sys.argv[3] == "isolate"
 if isolate:  # REV's code only: drop this checkout's editable-install finder
     sys.meta_path = [
         f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
     ]
 sys.path.insert(0, root)
+if isolate and os.path.exists(os.path.join(root, "traces", "__init__.py")) and os.path.exists(
+        os.path.join(root, "memplan", "__init__.py")):
+    # REV has the memplan.<layer> layout (package-dir): map it onto REV's folders
+    import importlib.util
+    LAYERS = ("traces", "hwmodels", "planners", "sim", "validate")
+    class Layout:
+        def find_spec(self, name, path=None, target=None):
+            parts = name.split(".")
+            if parts[0] != "memplan":
+                return None
+            rest = parts[1:]
+            base = [root, rest[0]] + rest[1:] if rest and rest[0] in LAYERS else [root, "memplan", *rest]
+            loc = os.path.join(*base)
+            if os.path.exists(os.path.join(loc, "__init__.py")):
+                return importlib.util.spec_from_file_location(
+                    name, os.path.join(loc, "__init__.py"), submodule_search_locations=[loc])
+            if os.path.exists(loc + ".py"):
+                return importlib.util.spec_from_file_location(name, loc + ".py")
+            return None
+    sys.meta_path.insert(0, Layout())
 try:
     from memplan.hwmodels.device import DeviceModel
     from memplan.hwmodels.latency import Roofline
