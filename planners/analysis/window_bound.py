@@ -186,9 +186,9 @@ def split_bound(
 ) -> NamedBound:
     """The split bound of NOTE [ Window bounds ] at the best op, instant and
     (s, r) tried, in three rounds on fewer and fewer ops: every hot op if few,
-    else the largest needs, a spread of the others and the ops in `also`, on
-    a coarse grid of (b1, b2) at a few (s, r) (`_Split.tight`); the best of
-    them at more (s, r); the best of those refined by golden sections."""
+    else those `_pick` chooses and the ops in `also`, on a coarse grid of
+    (b1, b2) at a few (s, r) (`_Split.tight`); the best of them at more
+    (s, r); the best of those refined by golden sections."""
     hot = np.flatnonzero(need > 0)
     ops = np.unique(np.concatenate([_pick(hot, need, SPLIT_OPS), np.asarray(also, np.int64)]))
     before = np.concatenate([[0.0], np.cumsum(d)])  # seconds of ops 0..k-1
