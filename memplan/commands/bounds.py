@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     trace = io.load(args.trace)
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)
-    budget = machine.budget(args) or hw.memory_bytes
     device = DeviceModel(hw, latency, lanes=args.lanes)
+    budget = machine.resolve_budget(args, [trace], device) or hw.memory_bytes
     tb = time_bounds(trace, device, budget)
     # time bounds count no workspace (the simulator allocates none); the peak does
     single = tb.single_op or time_lower_bound(trace, device, budget, workspace=False)

@@ -99,3 +99,10 @@ def test_a_plan_the_simulator_runs_out_on_never_fits(monkeypatch):
         c = compare_planners([trace], DEV, ["boastful"], budget_fraction=0.5, fallback=fallback)
         (row,) = c.rows
         assert row.fit == fit and not row.feasible
+
+
+def test_bounds_take_a_share_of_the_vanilla_peak(capsys):
+    argv = ["bounds", RESNET, "--gpu", "rtx-a6000", "--time-limit", "0", "--json"]
+    assert main([*argv, "--budget", "50%"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget_bytes"] == vanilla_peak([io.load(RESNET)], DEV) // 2
