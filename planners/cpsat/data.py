@@ -97,7 +97,9 @@ class Gap:
     between: if one of them was swapped, the host copy is still valid and this
     gap needs no D2H copy. `rec_points` are where it may be recomputed by
     re-running `recompute_op` (NOTE [ Recompute chains ] in cpsat/chains.py),
-    its own access `c` last; none if it may not."""
+    its own access `c` last; none if it may not. `temp_bytes` are the
+    producer's other outputs, allocated while it re-runs and freed after
+    (NOTE [ Recompute ] in cpsat/model.py)."""
 
     id: int
     buffer: int
@@ -110,6 +112,7 @@ class Gap:
     epoch_prev: tuple[int, ...]
     recompute_op: int = -1
     rec_points: tuple[RecPoint, ...] = ()
+    temp_bytes: int = 0  # the producer's other outputs, made for the recomputation only
     job: int = 0
 
     @property
@@ -325,6 +328,7 @@ def _gaps(
             prev = by_buffer.setdefault(r.buffer, [])
             epoch = tuple(base + x for x in prev if _same_epoch(trace, writes, raws[x], r))
             rec_op = -1 if several else _producer(trace, writes, r)
+            temps = writes[rec_op] - {r.buffer} if rec_op >= 0 else set()
             gaps.append(
                 Gap(
                     id=base + i,
@@ -337,6 +341,7 @@ def _gaps(
                     hot_idx=tuple(range(i0, i1)),
                     epoch_prev=epoch,
                     recompute_op=rec_op,
+                    temp_bytes=int(trace.nbytes[list(temps)].sum()) if temps else 0,
                     job=j,
                 )
             )
@@ -358,15 +363,19 @@ def _same_epoch(trace: Trace, writes: list[set[int]], early: _Raw, late: _Raw) -
 
 def _producer(trace: Trace, writes: list[set[int]], r: _Raw) -> int:
     """The op that may re-make `r`'s buffer for its next access, or -1: a
-    WITHIN gap of an activation whose producer writes only it, does not read
-    it, draws no random numbers, and which nothing rewrites before the gap
-    ends. Its sources are NOTE [ Recompute chains ]'s business."""
+    WITHIN gap of an activation whose producer draws no random numbers,
+    reads none of what it writes, writes no persistent buffer (its other
+    outputs are temporaries of the recomputation, `Gap.temp_bytes`), and
+    which nothing rewrites before the gap ends. Its sources are NOTE
+    [ Recompute chains ]'s business."""
     b = r.buffer
     if r.kind is not GapKind.WITHIN or trace.persistent[b] or trace.exists_at_start[b]:
         return -1
     p = int(trace.created_at[b])
     op = trace.ops[p]
-    if op.rng or writes[p] != {b} or b in trace.op_reads(p).tolist():
+    if op.rng or writes[p] & set(trace.op_reads(p).tolist()):
+        return -1
+    if any(trace.persistent[w] for w in writes[p]):
         return -1
     acc = trace.accesses_of(b)
     if any(b in writes[k] for k in acc[(acc > p) & (acc < r.c)].tolist()):

@@ -119,6 +119,40 @@ def add_memory(bm: BuiltModel, free: list[bool]) -> None:
         k = bm.excess_step
         need_w = [x - k * o for x, o in zip(need_w, bm.row_excess, strict=True)]
     _wait_rows(bm, unit, rows, slack, need_w)
+    _temporaries(bm, unit, rows, slack, need_expr)
+
+
+def _temporaries(
+    bm: BuiltModel,
+    unit: int,
+    rows: list[cp_model.LinearExprT],
+    slack: cp_model.LinearExprT,
+    need: list[cp_model.LinearExprT],
+) -> None:
+    """A recomputation's temporaries on top of its op's window (NOTE
+    [ Recompute ] in cpsat/model.py): its row at a hot op, its keep-all
+    memory elsewhere."""
+    data, spec = bm.data, bm.spec
+    hot_at = {k: h for h, k in enumerate(data.hot.tolist())}
+    at_hot: dict[int, list[cp_model.LinearExprT]] = {}
+    at_cold: dict[int, list[cp_model.LinearExprT]] = {}
+    for g in data.gaps:
+        if not g.temp_bytes:
+            continue
+        for x, pt in zip(bm.rec_at.get(g.id, ()), g.rec_points):
+            h = hot_at.get(pt.op)
+            if h is not None:
+                at_hot.setdefault(h, []).append(-(-g.temp_bytes // unit) * x)
+            else:
+                at_cold.setdefault(pt.op, []).append(g.temp_bytes * x)
+    for h, terms in at_hot.items():
+        bm.model.add(slack + rows[h] - sum(terms) >= need[h])
+    for k, terms in at_cold.items():
+        mem = int(data.mem0[k])
+        if spec.objective is Objective.PEAK:
+            bm.model.add(unit * slack >= mem + sum(terms))
+        else:
+            bm.model.add(mem + sum(terms) <= spec.budget)
 
 
 def _needs(bm: BuiltModel, mem: np.ndarray, fixed_absent: np.ndarray, unit: int) -> list[int]:

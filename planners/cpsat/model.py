@@ -58,14 +58,18 @@ from ortools.sat.python import cp_model
 #
 # NOTE [ Recompute ]
 # A WITHIN gap of buffer b may instead release b after its access a and
-# re-run b's producer p before an op of the gap: at the access c (on demand,
-# as Capuchin) or earlier, pulled by a recomputation that reads b (NOTE
-# [ Recompute chains ] in cpsat/chains.py). Allowed when p writes only b (no
-# temporaries), does not read b, consumes no RNG, b is not rewritten between
-# p and c, and every buffer p reads is alive and not overwritten since p
-# then, and resident: accessed there, or in a gap there that is kept or
-# recomputed no later. The recompute runs on the compute stream inside that
-# op's window, its time added to the op's end.
+# re-run b's producer p before an op r of the gap: at the access c (on
+# demand, as Capuchin) or earlier, pulled by a recomputation that reads b
+# (NOTE [ Recompute chains ] in cpsat/chains.py). Allowed when p reads none
+# of what it writes, writes no persistent buffer, consumes no RNG, b is not
+# rewritten between p and c, and every buffer p reads is alive and not
+# overwritten since p then, and resident: accessed there, or in a gap there
+# that is kept or recomputed no later. The recompute runs on the compute
+# stream inside r's window, its time added to r's end. p's other outputs
+# (layer norm's mean and rstd) are made again as temporaries and freed when
+# it ends, before r makes its own outputs: r's window counts them on top of
+# its row (`cpsat/memory.py`; an overcount where one is resident anyway,
+# and r's outputs are not made yet), also at an op that is not hot.
 #
 # NOTE [ Iteration zero ]
 # The simulator starts iteration 0 with every persistent buffer resident and

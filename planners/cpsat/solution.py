@@ -101,18 +101,23 @@ def row_excess(bm: BuiltModel, sol: Solution) -> list[int]:
     data, unit = bm.data, bm.objective_unit
     absent = absent_bytes(data, sol) // unit
     back = np.zeros(len(data.hot), np.int64)
+    temps = np.zeros(len(data.hot), np.int64)  # recomputations' temporaries (NOTE [ Recompute ])
+    hot_at = {k: h for h, k in enumerate(data.hot.tolist())}
     for g in data.gaps:
         if sol.mode[g.id] == SWAP and sol.wait[g.id]:
             back[g.hot_idx[0]] += int(data.nbytes[g.buffer]) // unit
+        elif sol.mode[g.id] == RECOMPUTE and g.temp_bytes and sol.rec_at[g.id] in hot_at:
+            temps[hot_at[sol.rec_at[g.id]]] += -(-g.temp_bytes // unit)
     peak = bm.peak is not None
     cap = 0 if peak else bm.spec.budget
     top = bm.spec.budget // unit if peak else 0  # the peak variable's largest value
     out = []
     mem0, created = data.mem0[data.hot].tolist(), data.created[data.hot].tolist()
-    for x, c, a, w in zip(mem0, created, absent.tolist(), back.tolist(), strict=True):
+    rows = zip(mem0, created, absent.tolist(), back.tolist(), temps.tolist(), strict=True)
+    for x, c, a, w, tmp in rows:
         row = -(-(x - cap) // unit) - a - top
         wait_row = -(-(x - c - cap) // unit) - a + w - top if w else row
-        out.append(max(0, row, wait_row))
+        out.append(max(0, row + tmp, wait_row))
     return out
 
 

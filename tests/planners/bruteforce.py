@@ -188,6 +188,7 @@ class _Gap:
     rec_op: int
     rec_srcs: tuple[int, ...]  # buffers the producer reads
     rec_at: tuple[int, ...]  # ops before which it may be recomputed
+    rec_temps: int = 0  # bytes of the producer's other outputs, made while it re-runs
 
 
 def rec_point(mode: str) -> int | None:
@@ -287,7 +288,8 @@ def _gaps(trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[
             p = acc[b][0]
             op = trace.ops[p]
             srcs = _bufs(trace, op.reads)
-            ok = not op.rng and writes[p] == {b} and b not in srcs
+            ok = not op.rng and not writes[p] & set(srcs)
+            ok = ok and not any(trace.buffers[w].persistent for w in writes[p])
             ok = ok and not any(b in writes[k] for k in acc[b] if p < k < c)
             for s in srcs if ok else []:
                 s_acc = acc[s]
@@ -301,7 +303,10 @@ def _gaps(trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[
                 rec_op, srcs_ok = p, tuple(srcs)
         # its own access, or any op after its first hot op (where a chain may pull it)
         points = (*range(hot_inner[0] + 1, c), c) if rec_op >= 0 else ()
-        out.append(_Gap(b, kind, a, c, hot_inner, inner[0], inner[-1], rec_op, srcs_ok, points))
+        temps = sum(trace.buffers[w].nbytes for w in writes[rec_op] - {b}) if rec_op >= 0 else 0
+        out.append(
+            _Gap(b, kind, a, c, hot_inner, inner[0], inner[-1], rec_op, srcs_ok, points, temps)
+        )
     return out
 
 
@@ -516,6 +521,10 @@ def _evaluate(
         freed[k] = free
     if not all(absent_somewhere.values()):
         return None
+    for i, r in recs:  # a producer's other outputs, while it re-runs before r
+        temps = sum(gaps[j].rec_temps for j, q in recs if q == r)
+        if gaps[i].rec_temps and mem0[r] - freed.get(r, 0) + temps > budget:
+            return None
     return T if _waits_fit(trace, gaps, swaps, waits, mem0, freed, budget) else None
 
 

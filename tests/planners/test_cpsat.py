@@ -169,6 +169,35 @@ def test_an_op_waits_for_a_copy_out_that_cannot_end_in_time():
     assert flat.status is Status.STOPPED and flat.reason is Reason.MODEL_INFEASIBLE
 
 
+@pytest.mark.parametrize("stats", [False, True])
+def test_a_recomputed_op_makes_its_other_outputs_again_for_a_while(stats):
+    # X (1 MiB) and Y (2 MiB, made by op 1 from X) wait for op 4 while ops 2
+    # and 3 make Z (3 MiB) and W (1 MiB): at 4 MiB both must leave. Both are
+    # made again before op 4 (X pulled by Y's recompute): X + Y + W, 5 + 2 ms.
+    # If op 1 also makes statistics S (1 MiB, like layer norm) that nothing
+    # reads again, re-running it makes S for a while: 5 MiB, and the
+    # simulator runs out of memory on that plan. The model counts S, and
+    # swaps Y instead, op 2 waiting for its copy: 10 ms + 1 ns.
+    bufs = [B(1), B(2), B(3), B(1)] + ([B(1)] if stats else [])
+    ops = [Step((), (0,), 1), Step((0,), (1, 4) if stats else (1,), 1), Step((), (2,), 1),
+           Step((2,), (3,), 1), Step((0, 1, 3), (), 1)]  # fmt: skip
+    t = tiny_trace(bufs, ops)
+    recompute = (Release(0, 1), Release(1, 1), Recompute(0, 4, (0,)), Recompute(1, 4, (1,)))
+    r, hw, lat = plan_one(t, 4)
+    assert r.stats["status"] == "OPTIMAL"
+    bf = brute_force(t, [MS] * 5, [int(b.nbytes // MiB) * MS for b in t.buffers], 4 * MiB)
+    assert round(r.stats["iteration_time_s"] / NS) == bf.iteration_ticks
+    _, job = simulated(t, r.plans[0], hw, lat, 4 * MiB)
+    assert job.iteration_time_s == pytest.approx(r.stats["iteration_time_s"], abs=1e-12)
+    if not stats:
+        assert r.plans[0].events == recompute and bf.iteration_ticks == 7 * MS
+        return
+    assert bf.iteration_ticks == 10 * MS + 1 and r.plans[0].events != recompute
+    res = simulate([Job(t, Plan(fingerprint_of(t), recompute))], DeviceModel(hw, lat),
+                   budget=4 * MiB, iterations=1, oom="fail")  # fmt: skip
+    assert res.jobs[0].oom
+
+
 # Two 2 MiB buffers made by ops 0 and 1 (RNG: no recompute) and read by op 4;
 # op 3 makes 4 MiB: at a 5 MiB budget both must be off the device there.
 LANE_BUFS = [B(2), B(2), B(1), B(4)]
