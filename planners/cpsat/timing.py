@@ -7,7 +7,8 @@ The timing is the model's rules (NOTE [ CP-SAT semantics ] in
 cpsat/model.py) played forward: ops back to back but for the swap-ins they
 wait for and the copy-outs their first hot op waits for (where the plan set
 a deadline and the copy would not end in time, NOTE [ Swap-out deadlines in
-the model ]); each copy-out asked for when its gap opens, each copy-in when
+the model ]: the model's op waits at the gap's first hot op, the plan's
+perhaps later, so both readings are timed and the better kept); each copy-out asked for when its gap opens, each copy-in when
 the plan's SwapIn fires (or its copy-out ends, if later); copies served
 first come, first served on their lane. Absence is then wherever both ends
 allow it. Nothing here is trusted: the solver checks the start and repairs
@@ -39,9 +40,22 @@ def plan_timing(
     solution's modes are the ones to fix."""
     if data.n_jobs != 1:
         return None
+    # waiting where the plan's deadline is (at or before the first hot op),
+    # or wherever it set one: the first that fits the budget, else the lower
+    timed = [_holes(data, modes, rec_at, plans, eager) for eager in (False, True)]
+    timed = [t for t in timed if t is not None]
+    if not timed:
+        return None
+    return min(timed, key=lambda t: (t.peak_bytes > data.threshold, t.peak_bytes, t.end[-1]))
+
+
+def _holes(
+    data: CpsatData, modes: Sequence[int], rec_at: Sequence[int], plans: Sequence[Plan], eager: bool
+) -> Solution | None:
+    """The timing with every swap that leaves no hole kept."""
     modes = list(modes)
     for _ in range(ROUNDS):
-        sol = _timed(data, modes, rec_at, plans)
+        sol = _timed(data, modes, rec_at, plans, eager)
         holeless = [g.id for g in data.gaps if sol.mode[g.id] == SWAP and sol.absent[g.id][0] < 0]
         if not holeless:
             return sol
@@ -51,11 +65,11 @@ def plan_timing(
 
 
 def _timed(
-    data: CpsatData, modes: Sequence[int], rec_at: Sequence[int], plans: Sequence[Plan]
+    data: CpsatData, modes: Sequence[int], rec_at: Sequence[int], plans: Sequence[Plan], eager: bool
 ) -> Solution:
     swapped = [g for g in data.gaps if modes[g.id] == SWAP]
     copy = {g.id: not any(modes[j] == SWAP for j in g.epoch_prev) for g in swapped}
-    fire, deadline = _triggers(plans[0], swapped)
+    fire, deadline = _triggers(plans[0], swapped, eager)
     persistent = data.traces[0].persistent
     wants_wait = {
         g.id: copy[g.id] and deadline.get(g.id, False) and not persistent[g.buffer] for g in swapped
@@ -70,9 +84,13 @@ def _timed(
     return _solution(data, modes, rec_at, swapped, copy, times, fw.wait, fw.ready, fw.end)
 
 
-def _triggers(plan: Plan, swapped: list[Gap]) -> tuple[dict[int, tuple[int, int, bool]], dict]:
+def _triggers(
+    plan: Plan, swapped: list[Gap], eager: bool
+) -> tuple[dict[int, tuple[int, int, bool]], dict]:
     """Per swapped gap: its SwapIn's (after op, delay ticks, next iteration),
-    and whether a SwapOut within it sets a deadline."""
+    and whether a SwapOut within it sets a deadline at or before the gap's
+    first hot op, where the model's op waits (any deadline if `eager`; else
+    a later one is left out, and the hole starts when the copy has ended)."""
     ins: dict[tuple[int, int], SwapIn] = {}
     outs: dict[int, list[SwapOut]] = {}
     for ev in plan.events:
@@ -89,7 +107,8 @@ def _triggers(plan: Plan, swapped: list[Gap]) -> tuple[dict[int, tuple[int, int,
             wrapped = g.kind is GapKind.CROSS and ev.after_op < g.a
             fire[g.id] = (ev.after_op, delay, wrapped)
         deadline[g.id] = any(
-            o.before_op >= 0 and g.a <= o.after_op < (g.c if g.c > g.a else 1 << 62)
+            0 <= o.before_op <= (g.c if eager else g.hot[0])
+            and g.a <= o.after_op < (g.c if g.c > g.a else 1 << 62)
             for o in outs.get(g.buffer, ())
         )
     return fire, deadline

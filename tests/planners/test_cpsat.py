@@ -28,7 +28,7 @@ from memplan.planners.core.plan import (
     SwapOut,
     fingerprint_of,
 )
-from memplan.planners.cpsat import hints
+from memplan.planners.cpsat import hints, timing
 from memplan.planners.cpsat.data import INEXACT_MARGIN, build_data
 from memplan.planners.cpsat.model import Objective, build
 from memplan.planners.cpsat.outcome import result
@@ -300,8 +300,15 @@ def test_another_planners_swaps_timed_forward_are_a_solution_of_the_model(planne
     res = registry.run(planner, [t], device, budget_bytes=budget)
     data = build_data(t, device, budget, chain_depth=64)
     modes, rec_at = modes_from_plans(data, res.plans)
-    sol = plan_timing(data, modes, rec_at, res.plans)
-    assert sum(m == SWAP for m in sol.mode) >= 10 and sum(sol.wait) >= 10
+    eager = timing._holes(data, modes, rec_at, res.plans, eager=True)  # waits on every deadline
+    assert eager is not None and sum(eager.wait) >= 10
+    best = plan_timing(data, modes, rec_at, res.plans)
+    assert best is not None and sum(m == SWAP for m in best.mode) >= 10
+    for sol in (best, eager):
+        _accepted_as_it_is(data, budget, sol)
+
+
+def _accepted_as_it_is(data, budget, sol):
     moved = frozenset(g.id for g in data.gaps if sol.mode[g.id] != KEEP)
     spec = ModelSpec(Objective.TIME, budget, soft=True, free=moved, incumbent=keep_all(data))
     bm = build(data, spec)
