@@ -69,7 +69,7 @@ def cells(row: Row) -> tuple[str, ...]:
 def header(c: Comparison) -> str:
     v = c.vanilla
     jobs = ", ".join(j.name for j in v.jobs)
-    net = {r.fallback for r in c.rows if r.planner not in WITNESSES} or {"none"}
+    net = {r.fallback for r in c.rows if r.planner not in WITNESSES and r.sim} or {"none"}
     bound = sorted({r.bound for r in c.rows if r.bound})
     return (
         f"{v.hardware}, {len(v.lanes)} lane(s); jobs: {jobs}; vanilla peak "
