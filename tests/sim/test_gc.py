@@ -1,48 +1,47 @@
-"""NOTE [ Garbage collection in simulate ]: the caller's objects are frozen
-during a run and given back afterwards; a caller's own freeze is kept."""
+"""NOTE [ Garbage collection in simulate ]: the collector is paused for the
+run and given back as the caller had it."""
 
 from __future__ import annotations
 
 import gc
 import importlib
 
+import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Roofline
 from memplan.hwmodels.profile import load_hardware
-from memplan.sim import simulate
+from memplan.planners.core.errors import PlanError
+from memplan.planners.heuristics.vanilla import release_only_plan
+from memplan.sim import Job, simulate
 from memplan.traces import synthetic
 
 DEV = DeviceModel(load_hardware("rtx-a6000"), Roofline())
 
 
-def test_simulate_unfreezes_what_it_froze():
-    gc.unfreeze()
-    simulate([synthetic.chain(3)], DEV, iterations=1)
-    assert gc.get_freeze_count() == 0
-
-
-def test_simulate_freezes_during_the_run(monkeypatch):
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_during_the_run_and_restored(monkeypatch, enabled):
     module = importlib.import_module("memplan.sim.simulate")
-
-    gc.unfreeze()
-    counts = []
+    seen = []
     real = module._run
 
     def spy(*args):
-        counts.append(gc.get_freeze_count())
+        seen.append(gc.isenabled())
         return real(*args)
 
     monkeypatch.setattr(module, "_run", spy)
-    module.simulate([synthetic.chain(3)], DEV, iterations=1)
-    assert counts and counts[0] > 0
-    assert gc.get_freeze_count() == 0
-
-
-def test_a_callers_freeze_is_kept():
-    gc.freeze()
+    (gc.enable if enabled else gc.disable)()
     try:
-        before = gc.get_freeze_count()
-        simulate([synthetic.chain(3)], DEV, iterations=1)
-        assert gc.get_freeze_count() >= before > 0
+        module.simulate([synthetic.chain(3)], DEV, iterations=1)
+        assert seen == [False]
+        assert gc.isenabled() is enabled
     finally:
-        gc.unfreeze()
+        gc.enable()
+
+
+def test_the_collector_comes_back_after_an_error():
+    """A plan for another trace is refused inside the run (by the checker)."""
+    gc.enable()
+    wrong = release_only_plan(synthetic.chain(4))
+    with pytest.raises(PlanError):
+        simulate([Job(synthetic.chain(3), wrong)], DEV, iterations=1)
+    assert gc.isenabled()
