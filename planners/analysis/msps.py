@@ -171,17 +171,7 @@ def chain(
                 if not available(s):
                     todo.append(s)
         made.add(x)
-    order = tuple(sorted(ops))
-    made_so_far: set[int] = set()
-    sources: list[int] = []
-    for k in order:
-        for s in trace.op_reads(k).tolist():
-            if s not in made_so_far and s not in sources:
-                if not available(s) or _overwritten(table, s, k, before_op):
-                    return None
-                sources.append(s)
-        made_so_far.update(int(w) for w in trace.op_writes(k).tolist())
-    return order, tuple(sources)
+    return _ordered(trace, ops, before_op, available, table)
 
 
 def _in_place_chain(
@@ -216,6 +206,19 @@ def _in_place_chain(
             for s in trace.op_reads(k).tolist():
                 if s != x and (s in made or not available(s)):
                     todo.append((s, k))
+    return _ordered(trace, ops, before_op, available, table)
+
+
+def _ordered(
+    trace: Trace,
+    ops: set[int],
+    before_op: int,
+    available: Callable[[int], bool],
+    table: AccessTable,
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The chain's ops ascending and the buffers it reads from outside, in
+    first-read order; None if one of those is absent or overwritten before
+    `before_op`."""
     order = tuple(sorted(ops))
     made_so_far: set[int] = set()
     sources: list[int] = []
