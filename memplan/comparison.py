@@ -242,8 +242,12 @@ def _simulated(
     iterations: int,
     fallback: str,
     reasons: list[str],
-    **extra: Any,
+    *,
+    plan_time_s: float = 0.0,
+    events: dict[str, int] | None = None,
+    result: PlanResult | None = None,
 ) -> Row:
+    """Simulate `plans` under `fallback` and score them (NOTE [ The safety net ])."""
     sim_budget = budget if budget is not None else device.hw.memory_bytes
     sim = simulate(
         planned_jobs(traces, plans),
@@ -282,7 +286,9 @@ def _simulated(
         evictions=evictions,
         evicted_bytes=sum(j.evicted_bytes for j in jobs),
         remat_s=sum(j.remat_s for j in jobs),
-        **{"plan_time_s": 0.0, **extra},
+        plan_time_s=plan_time_s,
+        events=events or {},
+        result=result,
     )
 
 

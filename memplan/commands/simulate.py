@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memplan.commands import machine
 from memplan.planners.core import io as plan_io
@@ -18,9 +18,6 @@ from memplan.traces import io
 from memplan.traces.io import atomic_write_bytes
 from memplan.traces.model import Trace
 from memplan.units import format_bytes
-
-if TYPE_CHECKING:
-    pass
 
 BUILTIN_PLANS = {"vanilla": vanilla_plan, "release_only": release_only_plan}
 

@@ -51,10 +51,8 @@ def test_batches_keep_exactly_the_moves_that_keep_the_plan_fitting():
 
 def test_strict_batches_need_a_gain():
     events = (Release(0, 0),)
-    stub_calls = []
 
     def stub(plans):
-        stub_calls.append(plans)
         return Evaluation(fits=True, iteration_s=1.0, peak_bytes=0, iterations=2)
 
     plan = Plan("fp", events)
