@@ -1,0 +1,115 @@
+"""Checked reading of one field of a JSON document: the type and range of
+every value any memplan loader takes from a file (NOTE [ Fields from files ]).
+
+Each function returns the value as the type it promises or raises the
+loader's own `error` class with a message that starts with `where` (the
+field's path, `ops[12].flops`) and says what was expected and what was
+found, quoted safely whatever its characters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from memplan.traces.errors import MemplanError
+
+# NOTE [ Fields from files ]
+# JSON numbers arrive as Python ints of any size or as floats (NaN and
+# Infinity included: Python's json accepts them). A loader keeps an integer
+# only when it is a JSON integer (not a bool, not 3.0) within int64, so numpy
+# arrays built from it cannot overflow; a float only when it is finite (an
+# integer of 400 digits is refused, not turned into inf). Ranges are the
+# loader's: 0 <= nbytes, 0 <= flops, ... Strings may hold any code point,
+# lone surrogates included; they are printed through `printable`.
+INT64_MAX = 2**63 - 1
+MAX_DEPTH = 64  # deepest nesting any memplan document needs is well below
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """`value` as JSON, cut to `limit` characters, safe to print."""
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return printable(text)
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates and other unencodable code points escaped,
+    so printing it never raises UnicodeEncodeError."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def integer(
+    value: Any, where: str, error: type[MemplanError], lo: int = 0, hi: int = INT64_MAX
+) -> int:
+    """A JSON integer in [lo, hi]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise error(f"{where}: expected an integer, got {shown(value)}")
+    if not lo <= value <= hi:
+        raise error(f"{where}: expected an integer in [{lo}, {hi}], got {shown(value)}")
+    return value
+
+
+def number(
+    value: Any,
+    where: str,
+    error: type[MemplanError],
+    lo: float = 0.0,
+    hi: float = math.inf,
+) -> float:
+    """A finite JSON number in [lo, hi], as a float."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise error(f"{where}: expected a number, got {shown(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise error(f"{where}: expected a finite number, got {shown(value)}")
+    if not lo <= x <= hi:
+        raise error(f"{where}: expected a number in [{lo:g}, {hi:g}], got {shown(value)}")
+    return x
+
+
+def boolean(value: Any, where: str, error: type[MemplanError]) -> bool:
+    """A JSON true or false (not "false", not 0)."""
+    if not isinstance(value, bool):
+        raise error(f"{where}: expected true or false, got {shown(value)}")
+    return value
+
+
+def string(value: Any, where: str, error: type[MemplanError]) -> str:
+    """A JSON string."""
+    if not isinstance(value, str):
+        raise error(f"{where}: expected a string, got {shown(value)}")
+    return value
+
+
+def depth_at_most(value: Any, where: str, error: type[MemplanError], limit: int = MAX_DEPTH) -> Any:
+    """`value` itself when its lists and objects nest at most `limit` deep
+    (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, d = stack.pop()
+        if isinstance(item, list | dict):
+            if d > limit:
+                raise error(f"{where}: nested more than {limit} levels deep")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, d + 1) for c in children)
+    return value
+
+
+def parse(raw: bytes | str, where: str, error: type[MemplanError]) -> Any:
+    """The JSON document in `raw`; malformed or absurdly nested text is a
+    one-line `error` naming `where`."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise error(f"{where}: nested too deeply to be a memplan file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{where}: not valid JSON: {e}") from None
