@@ -111,5 +111,5 @@ def parse(raw: bytes | str, where: str, error: type[MemplanError]) -> Any:
         return json.loads(raw)
     except RecursionError:
         raise error(f"{where}: nested too deeply to be a memplan file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, 5000-digit integers
         raise error(f"{where}: not valid JSON: {e}") from None
