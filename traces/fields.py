@@ -113,3 +113,29 @@ def parse(raw: bytes | str, where: str, error: type[MemplanError]) -> Any:
         raise error(f"{where}: nested too deeply to be a memplan file") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, 5000-digit integers
         raise error(f"{where}: not valid JSON: {e}") from None
+
+
+def obj(value: Any, where: str, error: type[MemplanError]) -> dict[str, Any]:
+    """A JSON object."""
+    if not isinstance(value, dict):
+        raise error(f"{where}: expected an object, got {shown(value)}")
+    return value
+
+
+def array(value: Any, where: str, error: type[MemplanError]) -> list[Any]:
+    """A JSON list."""
+    if not isinstance(value, list):
+        raise error(f"{where}: expected a list, got {shown(value)}")
+    return value
+
+
+def enum_value(cls: type, value: Any, where: str, error: type[MemplanError]) -> Any:
+    """`cls(value)` for a string naming a member of the enum `cls`, else
+    `error` naming `where` and the allowed values."""
+    allowed = ", ".join(m.value for m in cls)
+    if not isinstance(value, str):
+        raise error(f"{where}: expected a string (one of {allowed}), got {shown(value)}")
+    try:
+        return cls(value)
+    except ValueError:
+        raise error(f"{where}: unknown {cls.__name__} {shown(value)} (one of {allowed})") from None

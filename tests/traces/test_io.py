@@ -116,7 +116,7 @@ MALFORMED = [
     (
         "negative size",
         lambda d: d["buffers"][3].update(nbytes=-5),
-        "buffers[3].nbytes: negative size -5",
+        "buffers[3].nbytes: expected an integer in [0, 4611686018427387904], got -5",
     ),
     (
         "view larger than its buffer",
@@ -131,12 +131,12 @@ MALFORMED = [
     (
         "unknown kind",
         lambda d: d["buffers"][0].update(kind="weights"),
-        "buffers[0].kind: unknown BufferKind 'weights'",
+        'buffers[0].kind: unknown BufferKind "weights" (one of input, param,',
     ),
     (
         "unknown phase",
         lambda d: d["ops"][0].update(phase="fwd"),
-        "ops[0].phase: unknown Phase 'fwd'",
+        'ops[0].phase: unknown Phase "fwd" (one of forward, backward, optimizer)',
     ),
     (
         "access after free",
@@ -151,7 +151,7 @@ MALFORMED = [
     (
         "wrong field type",
         lambda d: d["buffers"][1].update(nbytes="big"),
-        'buffers[1].nbytes: expected int, got "big"',
+        'buffers[1].nbytes: expected an integer, got "big"',
     ),
     ("missing field", lambda d: d["ops"][1].pop("target"), "ops[1].target: missing"),
 ]
