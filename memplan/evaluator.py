@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove
-from memplan.planners.core.plan import Plan
+from memplan.planners.core.plan import Plan, SwapOut
 from memplan.sim import Job, SimResult, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.model import Trace
@@ -31,13 +31,13 @@ def sim_evaluator(
         pairs = enumerate(zip(traces, plans, strict=True))
         jobs = [Job(t, p, name=f"job{i}") for i, (t, p) in pairs]
         sim = simulate(jobs, device, iterations=iterations, budget=budget, oom=policy, check=False)
-        return evaluation(sim)
+        return evaluation(sim, plans)
 
     return evaluate
 
 
-def evaluation(sim: SimResult) -> Evaluation:
-    """What a search planner reads from a simulated run."""
+def evaluation(sim: SimResult, plans: Sequence[Plan] = ()) -> Evaluation:
+    """What a search planner reads from a simulated run of `plans`."""
     times = [j.iteration_time_s for j in sim.jobs]
     oom_at = next(((j.index, *j.oom_at[:2]) for j in sim.jobs if j.oom_at is not None), None)
     net_used = any(j.net_used for j in sim.jobs)
@@ -49,21 +49,35 @@ def evaluation(sim: SimResult) -> Evaluation:
         iterations=max(len(j.iteration_times_s) for j in sim.jobs),
         oom_at=oom_at,
         net_used=net_used,
-        moves=net_moves(sim),
+        moves=net_moves(sim, plans),
     )
 
 
-def net_moves(sim: SimResult) -> tuple[NetMove, ...]:
+def net_moves(sim: SimResult, plans: Sequence[Plan] = ()) -> tuple[NetMove, ...]:
     """What the OOM policy did, from the log: evictions (passive's swap-out,
-    DTR's drop) and restores (an on-demand fetch, or a producer re-run,
-    restored for the next op the job starts: DTR's remakes, and the ops of
-    the plan's own recompute chains, which `plan_from_net` recognises)."""
+    its discard of a buffer whose host copy is valid, DTR's drop) and
+    restores (an on-demand fetch, or a producer re-run, restored for the next
+    op the job starts: DTR's remakes, and the ops of the plan's own recompute
+    chains, which `plan_from_net` recognises). See NOTE [ Net discards ]."""
+    planned = {
+        (j, e.buffer, e.after_op) for j, p in enumerate(plans) for e in p.events
+        if isinstance(e, SwapOut)
+    }  # fmt: skip
     out: list[NetMove] = []
     pending: dict[int, list[tuple[int, int, int]]] = {}  # job -> (iteration, buffer, producer)
+    ended: dict[int, int] = {}  # job -> the last op that ended in its iteration
     for e in sim.log:
         kind = e.kind
-        if kind is K.EVICT_START:
+        if kind is K.OP_END:
+            ended[e.job] = e.op
+        elif kind is K.ITER_START:
+            ended[e.job] = -1
+        elif kind is K.EVICT_START:
             out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, True))
+        elif kind is K.DISCARD:
+            mine = (e.job, e.buffer, e.op) in planned and e.op <= ended.get(e.job, -1)
+            if not mine:
+                out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, True))
         elif kind is K.DROP:
             out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, False))
         elif kind is K.FETCH_START:
@@ -74,3 +88,14 @@ def net_moves(sim: SimResult) -> tuple[NetMove, ...]:
             for it, b, producer in pending.pop(e.job):
                 out.append(NetMove(e.job, it, "restore", e.op, b, False, (producer,)))
     return tuple(out)
+
+
+# NOTE [ Net discards ]
+# A net evicting a buffer whose host copy is still valid (a parameter
+# fetched back and only read since) moves no bytes: the log says `discard`,
+# not `evict_start`. A plan's own SwapOut of such a buffer logs `discard`
+# too, with op = its `after_op`, once that op has ended; the net's, with op =
+# the op it makes room for, before that op has ended. Only the net's are
+# evictions: missing them, `plan_from_net` would keep a parameter resident
+# from its fetch to its next access (vgg16 at 50%: fc1's 392 MiB weight
+# through the backward pass, out of memory at the first op that needs room).

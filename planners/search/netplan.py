@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memplan.planners.analysis.accesses import access_table
+from memplan.planners.analysis.accesses import AccessTable, access_table
 from memplan.planners.core.evaluate import NetMove
 from memplan.planners.core.plan import Event, Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.traces.model import Trace
@@ -33,7 +33,11 @@ from memplan.traces.model import Trace
 # alive becomes its own Recompute before that op (a source the chain of the
 # next finds present), a dead one (released, or a temporary) an intermediate
 # op of the next live buffer's chain, freed when that chain ends, as DTR
-# frees it when the remake ends.
+# frees it when the remake ends. A remake that re-runs a producer keeps its
+# other outputs the net had dropped (DTR's siblings, e.g. max pooling's
+# indices) without a move naming them; a plan's Recompute keeps only its
+# target, so each such sibling gets its own Recompute before its next access,
+# by the chain up to its producer (`_siblings`).
 # A restore with no eviction before it in the iteration pairs with the last
 # eviction of that buffer (a persistent buffer evicted late in one iteration
 # and needed early in the next): SwapIn(after the last op, before m,
@@ -52,7 +56,8 @@ def plan_from_net(
     n = trace.n_ops
     planned = {(e.buffer, e.before_op) for e in base.events if isinstance(e, Recompute)}
     per_buffer: dict[int, list[NetMove]] = {}
-    for m in _chains(trace, [m for m in moves if m.job == job and m.iteration == iteration]):
+    mine = [m for m in moves if m.job == job and m.iteration == iteration]
+    for m in _siblings(trace, table, _chains(trace, mine)):
         per_buffer.setdefault(m.buffer, []).append(m)
     added: list[Event] = []
     for b, seq in sorted(per_buffer.items()):
@@ -81,6 +86,8 @@ def plan_from_net(
             added += [_out(b, evicted, p), SwapIn(b, n - 1, m_op, next_iteration=True)]
         elif not persistent:
             added.append(Release(b, p))
+    seen = set(base.events)
+    added = [e for e in added if not (e in seen or seen.add(e))]
     events = (*base.events, *added)
     return Plan(base.trace_fingerprint, events, base.model), tuple(added)
 
@@ -106,6 +113,46 @@ def _chains(trace: Trace, moves: list[NetMove]) -> list[NetMove]:
         held = []
         out.append(NetMove(m.job, m.iteration, m.kind, m.op, m.buffer, False, ops))
     return out
+
+
+def _siblings(trace: Trace, table: AccessTable, moves: list[NetMove]) -> list[NetMove]:
+    """`moves` with the restores DTR makes without naming them: a remake
+    re-runs a producer, and its other outputs that the net had dropped stay
+    on the device (NOTE [ DTR ] in sim/remat.py). A plan's Recompute keeps
+    only its target, so each such sibling gets a restore of its own, for its
+    next access, by the chain up to its producer -- unless the net drops it
+    again before that access (its own restore then follows). NOTE [ From the
+    net to a plan ]."""
+    dropped: set[int] = set()
+    out: list[NetMove | None] = []
+    pending: dict[int, int] = {}  # sibling -> index of its restore in `out`
+    for m in moves:
+        b = m.buffer
+        if m.kind == "evict":
+            k = pending.pop(b, None)
+            if k is not None and out[k].op >= m.op:
+                out[k] = None  # dropped again before it was used
+            if not m.swapped:
+                dropped.add(b)
+            out.append(m)
+            continue
+        dropped.discard(b)
+        pending.pop(b, None)
+        out.append(m)
+        if m.swapped or not m.ops:
+            continue
+        for k in m.ops:
+            for w in trace.op_writes(k).tolist():
+                if w == b or w not in dropped:
+                    continue
+                acc = table.accesses(w)
+                nxt = acc[acc >= m.op]
+                dropped.discard(w)
+                if len(nxt):
+                    ops = tuple(o for o in m.ops if o <= k)
+                    pending[w] = len(out)
+                    out.append(NetMove(m.job, m.iteration, "restore", int(nxt[0]), w, False, ops))
+    return [m for m in out if m is not None]
 
 
 def _since(acc: list[int], op: int, back: int) -> int:

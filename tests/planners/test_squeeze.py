@@ -12,7 +12,7 @@ from memplan.hwmodels.latency import Measured, Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.core.check import check
 from memplan.planners.core.evaluate import Evaluation
-from memplan.planners.core.plan import Plan, Release, Status, SwapIn, SwapOut
+from memplan.planners.core.plan import Plan, Recompute, Release, Status, SwapIn, SwapOut
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
 from memplan.planners.search.moves import Search, accept_batches, prune_moves
@@ -92,6 +92,70 @@ def test_the_net_evictions_become_a_swap_pair():
     assert job.iteration_times_s[0] == pytest.approx(9e-3)
     witness = simulate([Job(trace, base)], device, iterations=2, budget=4 * MiB, oom="passive")
     assert witness.jobs[0].iteration_times_s[0] == pytest.approx(9e-3)
+
+
+def test_a_parameter_the_net_discards_is_written_down_as_swapped_out():
+    """P (buffer 0, a 2 MiB parameter, only ever read) is read by ops 0 and 3;
+    X, Y, Z, W (2, 2, 2, 1 MiB) come and go; budget 5 MiB. Op 1 (X and Y) has
+    no room for P: the passive net swaps it out in iteration 0 and, its host
+    copy still valid, only discards it in iteration 1, fetching it back for
+    op 3 each time. The discard is an eviction too (NOTE [ Net discards ]):
+    the plan swaps P out after op 0, op 1 waiting for it, and back for op 3."""
+    trace = tiny_trace(
+        [B(2, "param"), B(2), B(2), B(2), B(1)],
+        [Step((0,), (1,)), Step((1,), (2,)), Step((2,), (3,)), Step((3, 0), (4,))],
+    )
+    device = DeviceModel(tiny_hw(), Measured())
+    base = release_only_plan(trace)
+    ev = sim_evaluator([trace], device, 5 * MiB)([base], "passive")
+    assert ev.net_used and ev.oom_at is None
+    plan, added = plan_from_net(trace, base, ev.moves, 0, ev.iterations - 1)
+    assert added == (SwapOut(0, 0, before_op=1), SwapIn(0, 2, 3))
+    check(plan, trace)
+    # iteration 0: op0 0-1, P out 1-3, op1 3-4, op2 4-5, P in 5-7, op3 7-8;
+    # iteration 1: the host copy is valid, P is dropped at once: op0 8-9,
+    # op1 9-10, op2 10-11, P in 11-13, op3 13-14
+    run_ = simulate([Job(trace, plan)], device, iterations=2, budget=5 * MiB)
+    assert not run_.oom and not run_.jobs[0].net_used
+    assert run_.jobs[0].iteration_times_s == pytest.approx([8e-3, 6e-3])
+
+
+def test_a_sibling_dtr_remakes_with_its_target_gets_its_own_recompute():
+    """Op 1 writes A and I (2 MiB each, as max pooling writes its indices) from
+    S (1 MiB, made by op 0 in 5 ms: dearer to remake than A or I). At op 3 (T1
+    2 MiB, T2 3 MiB) a 7 MiB budget has no room for A and I: DTR drops both;
+    op 5 needs A and DTR re-runs op 1, which makes I again too, kept for op 6.
+    A plan's Recompute keeps only its target, so I gets one of its own
+    before op 6 (NOTE [ From the net to a plan ])."""
+    trace = tiny_trace(
+        [B(1), B(2), B(2), B(2), B(3), B(1), B(1), B(1)],
+        [
+            Step((), (0,), ms=5),
+            Step((0,), (1, 2)),
+            Step((0,), (3,)),
+            Step((3,), (4,)),
+            Step((4,), (5,)),
+            Step((1, 5), (6,)),
+            Step((2, 0, 6), (7,)),
+        ],
+    )
+    device = DeviceModel(tiny_hw(), Measured())
+    base = release_only_plan(trace)
+    ev = sim_evaluator([trace], device, 7 * MiB)([base], "dtr")
+    assert ev.net_used and ev.oom_at is None
+    it = ev.iterations - 1
+    assert [(m.kind, m.op, m.buffer) for m in ev.moves if m.iteration == it] == [
+        ("evict", 3, 1), ("evict", 3, 2), ("restore", 5, 1),
+    ]  # fmt: skip
+    plan, added = plan_from_net(trace, base, ev.moves, 0, it)
+    assert set(added) == {
+        Release(1, 1), Recompute(1, 5, (1,)), Release(2, 1), Recompute(2, 6, (1,)),
+    }  # fmt: skip
+    check(plan, trace)
+    run_ = simulate([Job(trace, plan)], device, iterations=2, budget=7 * MiB)
+    assert not run_.oom and not run_.jobs[0].net_used
+    # 11 ms of ops and op 1 re-run twice (for A, then for I)
+    assert run_.jobs[0].iteration_times_s == pytest.approx([13e-3, 13e-3])
 
 
 # ---- the planner ----------------------------------------------------------------------------
