@@ -54,8 +54,9 @@ def _int(
     hi: int = fields.INT64_MAX,
     default: Any = _MISSING,
 ) -> Any:
-    v = _get(d, key, where, default)
-    return v if v is default else fields.integer(v, _at(where, key), _E, lo, hi)
+    if key not in d and default is not _MISSING:
+        return default
+    return fields.integer(_get(d, key, where), _at(where, key), _E, lo, hi)
 
 
 def _str(d: dict[str, Any], key: str, where: str, default: Any = _MISSING) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from memplan.hwmodels.device import Direction
 from memplan.planners.analysis.optimes import EPS_US, Timeline
+from memplan.planners.core.errors import PlanError
 
 # NOTE [ Lane timelines ]
 # TENSILE moves one tensor at a time over PCIe (§IV-C): a swap may only use
@@ -32,23 +33,52 @@ from memplan.planners.analysis.optimes import EPS_US, Timeline
 
 # Intervals that overlap by less than this (us) only touch: rounding in the
 # circle's modular arithmetic must not make a slot that ends where a busy
-# interval starts look taken.
+# interval starts look taken. At large times the tolerance grows with the
+# magnitude (NOTE [ Lane steps relative to the magnitude ]).
 _TOUCH = 1e-7
+
+# NOTE [ Lane steps relative to the magnitude ]
+# Lane times are float64 microseconds, and float64 cannot resolve a constant
+# step of 1e-7 us past about 2**30 us (ulp(2**30) = 2.4e-7): there
+# `s - 1e-7 == s`, and a search that steps back by it (or a touch tolerance
+# of that size) stands still forever -- TENSILE never returned on a trace
+# whose ops all had 2**62 FLOPs. So the touch tolerance and the smallest
+# step of `earliest` / `latest` are `_ULPS` units in the last place of the
+# largest time in play (the circle's period and every time booked on it, or
+# the time searched), never less than `_TOUCH`: reducing an unrolled time
+# modulo the period loses a few ulps of the larger of the two, which 16
+# covers, and up to ~2**25 us (33 s iterations) it is `_TOUCH` as before.
+# Each step of a search passes a busy interval (or moves by the tolerance),
+# so a search takes at most about one step per booked replica in its window;
+# `_step_cap` allows four times that plus slack, and a search that runs past
+# it raises `PlanError` instead of looping.
+_ULPS = 16
+
+
+def _tol(x: float) -> float:
+    """The touch tolerance and smallest step at magnitude `x` (us)."""
+    return max(_TOUCH, _ULPS * math.ulp(abs(x)))
 
 
 class _Circle:
     """Disjoint busy intervals on [0, period), sorted."""
 
-    __slots__ = ("period", "starts", "ends")
+    __slots__ = ("period", "starts", "ends", "scale")
 
     def __init__(self, period: float):
         self.period = period
         self.starts: list[float] = []
         self.ends: list[float] = []
+        self.scale = period  # the largest magnitude booked (NOTE [ Lane steps relative ...])
+
+    def tol(self, *times: float) -> float:
+        """The touch tolerance for a query at `times` on this circle."""
+        return _tol(max(self.scale, *(abs(t) for t in times)))
 
     def add(self, a: float, b: float) -> None:
         """Mark [a, b) busy (unrolled times; b - a <= period)."""
         P = self.period
+        self.scale = max(self.scale, abs(a), abs(b))
         if b - a >= P:
             self.starts, self.ends = [0.0], [P]
             return
@@ -78,12 +108,13 @@ class _Circle:
         P = self.period
         k = math.floor(a / P)
         a0, b0 = a - k * P, b - k * P
+        touch = self.tol(a, b)
         best = None
         for lo, hi, shift in ((a0, min(b0, P), k * P), (0.0, b0 - P, (k + 1) * P)):
             if hi <= lo:
                 continue
-            j = bisect.bisect_left(self.starts, hi - _TOUCH) - 1
-            if j >= 0 and self.ends[j] > lo + _TOUCH:
+            j = bisect.bisect_left(self.starts, hi - touch) - 1
+            if j >= 0 and self.ends[j] > lo + touch:
                 cand = (self.starts[j] + shift, self.ends[j] + shift)
                 if best is None or cand[1] > best[1]:
                     best = cand
@@ -94,11 +125,12 @@ class _Circle:
         P = self.period
         k = math.floor(a / P)
         a0, b0 = a - k * P, b - k * P
+        touch = self.tol(a, b)
         for lo, hi, shift in ((a0, min(b0, P), k * P), (0.0, b0 - P, (k + 1) * P)):
             if hi <= lo:
                 continue
-            j = bisect.bisect_right(self.ends, lo + _TOUCH)  # first one ending after lo
-            if j < len(self.starts) and self.starts[j] < hi - _TOUCH:
+            j = bisect.bisect_right(self.ends, lo + touch)  # first one ending after lo
+            if j < len(self.starts) and self.starts[j] < hi - touch:
                 return self.starts[j] + shift, self.ends[j] + shift
         return None
 
@@ -131,6 +163,12 @@ class LaneSet:
         if lanes not in (1, 2):
             raise ValueError(f"lanes={lanes!r} must be 1 or 2")
         periods = [max(t.period_us, EPS_US) for t in timelines]
+        for j, p in enumerate(periods):
+            if not math.isfinite(p):
+                raise PlanError(
+                    f"job {j}: the predicted iteration time is not finite ({p} us); "
+                    "the op times of its trace and device add up past float range"
+                )
         self.per_job_lane = per_job_lane
         self.periods = periods
         self.lanes = lanes
@@ -165,16 +203,21 @@ class LaneSet:
         if dur >= c.period:
             return None
         s = lo
-        while s + dur <= hi + 1e-9:
+        cap = _step_cap(c, offs, lo, hi)
+        for _ in range(cap):
+            if s + dur > hi + 1e-9:
+                return None
             bumped = False
             for o in offs:
                 hit = c.conflict(s + o, s + o + dur)
                 if hit is not None:
-                    s = max(hit[1] - o, s + _TOUCH)
+                    s = max(hit[1] - o, s + c.tol(s + o + dur))
                     bumped = True
             if not bumped:
                 return s
-        return None
+        if s + dur > hi + 1e-9:
+            return None
+        raise _stuck("earliest", job, lo, hi, dur, cap)
 
     def latest(
         self, job: int, lo: float, hi: float, dur: float, direction: Direction
@@ -184,16 +227,21 @@ class LaneSet:
         if dur >= c.period:
             return None
         s = hi - dur
-        while s >= lo - 1e-9:
+        cap = _step_cap(c, offs, lo, hi)
+        for _ in range(cap):
+            if s < lo - 1e-9:
+                return None
             bumped = False
             for o in offs:
                 hit = c.first_conflict(s + o, s + o + dur)
                 if hit is not None:
-                    s = min(hit[0] - o - dur, s - _TOUCH)
+                    s = min(hit[0] - o - dur, s - c.tol(s + o + dur))
                     bumped = True
             if not bumped:
                 return max(s, lo)
-        return None
+        if s < lo - 1e-9:
+            return None
+        raise _stuck("latest", job, lo, hi, dur, cap)
 
     def book(self, job: int, start: float, dur: float, direction: Direction) -> None:
         """Hold the lane for [start, start + dur) in every replica."""
@@ -220,3 +268,18 @@ class LaneSet:
         if t < hi:
             out.append((t, hi))
         return out
+
+
+def _step_cap(c: _Circle, offsets: Sequence[float], lo: float, hi: float) -> int:
+    """Steps a search over [lo, hi] may take (NOTE [ Lane steps relative to
+    the magnitude ]): four per booked replica it can meet, plus slack."""
+    periods = (hi - lo) / c.period if c.period > 0 else 0.0
+    spans = min(math.ceil(max(periods, 0.0)), 1 << 20) + 2
+    return 64 + 4 * len(offsets) * (len(c.starts) + 1) * spans
+
+
+def _stuck(search: str, job: int, lo: float, hi: float, dur: float, cap: int) -> PlanError:
+    return PlanError(
+        f"lane search ({search}) for job {job} made no progress in {cap} steps looking for "
+        f"{dur:.6g} us in [{lo:.6g}, {hi:.6g}] us: times this large cannot be scheduled"
+    )
