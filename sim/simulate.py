@@ -112,7 +112,14 @@ def _run(
         compiled.append(CompiledJob(j, job, n_it, device))
     model = GpuModel(compiled, device, budget, policy)
     model.run()
-    return build_result(model, device.hw.name, seed)
+    result = build_result(model, device.hw.name, seed)
+    if not math.isfinite(result.makespan_s):  # NOTE [ Trace sanity ranges ]: an error, not a result
+        raise SimError(
+            f"the simulated makespan is not finite ({result.makespan_s} s): the op or copy "
+            f"times on {device.hw.name} overflow (check the trace's flops and durations, "
+            "and the profile or latency model)"
+        )
+    return result
 
 
 def _policy(oom: OomPolicy | str) -> OomPolicy:
