@@ -6,6 +6,7 @@ import argparse
 import json
 
 from memplan.traces import io
+from memplan.traces.fields import printable
 from memplan.traces.io import fingerprint
 from memplan.traces.model import BUFFER_KINDS, Phase, Trace
 from memplan.units import format_bytes
@@ -65,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2))
         return 0
     print(
-        f"{s['model']}  batch {s['batch_size']}  optimizer {s['optimizer'] or '-'}  "
-        f"captured on {s['device']}  ({s['fingerprint'][:12]})"
+        f"{printable(s['model'])}  batch {s['batch_size']}  "
+        f"optimizer {printable(s['optimizer']) or '-'}  "
+        f"captured on {printable(s['device'])}  ({s['fingerprint'][:12]})"
     )
     phases = "  ".join(f"{p.value} {s['ops_by_phase'][p.value]}" for p in Phase)
     print(f"ops       {s['ops']:>7}   ({phases})")
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(
         f"vanilla peak    {format_bytes(s['peak_bytes']):>12}  at op {s['peak_op']} "
-        f"({s['peak_op_target']}, {s['peak_op_phase']})"
+        f"({printable(str(s['peak_op_target']))}, {s['peak_op_phase']})"
     )
     print(
         f"liveness peak   {format_bytes(s['liveness_peak_bytes']):>12}  at op "
@@ -89,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"largest {len(s['largest_buffers'])} buffers:")
     for b in s["largest_buffers"]:
-        print(f"  #{b['id']:<6}{format_bytes(b['nbytes']):>12}  {b['kind']:<16}{b['name']}")
+        print(f"  #{b['id']:<6}{format_bytes(b['nbytes']):>12}  {b['kind']:<16}{printable(b['name'])}")
     return 0

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from memplan.commands import machine
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core import io as plan_io
+from memplan.planners.core.check import check_delays
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
@@ -72,8 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def plans_for(sources: list[str], traces: list[Trace]) -> list[Plan]:
-    """One plan per trace from the `--plan` options (see the option's help)."""
+def plans_for(
+    sources: list[str], traces: list[Trace], device: DeviceModel | None = None
+) -> list[Plan]:
+    """One plan per trace from the `--plan` options (see the option's help);
+    with `device`, a plan file's delays must fit the iteration on it
+    (planners/core/check.py NOTE [ Delays within the iteration ])."""
     if not sources:
         return [vanilla_plan(t) for t in traces]
     if len(sources) == 1 and sources[0] in BUILTIN_PLANS:
@@ -94,6 +100,8 @@ def plans_for(sources: list[str], traces: list[Trace]) -> list[Plan]:
             plans.append(BUILTIN_PLANS[entry](trace))
         else:
             validate(entry, trace, where)
+            if device is not None:
+                check_delays(entry, trace, device, where)
             plans.append(entry)
     return plans
 
@@ -103,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     device = machine.device(args)
     traces = [io.load(p) for p in args.traces]
     budget = machine.resolve_budget(args, traces, device)
-    plans = plans_for(args.plan, traces)
+    plans = plans_for(args.plan, traces, device)
     jobs = [
         Job(t, p, name=_job_name(path, t))
         for path, t, p in zip(args.traces, traces, plans, strict=True)

@@ -31,12 +31,52 @@ per-op tables and the plan's index are the simulator's (`OpTable`,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, describe, validate
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Recomputation, Triggered
 from memplan.traces.model import Trace
 
+if TYPE_CHECKING:
+    from memplan.hwmodels.device import DeviceModel
+
 MAX_ITERATIONS = 16
+
+
+# NOTE [ Delays within the iteration ]
+# A swap's `delay_us` is TENSILE's Δtime after its trigger op, within the
+# iteration. One longer than the whole iteration fires the copy in a later
+# iteration than the one it belongs to, which no event means, and a replay
+# would wait it out in real time (a delay of 1e9 us is a quarter hour). How
+# long the iteration is depends on the device, so the rule lives here, apart
+# from the static replay, and is applied where a plan meets its device: the
+# simulator's command (`memplan simulate --plan`) and the replay's validation
+# (`validate/calibrate/simvsreal.resolve_plan`, on the device it measured).
+# The iteration is the vanilla one, the sum of the device's op durations: a
+# plan only lengthens it (stalls, recomputes), and no planner sets a delay
+# near it (they all set 0), so the bound refuses garbage, not plans. The plan
+# file's own bound (`planners/core/io.py` NOTE [ Plan fields ]) needs no
+# device: finite, >= 0, at most a day.
+
+
+def iteration_us(trace: Trace, device: DeviceModel) -> float:
+    """The vanilla iteration of `trace` on `device`: its op durations, summed, in us."""
+    return float(device.op_durations(trace).sum())
+
+
+def check_delays(plan: Plan, trace: Trace, device: DeviceModel, where: str = "plan") -> None:
+    """Raise `PlanError` naming the event if a swap's `delay_us` is longer
+    than the iteration on `device` (NOTE [ Delays within the iteration ])."""
+    limit = None
+    for e, ev in enumerate(plan.events):
+        if isinstance(ev, SwapOut | SwapIn) and ev.delay_us > 0:
+            limit = iteration_us(trace, device) if limit is None else limit
+            if ev.delay_us > limit:
+                raise PlanError(
+                    f"{where}.events[{e}].delay_us: {ev.delay_us:g} us is longer than the "
+                    f"iteration it belongs to ({limit:g} us of ops on {device.hw.name})"
+                )
 
 
 def check(plan: Plan, trace: Trace) -> None:

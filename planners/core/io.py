@@ -26,7 +26,6 @@ Every problem is a `PlanError` naming the location (``plans[0].events[3]``).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -39,12 +38,14 @@ from memplan.planners.core.plan import (
     Plan,
     PlanResult,
     Reason,
+    Recompute,
     Release,
     Status,
     SwapIn,
     SwapOut,
     validate,
 )
+from memplan.traces import fields
 from memplan.traces.io import enum_value, read_json, save_json
 from memplan.traces.model import Trace
 
@@ -101,100 +102,128 @@ def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
 
 
 # ---- reading ---------------------------------------------------------------
-_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "swap_out": {"after_op": int, "delay_us": (int, float), "before_op": int},
-    "swap_in": {
-        "after_op": int,
-        "before_op": int,
-        "delay_us": (int, float),
-        "next_iteration": bool,
-    },
-    "release": {"after_op": int},
-    "recompute": {"before_op": int, "ops": list, "restore_rng": bool},
-}
-# defaults of the fields an event of each type may leave out
-_OPTIONAL: dict[str, dict[str, Any]] = {
-    "swap_out": {"delay_us": 0.0, "before_op": -1},
-    "swap_in": {"delay_us": 0.0, "next_iteration": False},
-    "release": {},
-    "recompute": {"restore_rng": False},
-}
+# NOTE [ Plan fields ]
+# Every field of a plan file goes through `traces/fields.py` (NOTE [ Fields
+# from files ]): `type` is one of the four event names; `buffer` an integer
+# >= 0; `after_op` an integer >= -1 (-1: the iteration's start), `before_op`
+# >= 0 (a swap-out's may be -1: no deadline), recompute `ops` integers >= 0;
+# `delay_us` a finite number >= 0 and at most MAX_DELAY_US (a day: no
+# training iteration is longer, and anything past it is surely garbage;
+# the bound by the iteration itself needs a device, NOTE [ Delays within the
+# iteration ] in `planners/core/check.py`); `next_iteration` and
+# `restore_rng` true or false; the fingerprint, model, planner, status,
+# reason and detail strings; `solve_time_s` a finite number >= 0; `options`
+# and `stats` objects. Whether ids exist in the trace is `validate`'s
+# (`planners.core.plan`), run when the traces are given. The whole document
+# nests at most `fields.MAX_DEPTH` levels.
+MAX_DELAY_US = 86_400e6
 
 
-def _field(
-    d: dict[str, Any],
-    key: str,
-    typ: type | tuple[type, ...],
-    where: str,
-    optional: dict[str, Any] | None = None,
-) -> Any:
+def _int(d: dict[str, Any], key: str, where: str, lo: int = 0) -> int:
     if key not in d:
-        if optional is not None and key in optional:
-            return optional[key]
         raise PlanError(f"{where}.{key}: missing")
-    v = d[key]
-    types = typ if isinstance(typ, tuple) else (typ,)
-    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-        names = "/".join(t.__name__ for t in types)
-        raise PlanError(f"{where}.{key}: expected {names}, got {json.dumps(v)[:40]}")
-    return v
+    return fields.integer(d[key], f"{where}.{key}", PlanError, lo=lo)
+
+
+def _str(d: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    if key not in d:
+        if default is not None:
+            return default
+        raise PlanError(f"{where}.{key}: missing")
+    return fields.string(d[key], f"{where}.{key}", PlanError)
+
+
+def _delay(d: dict[str, Any], where: str) -> float:
+    if "delay_us" not in d:
+        return 0.0
+    return fields.number(d["delay_us"], f"{where}.delay_us", PlanError, 0.0, MAX_DELAY_US)
+
+
+def _flag(d: dict[str, Any], key: str, where: str) -> bool:
+    return fields.boolean(d[key], f"{where}.{key}", PlanError) if key in d else False
 
 
 def event_from_dict(d: Any, where: str) -> Event:
     if not isinstance(d, dict):
-        raise PlanError(f"{where}: expected an object, got {type(d).__name__}")
-    kind = d.get("type")
-    if kind not in EVENT_TYPES:
-        raise PlanError(f"{where}.type: unknown event {kind!r} (one of {', '.join(EVENT_TYPES)})")
-    buffer = _field(d, "buffer", int, where)
-    kw = {k: _field(d, k, t, where, _OPTIONAL[kind]) for k, t in _FIELDS[kind].items()}
-    if kind == "recompute":
-        ops = kw["ops"]
-        for j, k in enumerate(ops):
-            if not isinstance(k, int) or isinstance(k, bool):
-                raise PlanError(f"{where}.ops[{j}]: expected an op index, got {json.dumps(k)[:40]}")
-        kw["ops"] = tuple(ops)
-    if "delay_us" in kw:
-        kw["delay_us"] = float(kw["delay_us"])
-    return EVENT_TYPES[kind](buffer=buffer, **kw)
+        raise PlanError(f"{where}: expected an object, got {fields.shown(d)}")
+    if "type" not in d:
+        raise PlanError(f"{where}.type: missing (one of {', '.join(EVENT_TYPES)})")
+    kind = d["type"]
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
+        raise PlanError(
+            f"{where}.type: unknown event {fields.shown(kind)} (one of {', '.join(EVENT_TYPES)})"
+        )
+    buffer = _int(d, "buffer", where)
+    if kind == "release":
+        return Release(buffer, _int(d, "after_op", where, -1))
+    if kind == "swap_out":
+        before = _int(d, "before_op", where, -1) if "before_op" in d else -1
+        return SwapOut(buffer, _int(d, "after_op", where, -1), _delay(d, where), before)
+    if kind == "swap_in":
+        return SwapIn(
+            buffer,
+            _int(d, "after_op", where, -1),
+            _int(d, "before_op", where),
+            _delay(d, where),
+            _flag(d, "next_iteration", where),
+        )
+    if "ops" not in d:
+        raise PlanError(f"{where}.ops: missing")
+    ops = d["ops"]
+    if not isinstance(ops, list):
+        raise PlanError(f"{where}.ops: expected a list of op indices, got {fields.shown(ops)}")
+    return Recompute(
+        buffer,
+        _int(d, "before_op", where),
+        tuple(fields.integer(k, f"{where}.ops[{j}]", PlanError) for j, k in enumerate(ops)),
+        _flag(d, "restore_rng", where),
+    )
 
 
 def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     if not isinstance(d, dict):
-        raise PlanError(f"{where}: expected an object, got {type(d).__name__}")
-    fp = _field(d, "trace", str, where)
-    events = _field(d, "events", list, where)
-    model = d.get("model", "")
+        raise PlanError(f"{where}: expected an object, got {fields.shown(d)}")
+    fp = _str(d, "trace", where)
+    if "events" not in d:
+        raise PlanError(f"{where}.events: missing")
+    events = d["events"]
+    if not isinstance(events, list):
+        raise PlanError(f"{where}.events: expected a list, got {fields.shown(events)}")
     return Plan(
         fp,
         tuple(event_from_dict(e, f"{where}.events[{i}]") for i, e in enumerate(events)),
-        model if isinstance(model, str) else "",
+        _str(d, "model", where, ""),
     )
 
 
 def from_dict(doc: Any, traces: Sequence[Trace] | None = None) -> PlanResult:
     """Build a `PlanResult`; with `traces` (one per plan, in order) also
-    validate each plan against its trace (`planners.core.plan.validate`)."""
+    validate each plan against its trace (`planners.core.plan.validate`).
+    Every field is checked (NOTE [ Plan fields ])."""
+    fields.depth_at_most(doc, "plan", PlanError)
     if not isinstance(doc, dict):
-        raise PlanError(f"top level: expected an object, got {type(doc).__name__}")
+        raise PlanError(f"top level: expected an object, got {fields.shown(doc)}")
     if doc.get("schema") != SCHEMA:
-        raise PlanError(f"schema: expected {SCHEMA!r}, got {doc.get('schema')!r}")
-    plans = tuple(
-        plan_from_dict(p, f"plans[{i}]") for i, p in enumerate(_field(doc, "plans", list, "plan"))
-    )
-    options, stats = doc.get("options", {}), doc.get("stats", {})
-    if not isinstance(options, dict) or not isinstance(stats, dict):
-        raise PlanError("options/stats: expected objects")
+        raise PlanError(f"schema: expected {SCHEMA!r}, got {fields.shown(doc.get('schema'))}")
+    raw_plans = doc.get("plans")
+    if not isinstance(raw_plans, list):
+        got = "missing" if raw_plans is None else f"got {fields.shown(raw_plans)}"
+        raise PlanError(f"plans: expected a list of plans, {got}")
+    plans = tuple(plan_from_dict(p, f"plans[{i}]") for i, p in enumerate(raw_plans))
+    for key in ("options", "stats"):
+        if not isinstance(doc.get(key, {}), dict):
+            raise PlanError(f"{key}: expected an object, got {fields.shown(doc[key])}")
     status, reason, detail = _outcome(doc)
+    solve = fields.number(doc.get("solve_time_s"), "solve_time_s", PlanError)
     result = PlanResult(
-        planner=_field(doc, "planner", str, "plan"),
+        planner=_str(doc, "planner", "plan"),
         status=status,
         plans=plans,
         reason=reason,
         detail=detail,
-        solve_time_s=float(_field(doc, "solve_time_s", (int, float), "plan")),
-        options=options,
-        stats=stats,
+        solve_time_s=solve,
+        options=doc.get("options", {}),
+        stats=doc.get("stats", {}),
     )
     if traces is not None:
         if len(traces) != len(plans):
@@ -208,21 +237,16 @@ def _outcome(doc: dict[str, Any]) -> tuple[Status, Reason, str]:
     """(status, reason, detail) of a file; a file older than `status` has
     only `feasible`: false reads as stopped with no move left."""
     if "status" not in doc:
-        feasible = _field(doc, "feasible", bool, "plan")
-        return (
-            (Status.PLANNED, Reason.NONE, "")
-            if feasible
-            else (
-                Status.STOPPED,
-                Reason.NO_MOVE_LEFT,
-                "",
-            )
-        )
-    status = enum_value(Status, _field(doc, "status", str, "plan"), "plan.status", PlanError)
-    reason = enum_value(Reason, _field(doc, "reason", str, "plan"), "plan.reason", PlanError)
-    detail = _field(doc, "detail", str, "plan") if "detail" in doc else ""
+        if "feasible" not in doc:
+            raise PlanError("status: missing")
+        if fields.boolean(doc["feasible"], "feasible", PlanError):
+            return Status.PLANNED, Reason.NONE, ""
+        return Status.STOPPED, Reason.NO_MOVE_LEFT, ""
+    status = enum_value(Status, _str(doc, "status", "plan"), "status", PlanError)
+    reason = enum_value(Reason, _str(doc, "reason", "plan"), "reason", PlanError)
+    detail = _str(doc, "detail", "plan", "")
     if (status is Status.PLANNED) != (reason is Reason.NONE):
-        raise PlanError(f"plan.reason: {reason.value!r} does not go with status {status.value!r}")
+        raise PlanError(f"reason: {reason.value!r} does not go with status {status.value!r}")
     return status, reason, detail
 
 

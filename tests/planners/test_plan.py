@@ -143,19 +143,46 @@ def test_validate_names_the_event(event, message):
         validate(Plan(fingerprint(t), (event,)), t)
 
 
+def _nested(depth: int) -> list:
+    x: list = []
+    for _ in range(depth - 1):
+        x = [x]
+    return x
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
         (lambda d: d.update(schema="memplan.plan/0"), r"schema: expected 'memplan.plan/1'"),
-        (lambda d: d["plans"][0]["events"][0].update(type="swap"), r"plans\[0\].events\[0\].type: unknown event 'swap'"),
+        (lambda d: d["plans"][0]["events"][0].update(type="swap"), r"plans\[0\].events\[0\].type: unknown event \"swap\""),
+        (lambda d: d["plans"][0]["events"][0].update(type={}), r"plans\[0\].events\[0\].type: unknown event \{\} \(one of swap_out"),
+        (lambda d: d["plans"][0]["events"][0].pop("type"), r"events\[0\].type: missing"),
         (lambda d: d["plans"][0]["events"][0].pop("after_op"), r"plans\[0\].events\[0\].after_op: missing"),
-        (lambda d: d["plans"][0]["events"][1].update(before_op="2"), r"events\[1\].before_op: expected int, got \"2\""),
-        (lambda d: d["plans"][0]["events"][2].update(next_iteration=1), r"events\[2\].next_iteration: expected bool, got 1"),
-        (lambda d: d["plans"][0]["events"][4].update(ops=[1.5]), r"events\[4\].ops\[0\]: expected an op index"),
-        (lambda d: d["plans"][0].update(events={}), r"plans\[0\].events: expected list"),
-        (lambda d: d.update(status="maybe"), r"plan.status: unknown Status 'maybe' \(one of planned"),
+        (lambda d: d["plans"][0]["events"][1].update(before_op="2"), r"events\[1\].before_op: expected an integer, got \"2\""),
+        (lambda d: d["plans"][0]["events"][1].update(before_op=-2), r"events\[1\].before_op: expected an integer in \[-1, "),
+        (lambda d: d["plans"][0]["events"][2].update(before_op=-1), r"events\[2\].before_op: expected an integer in \[0, "),
+        (lambda d: d["plans"][0]["events"][0].update(buffer=2**63), r"events\[0\].buffer: expected an integer in \[0, 9223372036854775807\]"),
+        (lambda d: d["plans"][0]["events"][0].update(buffer=True), r"events\[0\].buffer: expected an integer, got true"),
+        (lambda d: d["plans"][0]["events"][0].update(delay_us=10**400), r"events\[0\].delay_us: expected a finite number"),
+        (lambda d: d["plans"][0]["events"][0].update(delay_us="1"), r"events\[0\].delay_us: expected a number, got \"1\""),
+        (lambda d: d["plans"][0]["events"][0].update(delay_us=-0.5), r"events\[0\].delay_us: expected a number in \[0, 8.64e\+10\]"),
+        (lambda d: d["plans"][0]["events"][0].update(delay_us=1e308), r"events\[0\].delay_us: expected a number in \[0, 8.64e\+10\], got 1e\+308"),
+        (lambda d: d["plans"][0]["events"][2].update(next_iteration=1), r"events\[2\].next_iteration: expected true or false, got 1"),
+        (lambda d: d["plans"][0]["events"][4].update(ops=[1.5]), r"events\[4\].ops\[0\]: expected an integer, got 1.5"),
+        (lambda d: d["plans"][0]["events"][4].update(ops=3), r"events\[4\].ops: expected a list of op indices, got 3"),
+        (lambda d: d["plans"][0]["events"].append(7), r"events\[6\]: expected an object, got 7"),
+        (lambda d: d["plans"][0].update(events={}), r"plans\[0\].events: expected a list, got \{\}"),
+        (lambda d: d["plans"][0].update(trace=None), r"plans\[0\].trace: expected a string, got null"),
+        (lambda d: d["plans"][0].update(model=["x"]), r"plans\[0\].model: expected a string"),
+        (lambda d: d.update(plans={}), r"plans: expected a list of plans, got \{\}"),
+        (lambda d: d.update(status="maybe"), r"status: unknown Status 'maybe' \(one of planned"),
+        (lambda d: d.update(status=5), r"status: expected a string, got 5"),
         (lambda d: d.update(reason="time limit"), r"'time limit' does not go with status 'planned'"),
-        (lambda d: [d.pop("status"), d.update(feasible="yes")], r"plan.feasible: expected bool"),
+        (lambda d: [d.pop("status"), d.update(feasible="yes")], r"feasible: expected true or false, got \"yes\""),
+        (lambda d: d.update(solve_time_s=float("nan")), r"solve_time_s: expected a finite number, got NaN"),
+        (lambda d: d.update(options=[]), r"options: expected an object, got \[\]"),
+        (lambda d: d.update(planner=None), r"planner: expected a string"),
+        (lambda d: d["plans"][0].update(events=_nested(70)), r"plan: nested more than 64 levels deep"),
     ],
 )  # fmt: skip
 def test_malformed_files(tmp_path, edit, message):
@@ -172,6 +199,13 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(PlanError, match="not valid JSON"):
         plan_io.load(tmp_path / "bad.json")
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(PlanError, match="empty.json: not valid JSON"):
+        plan_io.load(tmp_path / "empty.json")
+    # 100,000 levels: Python's json gives up with a RecursionError, the loader with one line
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(PlanError, match="deep.json: "):
+        plan_io.load(tmp_path / "deep.json")
 
 
 def test_plan_count_must_match_traces(tmp_path):
@@ -199,3 +233,21 @@ def test_events_store_plain_ints():
     json.dumps(plan_io.event_to_dict(ev))
     with pytest.raises(TypeError):
         SwapOut(1.5, 0)
+
+
+def test_delays_longer_than_the_iteration_are_refused():
+    # NOTE [ Delays within the iteration ]: four ops of 1, 2, 3 and 4 ms make
+    # a 10 ms iteration on this device; a delay up to it is a plan, past it not
+    from memplan.hwmodels.device import DeviceModel
+    from memplan.hwmodels.latency import Fixed
+    from memplan.planners.core.check import check_delays, iteration_us
+
+    from tests.hwmodels.handmade import device
+
+    t = trace()
+    dev = DeviceModel(device(), Fixed([1e-3, 2e-3, 3e-3, 4e-3]))
+    assert iteration_us(t, dev) == 10_000.0
+    check_delays(Plan(fingerprint(t), (SwapOut(2, 0, 10_000.0), Release(3, 2))), t, dev)
+    late = Plan(fingerprint(t), (Release(3, 2), SwapIn(2, 1, 3, delay_us=10_000.5)))
+    with pytest.raises(PlanError, match=r"^p.json: plans\[0\].events\[1\].delay_us: 10000.5 us is longer than the iteration it belongs to \(10000 us of ops on hand-gpu\)$"):  # fmt: skip
+        check_delays(late, t, dev, "p.json: plans[0]")

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from memplan.hwmodels.profile import Hardware
+from memplan.planners.core.check import check_delays
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
 from memplan.sim import Job, simulate
@@ -83,6 +84,7 @@ def resolve_plan(
     planner makes for the measured device."""
     if isinstance(plan, Plan):
         validate(plan, trace)
+        check_delays(plan, trace, model.device(lanes))  # before any replay waits them out
         return plan, "file", True
     from memplan.planners import registry
 

@@ -10,6 +10,7 @@ that `compare_results` can check a plan changed nothing computed."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Protocol
 
@@ -98,6 +99,25 @@ from memplan.validate.replay.transfer import Direction, Transfer
 # is written by the same ops, in order, as the dropped copy was.
 
 
+# NOTE [ Bounded waits ]
+# The replay waits out a plan's delays in real time, and the compute thread
+# waits for copies only a lane thread ends, so every wait has a bound:
+# - a swap's delay is at most `max_delay_s` (default MAX_DELAY_S, 10 s), else
+#   the replay refuses the plan before it starts; `validate` holds delays to
+#   the measured iteration first (planners/core/check.py NOTE [ Delays within
+#   the iteration ]);
+# - a wait for a transfer ends by its ready time plus the time the link needs
+#   for every byte of the trace (at most one transfer per buffer is in
+#   flight, and those ahead in the FIFO were ready earlier) plus WAIT_SLACK_S
+#   for a busy machine; past that the replay stops with a `ValidationError`
+#   naming the transfer, and so it does when the lanes are not done that long
+#   after the last op (they finish what is queued);
+# - a lane thread that dies ends its transfers (NOTE [ A lane that dies ] in
+#   `validate/replay/lanes.py`), so the waits end at once with its error.
+MAX_DELAY_S = 10.0
+WAIT_SLACK_S = 60.0
+
+
 class ReplaySync(LaneSync, Protocol):
     """NOTE [ Test synchronisation ] in `validate/replay/lanes.py`: also called on
     the compute thread when op `op` of `iteration` has ended and its events
@@ -136,6 +156,13 @@ class Executor:
         mover = Mover(self.pool, lanes)
         self.sync = sync
         self.lanes = [Lane(k, mover, bandwidth_bytes_per_s, self.t0, sync) for k in range(lanes)]
+        # NOTE [ Bounded waits ]: the link's time for every byte of the trace, and slack
+        link_s = float(self.nbytes.sum()) / bandwidth_bytes_per_s if bandwidth_bytes_per_s else 0.0
+        self.wait_slack_s = link_s + WAIT_SLACK_S
+        self.max_delay_s = max(
+            (ev.delay_us * 1e-6 for g in schedule.after for ev in g if not isinstance(ev, Release)),
+            default=0.0,
+        )
         n_it, n_ops = iterations, trace.n_ops
         self.op_seconds = np.zeros((n_it, n_ops))
         self.memory_curve = np.zeros((n_it, n_ops), np.int64)
@@ -166,9 +193,16 @@ class Executor:
         finally:
             for lane in self.lanes:
                 lane.close()
+            deadline = time.perf_counter() + self.max_delay_s + self.wait_slack_s
             for lane in self.lanes:
-                lane.join()
+                lane.join(timeout=max(deadline - time.perf_counter(), 0.0))
         self._raise_lane_errors()
+        stuck = [lane.name for lane in self.lanes if lane.is_alive()]
+        if stuck:  # NOTE [ Bounded waits ]
+            raise ValidationError(
+                f"copy lane {stuck[0]} has not finished its transfers "
+                f"{self.max_delay_s + self.wait_slack_s:.3g} s after the last op"
+            )
         persistent = [b.id for b in self.trace.buffers if b.persistent]
         for b in persistent:
             if not self.pool.on_device(b) and not self.pool.host_valid(b):
@@ -277,8 +311,12 @@ class Executor:
     def _wait(self, t: Transfer) -> None:
         if not t.done.is_set():
             t0 = time.perf_counter()
-            t.done.wait()
+            limit = max(t.ready_s - t0, 0.0) + self.wait_slack_s  # NOTE [ Bounded waits ]
+            done = t.done.wait(limit)
             self.wait_seconds[self.it] += time.perf_counter() - t0
+            self._raise_lane_errors()
+            if not done:
+                raise ValidationError(f"{t.label}: not over after waiting {limit:.3g} s for it")
         self._raise_lane_errors()
 
     # ---- plan events ----------------------------------------------------------------
@@ -423,9 +461,11 @@ def replay(
     bandwidth_bytes_per_s: float | None = None,
     lanes: int = 1,
     sync: ReplaySync | None = None,
+    max_delay_s: float = MAX_DELAY_S,
 ) -> ReplayResult:
     """Run `iterations` training steps of `trace` with real tensors on
-    `device`, applying `plan` (None: the framework's own frees only).
+    `device`, applying `plan` (None: the framework's own frees only); a
+    swap's delay over `max_delay_s` is refused (NOTE [ Bounded waits ]).
 
     Transfers run on `lanes` copy lanes (1: one lane shared by both
     directions; 2: swap-outs on one, swap-ins on the other), throttled to
@@ -442,9 +482,11 @@ def replay(
         raise ValidationError(f"lanes={lanes} must be 1 or 2")
     if bandwidth_bytes_per_s is not None and not bandwidth_bytes_per_s > 0:
         raise ValidationError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s} must be > 0")
+    if not 0 <= max_delay_s < math.inf:
+        raise ValidationError(f"max_delay_s={max_delay_s} must be a finite number >= 0")
     if trace.n_ops == 0:
         raise ValidationError(f"trace {trace.meta.model!r} has no ops to replay")
     dev = run_device(device)
-    schedule = build_schedule(plan, trace)
+    schedule = build_schedule(plan, trace, max_delay_s)
     ex = Executor(trace, dev, schedule, seed, iterations, bandwidth_bytes_per_s, lanes, sync)
     return ex.run()

@@ -81,6 +81,19 @@ from memplan.validate.replay.transfer import Transfer, TransferRecord
 # threads in a chosen order without timing. Replays pass None.
 
 
+# NOTE [ A lane that dies ]
+# The compute thread waits on transfers that only a lane thread ends. If the
+# lane thread itself raised -- outside a transfer's steps, which report
+# their own errors (`Lane._step`) -- every transfer it held or had queued
+# would never end, and the compute thread would wait for ever (a plan's
+# delay of 1e308 us once made `acquire(timeout=1e302)` raise OverflowError
+# there). So whatever escapes the lane's loop fails each of its transfers
+# with that error and sets their `done`; the compute thread wakes and raises
+# it (`pool.lane_error`) as a `ValidationError`, and a transfer submitted to
+# a dead lane fails at once. Timed waits are clamped to
+# `threading.TIMEOUT_MAX`: a later wake-up only looks again.
+
+
 _PR_SET_TIMERSLACK = 29
 LANE_NICE = -10  # the lane thread's nice value where the process may raise it
 
@@ -151,6 +164,8 @@ class Lane(threading.Thread):
         self._closed = False
         self._idle = True  # no copy holds the lane
         self._wake_at = -math.inf  # when the sleeping lane wakes anyway; -inf: awake
+        self._current: Transfer | None = None  # the copy holding the lane
+        self._dead: BaseException | None = None  # NOTE [ A lane that dies ]
 
     def _poke(self) -> None:
         with contextlib.suppress(RuntimeError):  # already released: the lane will look
@@ -161,10 +176,14 @@ class Lane(threading.Thread):
         (NOTE [ Lean lanes ]: the lane is woken only for what it must do
         before it would wake anyway)."""
         now = time.perf_counter()
+        if self._dead is not None:  # NOTE [ A lane that dies ]
+            self._fail(t, self._dead)
+            return
         if t.ready_s <= now and not self._step(t, self.mover.arrive):
             self._finish(t, moved=False)
             return
         with self._lock:
+            dead = self._dead
             item = (t.ready_s, self._seq, t)
             self._seq += 1
             if t.ready_s <= now:
@@ -174,7 +193,9 @@ class Lane(threading.Thread):
                 heapq.heappush(self._queue, item)
                 due = t.ready_s
             poke = due < self._wake_at
-        if poke:
+        if dead is not None:  # it died while `t` arrived: nobody takes the queues
+            self._fail(t, dead)
+        elif poke:
             self._poke()
 
     def close(self) -> None:
@@ -190,7 +211,29 @@ class Lane(threading.Thread):
             self.mover.fail(t, e)
             return False
 
+    def _fail(self, t: Transfer, error: BaseException) -> None:
+        """End `t` as failed by `error` (NOTE [ A lane that dies ])."""
+        try:
+            self.mover.fail(t, RuntimeError(f"copy lane {self.index} stopped: {error!r}"))
+        finally:
+            t.done.set()
+
     def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 -- handed to the compute thread
+            with self._lock:
+                self._dead = e
+                orphans = [item[2] for item in (*self._fifo, *self._queue)]
+                self._fifo.clear()
+                self._queue.clear()
+            if self._current is not None:
+                orphans.insert(0, self._current)
+            for t in orphans:
+                self._fail(t, e)
+
+    def _serve(self) -> None:
+        """The lane's loop: transfers through their steps until closed."""
         _prompt_wakeups()
         if self.mover.cuda:
             torch.cuda.set_device(self.mover.device)
@@ -217,7 +260,8 @@ class Lane(threading.Thread):
                 self._step(current, mover.end)
                 current.end_s = clock()
                 self._finish(current, moved=True)
-                current, end_at = None, math.inf
+                current = self._current = None
+                end_at = math.inf
             if current is None and fifo:
                 with lock:
                     t = heapq.heappop(fifo)[2]
@@ -225,7 +269,7 @@ class Lane(threading.Thread):
                 if not self._step(t, mover.start, self.index):
                     self._finish(t, moved=False)
                     continue
-                current = t
+                current = self._current = t
                 if self.bandwidth:  # NOTE [ Throttled copies ]
                     end_at = free_at = max(t.ready_s, free_at) + t.nbytes / self.bandwidth
                 else:
@@ -243,7 +287,8 @@ class Lane(threading.Thread):
             if wake == math.inf:
                 self._wake.acquire()  # a new transfer, or the close
             elif (timeout := wake - clock()) > 0:
-                self._wake.acquire(timeout=timeout)  # a copy's end, a ready time, or news
+                # a copy's end, a ready time, or news (NOTE [ A lane that dies ]: clamped)
+                self._wake.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
             with lock:
                 self._wake_at = -math.inf
 

@@ -7,9 +7,18 @@ index); the loop over ops only looks lists up.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from memplan.planners.core.plan import Plan, Recompute, describe, empty_plan, validate
+from memplan.planners.core.plan import (
+    Plan,
+    Recompute,
+    SwapIn,
+    SwapOut,
+    describe,
+    empty_plan,
+    validate,
+)
 from memplan.planners.core.semantics import IndexedPlan, Triggered
 from memplan.traces.model import Trace
 from memplan.validate.errors import ValidationError
@@ -33,13 +42,20 @@ class Schedule:
     recompute_ops: frozenset[int]
 
 
-def build_schedule(plan: Plan | None, trace: Trace) -> Schedule:
+def build_schedule(plan: Plan | None, trace: Trace, max_delay_s: float = math.inf) -> Schedule:
     """Index `plan` (None: the vanilla run) by op. Raises `PlanError` if the
     plan does not fit the trace or recomputes one buffer twice before one op,
     `ValidationError` if a recompute would re-draw random numbers without
-    restoring the generator."""
+    restoring the generator or a swap's delay is over `max_delay_s`
+    (NOTE [ Bounded waits ] in `validate/replay/executor.py`)."""
     if plan is not None:
         validate(plan, trace)
+        for e, ev in enumerate(plan.events):
+            if isinstance(ev, SwapOut | SwapIn) and ev.delay_us * 1e-6 > max_delay_s:
+                raise ValidationError(
+                    f"plan.events[{e}].delay_us: {ev.delay_us:g} us is longer than a replay "
+                    f"waits out ({max_delay_s:g} s)"
+                )
     ip = IndexedPlan.of(plan if plan is not None else empty_plan(trace), trace)
     for r in ip.recompute.values():
         ev = r.event

@@ -42,7 +42,8 @@ class Latch:
         """Whether it is set, waiting up to `timeout` seconds (None: for ever)."""
         if self._set:
             return True
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+        wait = -1 if timeout is None else min(timeout, threading.TIMEOUT_MAX)
+        if not self._lock.acquire(timeout=wait):
             return False
         self._lock.release()  # the next waiter passes too
         return True

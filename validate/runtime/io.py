@@ -4,11 +4,11 @@ Every problem is a one-line `RuntimePlanError` naming the field."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from memplan.traces.io import read_json, save_json
+from memplan.traces import fields
+from memplan.traces.io import enum_value, read_json, save_json
 from memplan.validate.runtime.errors import RuntimePlanError
 from memplan.validate.runtime.plan import Action, RecomputeOp, RuntimePlan, SavedDecision, Skipped
 
@@ -49,68 +49,94 @@ def to_dict(rp: RuntimePlan) -> dict[str, Any]:
     }
 
 
-def _get(d: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
+# NOTE [ Runtime plan fields ]
+# Checked as every file field is (traces/fields.py NOTE [ Fields from files ]):
+# `saved[i].index` is i (pack order); `buffer`, `nbytes`, `invocation` and
+# `occurrence` integers >= 0 within int64; `prefetch_after` null or a pack
+# index of this plan (0..len(saved)-1); `persistent` true or false; `action`
+# one of `Action`; module paths, targets and names strings; lists are lists;
+# the document nests at most `fields.MAX_DEPTH` levels.
+_INT, _STR, _BOOL = "int", "str", "bool"
+
+
+def _get(d: Any, key: str, kind: str, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise RuntimePlanError(f"{where}: expected an object, got {fields.shown(d)}")
+    if key not in d:
         raise RuntimePlanError(f"{where}.{key}: missing")
-    v = d[key]
-    if not isinstance(v, typ) or (isinstance(v, bool) and typ is int):
-        raise RuntimePlanError(f"{where}.{key}: unexpected value {json.dumps(v)[:40]}")
+    v, at = d[key], f"{where}.{key}"
+    if kind == _INT:
+        return fields.integer(v, at, RuntimePlanError)
+    if kind == _BOOL:
+        return fields.boolean(v, at, RuntimePlanError)
+    return fields.string(v, at, RuntimePlanError)
+
+
+def _list(d: dict[str, Any], key: str, where: str, default: list[Any] | None = None) -> list[Any]:
+    if key not in d and default is not None:
+        return default
+    v = d.get(key)
+    if not isinstance(v, list):
+        got = "missing" if key not in d else f"expected a list, got {fields.shown(v)}"
+        raise RuntimePlanError(f"{where}{key}: {got}")
     return v
 
 
+def _saved(d: Any, i: int, n: int) -> SavedDecision:
+    w = f"saved[{i}]"
+    act = enum_value(Action, _get(d, "action", _STR, w), f"{w}.action", RuntimePlanError)
+    pre = d.get("prefetch_after")
+    if pre is not None:
+        pre = fields.integer(pre, f"{w}.prefetch_after", RuntimePlanError, 0, max(n - 1, 0))
+    index = _get(d, "index", _INT, w)
+    if index != i:
+        raise RuntimePlanError(f"{w}.index: {index}, expected {i} (pack order)")
+    return SavedDecision(
+        index,
+        _get(d, "module", _STR, w),
+        _get(d, "buffer", _INT, w),
+        _get(d, "nbytes", _INT, w),
+        _get(d, "persistent", _BOOL, w),
+        act,
+        pre,
+    )
+
+
+def _recompute(r: Any, i: int) -> RecomputeOp:
+    w = f"recompute[{i}]"
+    return RecomputeOp(
+        _get(r, "region", _STR, w),
+        _get(r, "invocation", _INT, w),
+        _get(r, "module", _STR, w),
+        _get(r, "target", _STR, w),
+        _get(r, "occurrence", _INT, w),
+    )
+
+
 def from_dict(doc: Any) -> RuntimePlan:
-    """The inverse of `to_dict`; `RuntimePlanError` naming the bad field."""
+    """The inverse of `to_dict`; `RuntimePlanError` naming the bad field
+    (NOTE [ Runtime plan fields ])."""
+    fields.depth_at_most(doc, "runtime", RuntimePlanError)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise RuntimePlanError(f"schema: expected {SCHEMA!r}, got {got!r}")
-    saved = []
-    for i, d in enumerate(_get(doc, "saved", list, "runtime")):
-        w = f"saved[{i}]"
-        action = _get(d, "action", str, w)
-        try:
-            act = Action(action)
-        except ValueError:
-            raise RuntimePlanError(f"{w}.action: unknown action {action!r}") from None
-        pre = d.get("prefetch_after") if isinstance(d, dict) else None
-        if pre is not None and (not isinstance(pre, int) or isinstance(pre, bool)):
-            raise RuntimePlanError(f"{w}.prefetch_after: expected a pack index or null")
-        index = _get(d, "index", int, w)
-        if index != i:
-            raise RuntimePlanError(f"{w}.index: {index}, expected {i} (pack order)")
-        saved.append(
-            SavedDecision(
-                index,
-                _get(d, "module", str, w),
-                _get(d, "buffer", int, w),
-                _get(d, "nbytes", int, w),
-                _get(d, "persistent", bool, w),
-                act,
-                pre,
-            )
-        )
-    recompute = tuple(
-        RecomputeOp(
-            _get(r, "region", str, f"recompute[{i}]"),
-            _get(r, "invocation", int, f"recompute[{i}]"),
-            _get(r, "module", str, f"recompute[{i}]"),
-            _get(r, "target", str, f"recompute[{i}]"),
-            _get(r, "occurrence", int, f"recompute[{i}]"),
-        )
-        for i, r in enumerate(_get(doc, "recompute", list, "runtime"))
-    )
+        got = doc.get("schema") if isinstance(doc, dict) else doc
+        raise RuntimePlanError(f"schema: expected {SCHEMA!r}, got {fields.shown(got)}")
+    raw = _list(doc, "saved", "")
+    saved = tuple(_saved(d, i, len(raw)) for i, d in enumerate(raw))
+    recompute = tuple(_recompute(r, i) for i, r in enumerate(_list(doc, "recompute", "")))
     skipped = tuple(
-        Skipped(_get(s, "event", str, f"skipped[{i}]"), _get(s, "reason", str, f"skipped[{i}]"))
-        for i, s in enumerate(doc.get("skipped", []))
+        Skipped(_get(s, "event", _STR, f"skipped[{i}]"), _get(s, "reason", _STR, f"skipped[{i}]"))
+        for i, s in enumerate(_list(doc, "skipped", "", []))
     )
-    regions = _get(doc, "regions", list, "runtime")
-    if not all(isinstance(r, str) for r in regions):
-        raise RuntimePlanError("runtime.regions: expected module paths")
+    regions = tuple(
+        fields.string(r, f"regions[{i}]", RuntimePlanError)
+        for i, r in enumerate(_list(doc, "regions", ""))
+    )
     return RuntimePlan(
-        trace_fingerprint=_get(doc, "trace", str, "runtime"),
-        model=str(doc.get("model", "")),
-        planner=str(doc.get("planner", "")),
-        saved=tuple(saved),
-        regions=tuple(regions),
+        trace_fingerprint=_get(doc, "trace", _STR, "runtime"),
+        model=_get(doc, "model", _STR, "runtime") if "model" in doc else "",
+        planner=_get(doc, "planner", _STR, "runtime") if "planner" in doc else "",
+        saved=saved,
+        regions=regions,
         recompute=recompute,
         skipped=skipped,
     )
