@@ -15,6 +15,7 @@ from memplan.hwmodels.errors import LatencyError
 from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, empty_plan
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Triggered
 from memplan.sim.errors import SimError
+from memplan.traces.fields import printable
 from memplan.traces.model import Trace
 
 # Codes of compiled trigger events.
@@ -72,7 +73,8 @@ class CompiledJob:
         plan = job.plan if job.plan is not None else empty_plan(t)
         n = t.n_ops
         self.index = index
-        self.name = job.name or t.meta.model or f"job{index}"
+        # names reach tables, figures and reports: printable whatever their characters
+        self.name = printable(job.name or t.meta.model or f"job{index}")
         self.trace = t
         self.plan = plan
         self.arrival_us = float(job.arrival_s) * 1e6

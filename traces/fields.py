@@ -139,3 +139,16 @@ def enum_value(cls: type, value: Any, where: str, error: type[MemplanError]) -> 
         return cls(value)
     except ValueError:
         raise error(f"{where}: unknown {cls.__name__} {shown(value)} (one of {allowed})") from None
+
+
+def text(value: Any, where: str, error: type[MemplanError]) -> str:
+    """A JSON string that is valid Unicode text: no lone surrogates (a name
+    that must reach code outside Python, such as an operator to look up)."""
+    s = string(value, where, error)
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise error(
+            f"{where}: not valid Unicode text (a lone surrogate at position {e.start}): {shown(s)}"
+        ) from None
+    return s

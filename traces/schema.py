@@ -186,7 +186,7 @@ def _ops(raw_ops: list[Any], n_views: int) -> list[Op]:
     ops = []
     for i, o in enumerate(raw_ops):
         w = f"ops[{i}]"
-        target = _str(o, "target", w)
+        target = fields.text(_get(o, "target", w), f"{w}.target", _E)  # NOTE [ Op targets ]
         phase = fields.enum_value(Phase, _get(o, "phase", w), f"{w}.phase", _E)
         reads = _view_list(o, "reads", w, n_views)
         writes = _view_list(o, "writes", w, n_views)
@@ -211,6 +211,15 @@ def _ops(raw_ops: list[Any], n_views: int) -> list[Op]:
             )
         )
     return ops
+
+
+# NOTE [ Op targets ]
+# Names a trace only carries (buffer names, modules, the model) may hold any
+# code point, lone surrogates included: they are printed through
+# `fields.printable`. An op's `target` is looked up as an operator
+# (`torch.ops.aten.mm.default`) by the latency models and the replay, and
+# torch takes only valid Unicode there, so a target with a lone surrogate
+# cannot name an operator and is refused at load (`fields.text`).
 
 
 def _saved(raw_saved: list[Any], n_views: int) -> list[SavedTensor]:

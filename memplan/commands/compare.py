@@ -11,6 +11,7 @@ from memplan.commands import machine
 from memplan.hwmodels.device import DeviceModel
 from memplan.traces import io
 from memplan.traces.errors import MemplanError
+from memplan.traces.fields import printable
 from memplan.traces.model import Trace
 
 
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(c.to_dict(), indent=2))
     else:
-        print(report.text_table(c))
+        print(printable(report.text_table(c)))
         if written:
             print(f"\nwrote {Path(args.out)}/: {', '.join(written)}")
     return 0

@@ -91,5 +91,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"largest {len(s['largest_buffers'])} buffers:")
     for b in s["largest_buffers"]:
-        print(f"  #{b['id']:<6}{format_bytes(b['nbytes']):>12}  {b['kind']:<16}{printable(b['name'])}")
+        print(
+            f"  #{b['id']:<6}{format_bytes(b['nbytes']):>12}  {b['kind']:<16}{printable(b['name'])}"
+        )
     return 0

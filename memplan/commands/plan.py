@@ -7,6 +7,7 @@ import json
 
 from memplan.commands import machine
 from memplan.commands.compare import parse_jobs
+from memplan.traces.fields import printable
 from memplan.units import format_bytes
 
 
@@ -79,12 +80,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(
-        f"{result.planner}: {result.explain()}, planned in {result.solve_time_s:.2f} s"
+        f"{result.planner}: {printable(result.explain())}, planned in {result.solve_time_s:.2f} s"
         + (f" for a budget of {format_bytes(budget)}" if budget else "")
     )
     for i, p in enumerate(result.plans):
         counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in p.counts().items() if n)
-        print(f"  job {i} ({traces[i].meta.model}): {counts or 'no events'}")
+        print(f"  job {i} ({printable(traces[i].meta.model)}): {counts or 'no events'}")
     if fit is not None:
         print(f"simulated: {fit['verdict']}")
     if args.out:

@@ -17,6 +17,7 @@ from memplan.planners.core.plan import Plan, validate
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.sim import Job, SimResult, simulate
 from memplan.traces import io
+from memplan.traces.fields import printable
 from memplan.traces.io import atomic_write_bytes
 from memplan.traces.model import Trace
 from memplan.units import format_bytes
@@ -172,7 +173,7 @@ def _net_text(j: Any) -> str:
 def print_table(result: SimResult, latency: str) -> None:
     lanes = "1 shared lane" if len(result.lanes) == 1 else "2 lanes (h2d, d2h)"
     print(
-        f"{result.hardware}: {lanes}, budget {format_bytes(result.budget_bytes)}, "
+        f"{printable(result.hardware)}: {lanes}, budget {format_bytes(result.budget_bytes)}, "
         f"oom {result.oom_policy.value}, latency {latency}"
     )
     head = (
@@ -190,7 +191,7 @@ def print_table(result: SimResult, latency: str) -> None:
     rows = [
         (
             str(j.index),
-            j.name,
+            printable(j.name),
             _ms(j.iteration_time_s),
             format_bytes(j.peak_bytes),
             _ms(j.stall_s),
