@@ -16,12 +16,14 @@ import gzip
 import hashlib
 import json
 import os
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from memplan.hwmodels.errors import LatencyError
+from memplan.traces import fields
 from memplan.traces import io as trace_io
 from memplan.traces.errors import TraceError
 from memplan.traces.model import Op, Trace
@@ -127,41 +129,103 @@ def save_dataset(ds: Dataset, path: str | os.PathLike[str]) -> None:
     trace_io.atomic_write_bytes(path, blob)
 
 
+# NOTE [ Dataset fields ]
+# A dataset file is checked as every file is (traces/fields.py NOTE [ Fields
+# from files ]): its trace by the trace loader; `meta`'s strings strings, its
+# counts integers >= 0, `usage_levels` numbers in [0, 1], `copy` finite rates
+# >= 0; each measurement row an op id of the trace, a usage in [0, 1] and a
+# finite latency > 0 (NaN is not a latency). Unknown meta keys are refused.
+_META_KINDS: dict[str, str] = {
+    "device": "str",
+    "hardware": "str",
+    "description": "str",
+    "torch_version": "str",
+    "created": "str",
+    "threads": "int",
+    "seed": "int",
+    "samples_per_class": "int",
+    "repeats": "int",
+    "skipped": "int",
+    "min_block_s": "num",
+    "elapsed_s": "num",
+    "other_busy_cores": "num",
+    "host_allocations_cached": "bool",
+}
+
+
+def _meta(md: Any, where: str) -> DatasetMeta:
+    if not isinstance(md, dict):
+        raise LatencyError(f"{where}: expected an object, got {fields.shown(md)}")
+    out: dict[str, Any] = {}
+    for key, v in md.items():
+        at = f"{where}.{fields.printable(key)}"
+        kind = _META_KINDS.get(key)
+        if kind == "str":
+            out[key] = fields.string(v, at, LatencyError)
+        elif kind == "int":
+            out[key] = fields.integer(v, at, LatencyError)
+        elif kind == "num":
+            out[key] = fields.number(v, at, LatencyError, lo=-1.0)
+        elif kind == "bool":
+            out[key] = fields.boolean(v, at, LatencyError)
+        elif key in ("usage_levels", "classes", "skipped_specs") and isinstance(v, list):
+            item = {
+                "usage_levels": lambda x, w: fields.number(x, w, LatencyError, 0.0, 1.0),
+                "classes": lambda x, w: fields.string(x, w, LatencyError),
+                "skipped_specs": lambda x, w: fields.integer(x, w, LatencyError),
+            }[key]
+            out[key] = tuple(item(x, f"{at}[{j}]") for j, x in enumerate(v))
+        elif key == "copy" and isinstance(v, dict):
+            out[key] = {k: fields.number(x, f"{at}.{k}", LatencyError) for k, x in v.items()}
+        else:
+            raise LatencyError(f"{at}: unknown or malformed field, got {fields.shown(v)}")
+    for key in ("device", "hardware"):
+        if key not in out:
+            raise LatencyError(f"{where}.{key}: missing")
+    return DatasetMeta(**out)
+
+
+def _column(m: dict[str, Any], key: str, where: str, check: Any) -> list[Any]:
+    col = m.get(key)
+    if not isinstance(col, list):
+        raise LatencyError(f"{where}.{key}: expected a list, got {fields.shown(col)}")
+    return [check(x, f"{where}.{key}[{j}]") for j, x in enumerate(col)]
+
+
 def load_dataset(path: str | os.PathLike[str]) -> Dataset:
-    """Load and validate; any problem is a one-line `LatencyError` naming the file."""
+    """Load and validate (NOTE [ Dataset fields ]); any problem is a one-line
+    `LatencyError` naming the file and the field."""
     p = Path(path)
     try:
         raw = p.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        doc = json.loads(raw)
     except FileNotFoundError:
         raise LatencyError(f"{p}: no such microbenchmark dataset") from None
-    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         raise LatencyError(f"{p}: not a microbenchmark dataset: {e}") from None
+    doc = fields.parse(raw, str(p), LatencyError)
+    fields.depth_at_most(doc, str(p), LatencyError)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise LatencyError(f"{p}: schema: expected {SCHEMA!r}, got {got!r}")
+        got = doc.get("schema") if isinstance(doc, dict) else doc
+        raise LatencyError(f"{p}: schema: expected {SCHEMA!r}, got {fields.shown(got)}")
     try:
         trace = trace_io.from_dict(doc.get("trace"))
     except TraceError as e:
         raise LatencyError(f"{p}: trace.{e}") from None
-    try:
-        md = dict(doc["meta"])
-        for key in ("usage_levels", "classes", "skipped_specs"):
-            if key in md:
-                md[key] = tuple(md[key])
-        meta = DatasetMeta(**md)
-        m = doc["measurements"]
-        op = np.asarray(m["op"], np.int64)
-        usage = np.asarray(m["usage"], np.float64)
-        lat = np.asarray(m["latency_s"], np.float64)
-    except (KeyError, TypeError, ValueError) as e:
-        raise LatencyError(f"{p}: meta/measurements: malformed ({e})") from None
-    if len(op) and (op.min() < 0 or op.max() >= trace.n_ops):
-        raise LatencyError(f"{p}: measurements.op: ids must be in 0..{trace.n_ops - 1}")
-    if not np.isfinite(lat).all() or (lat <= 0).any():
-        raise LatencyError(f"{p}: measurements.latency_s: must be finite and > 0")
-    if ((usage < 0) | (usage > 1)).any():
-        raise LatencyError(f"{p}: measurements.usage: must be in [0, 1]")
-    return Dataset(meta, trace, op, usage, lat)
+    meta = _meta(doc.get("meta"), f"{p}: meta")
+    m = doc.get("measurements")
+    w = f"{p}: measurements"
+    if not isinstance(m, dict):
+        raise LatencyError(f"{w}: expected an object, got {fields.shown(m)}")
+    hi = max(trace.n_ops - 1, 0)
+    op = _column(m, "op", w, lambda x, at: fields.integer(x, at, LatencyError, 0, hi))
+    usage = _column(m, "usage", w, lambda x, at: fields.number(x, at, LatencyError, 0.0, 1.0))
+    lat = _column(m, "latency_s", w, lambda x, at: fields.number(x, at, LatencyError, 1e-12, 1e6))
+    if not len(op) == len(usage) == len(lat):
+        raise LatencyError(f"{w}: op, usage and latency_s must have equal lengths")
+    if op and trace.n_ops == 0:
+        raise LatencyError(f"{w}.op: the trace has no ops")
+    return Dataset(
+        meta, trace, np.asarray(op, np.int64), np.asarray(usage), np.asarray(lat, np.float64)
+    )

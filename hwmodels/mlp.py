@@ -32,6 +32,7 @@ from memplan.hwmodels.features import (
 from memplan.hwmodels.latency import LatencyModel, Roofline, check_usage, usage_stretch
 from memplan.hwmodels.opclass import OP_CLASSES, OpClass
 from memplan.hwmodels.profile import Hardware
+from memplan.traces import fields
 from memplan.traces.io import atomic_write_bytes
 from memplan.traces.model import Op, Trace
 
@@ -333,7 +334,8 @@ class MLPLatency(LatencyModel):
     def load(
         cls, path: str | os.PathLike[str] | None = None, fallback: LatencyModel | None = None
     ) -> MLPLatency:
-        """Load a saved model (the shipped CPU model by default)."""
+        """Load a saved model (the shipped CPU model by default); any problem
+        is a one-line `LatencyError` naming the file (NOTE [ Latency model files ])."""
         import torch
 
         p = Path(path) if path is not None else DEFAULT_MODEL
@@ -341,36 +343,81 @@ class MLPLatency(LatencyModel):
             doc = torch.load(io.BytesIO(p.read_bytes()), weights_only=True)
         except FileNotFoundError:
             raise LatencyError(f"{p}: no such latency model") from None
-        except Exception as e:  # torch raises many types for a bad archive
-            raise LatencyError(
-                f"{p}: not a saved latency model: {str(e).splitlines()[0]}"
-            ) from None
+        except IsADirectoryError:
+            raise LatencyError(f"{p}: is a directory, not a latency model") from None
+        except Exception as e:  # torch raises many types for a bad archive, some without text
+            why = (str(e).splitlines() or [""])[0] or type(e).__name__
+            raise LatencyError(f"{p}: not a saved latency model: {why}") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise LatencyError(f"{p}: schema: expected {SCHEMA!r}")
         try:
-            md = dict(doc["meta"])
-            md["hidden"] = tuple(md.get("hidden", ()))
-            md["baseline"] = Baseline(**md["baseline"])
-            meta = MLPMeta(**md)
-            nets = {}
-            for key, entry in doc["classes"].items():
-                s = dict(entry["spec"])
-                c = OpClass(s.pop("op_class"))
-                spec = FeatureSpec(
-                    op_class=c, **{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()}
-                )
-                if spec.names != feature_names(c):
-                    raise LatencyError(
-                        f"{p}: classes.{key}: features {list(spec.names)} do not match this "
-                        f"version's {list(feature_names(c))}; retrain with `memplan latency train`"
-                    )
-                nets[c] = ClassNet(
-                    spec,
-                    _unflatten(entry["params"].double().numpy(), entry["sizes"], entry["members"]),
-                )
-        except (KeyError, TypeError, ValueError) as e:
-            raise LatencyError(f"{p}: malformed latency model ({e})") from None
+            meta, nets = _from_doc(doc, p)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise LatencyError(
+                f"{p}: malformed latency model ({fields.printable(str(e))})"
+            ) from None
         return cls(nets, meta, fallback)
+
+
+# NOTE [ Latency model files ]
+# A saved model is read with `weights_only=True` (no code runs), then checked
+# before anything predicts with it: the baseline's rates finite and > 0 and
+# its overhead finite and >= 0; per class a known op class, the feature names
+# of this version, `mean`/`std`/`lo`/`hi` one finite number per feature (std
+# > 0), `usage_max` in [0, 1], 1..64 ensemble members of layer sizes from
+# the input width (features + vocabulary + usage) to one output, and finite
+# parameters, exactly as many as those sizes need. A prediction that still
+# comes out non-finite is refused by `DeviceModel.op_durations`.
+def _from_doc(doc: dict[str, Any], p: Path) -> tuple[MLPMeta, dict[OpClass, ClassNet]]:
+    md = dict(doc["meta"])
+    md["hidden"] = tuple(md.get("hidden", ()))
+    base = md["baseline"] = Baseline(**md["baseline"])
+    for key in ("flops_per_s", "bytes_per_s", "overhead_s"):
+        v = fields.number(getattr(base, key), f"{p}: meta.baseline.{key}", LatencyError)
+        if v <= 0 and key != "overhead_s":
+            raise LatencyError(f"{p}: meta.baseline.{key}: expected a number > 0, got {v}")
+    meta = MLPMeta(**md)
+    fields.string(meta.hardware, f"{p}: meta.hardware", LatencyError)
+    if not isinstance(doc["classes"], dict):
+        raise TypeError("classes: expected a table")
+    nets = {}
+    for key, entry in doc["classes"].items():
+        s = dict(entry["spec"])
+        c = OpClass(s.pop("op_class"))
+        spec = FeatureSpec(
+            op_class=c, **{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()}
+        )
+        w = f"{p}: classes.{fields.printable(str(key))}"
+        if spec.names != feature_names(c):
+            raise LatencyError(
+                f"{w}: features {list(spec.names)} do not match this "
+                f"version's {list(feature_names(c))}; retrain with `memplan latency train`"
+            )
+        _check_spec(spec, w)
+        sizes = [fields.integer(n, f"{w}.sizes", LatencyError, 1, 1 << 16) for n in entry["sizes"]]
+        width = len(spec.names) + len(spec.vocab) + 1
+        if len(sizes) < 2 or sizes[0] != width or sizes[-1] != 1:
+            raise LatencyError(f"{w}.sizes: expected {width} inputs .. 1 output, got {sizes}")
+        members = fields.integer(entry["members"], f"{w}.members", LatencyError, 1, 64)
+        flat = entry["params"].double().numpy()
+        if flat.ndim != 1 or not np.isfinite(flat).all():
+            raise LatencyError(f"{w}.params: expected finite numbers")
+        nets[c] = ClassNet(spec, _unflatten(flat, sizes, members))
+    return meta, nets
+
+
+def _check_spec(spec: FeatureSpec, where: str) -> None:
+    n = len(spec.names)
+    for key in ("mean", "std", "lo", "hi"):
+        values = getattr(spec, key)
+        if not isinstance(values, tuple) or len(values) != n:
+            raise LatencyError(f"{where}.spec.{key}: expected {n} numbers")
+        lo = 1e-300 if key == "std" else -math.inf
+        for j, v in enumerate(values):
+            fields.number(v, f"{where}.spec.{key}[{j}]", LatencyError, lo)
+    for j, v in enumerate(spec.vocab):
+        fields.string(v, f"{where}.spec.vocab[{j}]", LatencyError)
+    fields.number(spec.usage_max, f"{where}.spec.usage_max", LatencyError, 0.0, 1.0)
 
 
 def _unflatten(flat: np.ndarray, sizes: list[int], members: int) -> list[Layers]:

@@ -8,13 +8,13 @@ the file and the field.
 
 from __future__ import annotations
 
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memplan.hwmodels.errors import LatencyError
+from memplan.traces import fields
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -58,18 +58,36 @@ class Hardware:
 
 
 # ---- the TOML schema ---------------------------------------------------------
-# field -> (kind, lower bound, lower bound inclusive). Every field here needs
-# a line in [source].
-_NUMBERS: dict[str, tuple[type, float, bool]] = {
-    "memory_bytes": (int, 0, False),
-    "h2d_bytes_per_s": (float, 0, False),
-    "d2h_bytes_per_s": (float, 0, False),
-    "transfer_fixed_s": (float, 0, True),
-    "copy_engines": (int, 1, True),
-    "h2d_duplex_factor": (float, 0, False),
-    "mem_bw_bytes_per_s": (float, 0, False),
-    "launch_overhead_s": (float, 0, True),
+# NOTE [ Profile sanity ranges ]
+# A profile's figures must be finite and within ranges wide enough for any
+# device memplan models -- from a small CPU to GPUs a generation or two
+# ahead -- and narrow enough that a typo or a unit slip (bytes/s given as
+# 1e-300, seconds as 1e300) is refused instead of giving infinite or
+# 300-digit times:
+#   memory_bytes             1 MiB .. 64 TiB              (integer)
+#   h2d/d2h_bytes_per_s      1e6 .. 1e13 B/s              (1 MB/s .. 10 TB/s)
+#   mem_bw_bytes_per_s       1e8 .. 1e14 B/s              (100 MB/s .. 100 TB/s)
+#   transfer_fixed_s         0 .. 1 s
+#   launch_overhead_s        0 .. 1 s
+#   copy_engines             1 .. 64                      (integer)
+#   h2d_duplex_factor        0.01 .. 1
+#   peak_flops.<dtype>       1e6 .. 1e18 FLOP/s           (1 MFLOP/s .. 1 EFLOP/s)
+#   roofline_efficiency.<c>  1e-3 .. 1e3                  (a factor on the roofline time)
+# Shipped profiles sit well inside (the widest: cpu-local's 2.7e9 FLOP/s for
+# float16, H100's 3.35e12 B/s memory bandwidth). Every field here needs a
+# line in [source].
+MiB, TiB = 2**20, 2**40
+_NUMBERS: dict[str, tuple[type, float, float]] = {
+    "memory_bytes": (int, MiB, 64 * TiB),
+    "h2d_bytes_per_s": (float, 1e6, 1e13),
+    "d2h_bytes_per_s": (float, 1e6, 1e13),
+    "transfer_fixed_s": (float, 0.0, 1.0),
+    "copy_engines": (int, 1, 64),
+    "h2d_duplex_factor": (float, 0.01, 1.0),
+    "mem_bw_bytes_per_s": (float, 1e8, 1e14),
+    "launch_overhead_s": (float, 0.0, 1.0),
 }
+_TABLE_RANGES = {"peak_flops": (1e6, 1e18), "roofline_efficiency": (1e-3, 1e3)}
 _TABLES = ("peak_flops", "roofline_efficiency")
 _KNOWN = {"name", "description", "source", *_NUMBERS, *_TABLES}
 
@@ -98,63 +116,56 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise LatencyError(f"{path}: no such hardware profile") from None
+    except IsADirectoryError:
+        raise LatencyError(f"{path}: is a directory, not a hardware profile") from None
     except OSError as e:
         raise LatencyError(f"{path}: cannot read: {e.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise LatencyError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise LatencyError(f"{path}: nested too deeply to be a hardware profile") from None
     return hardware_from_dict(doc, where=str(path), default_name=path.stem)
 
 
 def hardware_from_dict(doc: dict[str, Any], where: str, default_name: str = "") -> Hardware:
-    """Validate a parsed profile; `where` names the file in error messages."""
+    """Validate a parsed profile (NOTE [ Profile sanity ranges ]); `where`
+    names the file in error messages."""
+    fields.depth_at_most(doc, where, LatencyError, limit=8)
     unknown = sorted(set(doc) - _KNOWN)
     if unknown:
-        raise LatencyError(f"{where}: unknown field {unknown[0]!r}")
+        raise LatencyError(f"{where}: unknown field {fields.shown(unknown[0])}")
     name = doc.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise LatencyError(f"{where}: field 'name': expected a non-empty string, got {name!r}")
+    if not isinstance(name, str) or not name.strip():
+        raise LatencyError(f"{where}: name: expected a non-empty string, got {fields.shown(name)}")
     values: dict[str, Any] = {}
-    for key, (kind, lo, inclusive) in _NUMBERS.items():
-        values[key] = _number(doc, key, kind, lo, inclusive, where)
-    if values["h2d_duplex_factor"] > 1:
-        raise LatencyError(
-            f"{where}: field 'h2d_duplex_factor': expected a factor in (0, 1], "
-            f"got {values['h2d_duplex_factor']}"
-        )
+    for key, (kind, lo, hi) in _NUMBERS.items():
+        if key not in doc:
+            raise LatencyError(f"{where}: {key}: missing")
+        at = f"{where}: {key}"
+        if kind is int:
+            values[key] = fields.integer(doc[key], at, LatencyError, int(lo), int(hi))
+        else:
+            values[key] = fields.number(doc[key], at, LatencyError, lo, hi)
     peak = _table(doc, "peak_flops", where, required=True, keys=FLOPS_DTYPES)
     eff = _table(doc, "roofline_efficiency", where, required=False, keys=None)
     source = doc.get("source")
     if not isinstance(source, dict):
         raise LatencyError(f"{where}: table [source] missing (every figure needs a source line)")
+    for key, text in source.items():
+        fields.string(text, f"{where}: source.{fields.printable(key)}", LatencyError)
     for key in (*_NUMBERS, "peak_flops", *(["roofline_efficiency"] if eff else [])):
-        text = source.get(key)
-        if not isinstance(text, str) or not text.strip():
+        if not source.get(key, "").strip():
             raise LatencyError(f"{where}: source.{key}: missing (every figure needs a source line)")
     description = doc.get("description", "")
-    if not isinstance(description, str):
-        raise LatencyError(f"{where}: field 'description': expected a string")
+    fields.string(description, f"{where}: description", LatencyError)
     return Hardware(
         name=name,
         peak_flops=peak,
-        source={str(k): str(v) for k, v in source.items()},
+        source=dict(source),
         description=description,
         roofline_efficiency=eff,
         **values,
     )
-
-
-def _number(doc: dict[str, Any], key: str, kind: type, lo: float, inclusive: bool, where: str):
-    if key not in doc:
-        raise LatencyError(f"{where}: field {key!r}: missing")
-    v = doc[key]
-    ok_type = isinstance(v, int) if kind is int else isinstance(v, int | float)
-    if isinstance(v, bool) or not ok_type or not math.isfinite(v):
-        what = "an integer" if kind is int else "a number"
-        raise LatencyError(f"{where}: field {key!r}: expected {what}, got {v!r}")
-    if v < lo or (v == lo and not inclusive):
-        op = ">=" if inclusive else ">"
-        raise LatencyError(f"{where}: field {key!r}: expected {op} {lo:g}, got {v!r}")
-    return kind(v)
 
 
 def _table(
@@ -166,16 +177,16 @@ def _table(
             raise LatencyError(f"{where}: table [{key}] missing")
         return {}
     if not isinstance(t, dict) or (required and not t):
-        raise LatencyError(f"{where}: [{key}]: expected a table of dtype = FLOP/s")
+        raise LatencyError(f"{where}: [{key}]: expected a table of name = number")
+    lo, hi = _TABLE_RANGES[key]
     out: dict[str, float] = {}
     for k, v in t.items():
         if keys is not None and k not in keys:
             raise LatencyError(
-                f"{where}: {key}.{k}: unknown dtype (known: {', '.join(sorted(keys))})"
+                f"{where}: {key}.{fields.printable(k)}: unknown dtype "
+                f"(known: {', '.join(sorted(keys))})"
             )
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-            raise LatencyError(f"{where}: {key}.{k}: expected a number > 0, got {v!r}")
-        out[k] = float(v)
+        out[k] = fields.number(v, f"{where}: {key}.{fields.printable(k)}", LatencyError, lo, hi)
     return out
 
 

@@ -76,23 +76,52 @@ def _write(tmp_path, text: str):
     return p
 
 
+def _set(key: str, value: str):
+    """An edit that sets top-level `key` of a profile's text to `value`."""
+
+    def edit(text: str) -> str:
+        lines = [
+            f"{key} = {value}" if ln.startswith(f"{key} = ") else ln for ln in text.splitlines()
+        ]
+        return "\n".join(lines) + "\n"
+
+    return edit
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda t: t.replace("memory_bytes = 42949672960", "memory_bytes = -1"),
-         "field 'memory_bytes': expected > 0, got -1"),
-        (lambda t: t.replace("memory_bytes = 42949672960\n", ""), "field 'memory_bytes': missing"),
-        (lambda t: t.replace("copy_engines = 2", 'copy_engines = "two"'),
-         "field 'copy_engines': expected an integer, got 'two'"),
-        (lambda t: t.replace("h2d_duplex_factor = 0.5", "h2d_duplex_factor = 1.5"),
-         "field 'h2d_duplex_factor': expected a factor in (0, 1]"),
-        (lambda t: t.replace("[peak_flops]", "h2d_bw = 3\n[peak_flops]"), "unknown field 'h2d_bw'"),
+        (_set("memory_bytes", "-1"), "memory_bytes: expected an integer in [1048576, 70368744177664], got -1"),
+        (lambda t: t.replace("memory_bytes = 42949672960\n", ""), "memory_bytes: missing"),
+        (_set("memory_bytes", "4.2e10"), "memory_bytes: expected an integer, got 42000000000.0"),
+        (_set("memory_bytes", "99999999999999999999999999"), "memory_bytes: expected an integer in"),
+        (_set("copy_engines", '"two"'), 'copy_engines: expected an integer, got "two"'),
+        (_set("copy_engines", "0"), "copy_engines: expected an integer in [1, 64], got 0"),
+        (_set("copy_engines", "true"), "copy_engines: expected an integer, got true"),
+        (_set("h2d_duplex_factor", "1.5"), "h2d_duplex_factor: expected a number in [0.01, 1], got 1.5"),
+        # NOTE [ Profile sanity ranges ]: absurd but finite figures
+        (_set("h2d_bytes_per_s", "1e-300"), "h2d_bytes_per_s: expected a number in [1e+06, 1e+13], got 1e-300"),
+        (_set("d2h_bytes_per_s", "1e14"), "d2h_bytes_per_s: expected a number in [1e+06, 1e+13], got 100000000000000.0"),
+        (_set("mem_bw_bytes_per_s", "5e7"), "mem_bw_bytes_per_s: expected a number in [1e+08, 1e+14]"),
+        (_set("launch_overhead_s", "1e300"), "launch_overhead_s: expected a number in [0, 1], got 1e+300"),
+        (_set("launch_overhead_s", "-1e-6"), "launch_overhead_s: expected a number in [0, 1]"),
+        (_set("transfer_fixed_s", "2"), "transfer_fixed_s: expected a number in [0, 1], got 2"),
+        (_set("transfer_fixed_s", "nan"), "transfer_fixed_s: expected a finite number, got NaN"),
+        (_set("h2d_bytes_per_s", "inf"), "h2d_bytes_per_s: expected a finite number, got Infinity"),
+        (_set("h2d_bytes_per_s", "[1]"), "h2d_bytes_per_s: expected a number, got [1]"),
+        (lambda t: t.replace("float32 = 1.95e+13", "float32 = 1e19"), "peak_flops.float32: expected a number in [1e+06, 1e+18], got 1e+19"),
+        (lambda t: t.replace("float32 = 1.95e+13", "float32 = 0"), "peak_flops.float32: expected a number in [1e+06, 1e+18], got 0"),
+        (lambda t: t.replace("float32 = 1.95e+13", 'float32 = "fast"'), 'peak_flops.float32: expected a number, got "fast"'),
+        (lambda t: t.replace("[peak_flops]", "h2d_bw = 3\n[peak_flops]"), 'unknown field "h2d_bw"'),
         (lambda t: t.replace("float32 = 1.95e+13", "fp32 = 1.95e+13"), "peak_flops.fp32: unknown dtype"),
-        (lambda t: t.replace("float32 = 1.95e+13", "float32 = 0"),
-         "peak_flops.float32: expected a number > 0"),
+        (lambda t: t + "\n[roofline_efficiency]\nconv = 1e9\n", "roofline_efficiency.conv: expected a number in [0.001, 1000], got 1000000000.0"),
         (lambda t: "\n".join(ln for ln in t.splitlines() if not ln.startswith("launch_overhead_s = \"")),
          "source.launch_overhead_s: missing"),
+        (lambda t: t.replace('memory_bytes = "', 'memory_bytes = 5\nx = "'), "source.memory_bytes: expected a string, got 5"),
+        (_set("description", "[1, 2]"), "description: expected a string, got [1, 2]"),
+        (_set("name", '""'), 'name: expected a non-empty string, got ""'),
         (lambda t: t.replace('name = "a100-pcie-40gb"', 'name = "a100'), "not valid TOML"),
+        (lambda t: t + "\n[source.x]\n" + "a.b.c.d.e.f.g.h.i = 1\n", "nested more than 8 levels deep"),
     ],
 )  # fmt: skip
 def test_bad_profiles_name_file_and_field(tmp_path, edit, message):
@@ -131,4 +160,16 @@ def test_cli_hw_list_and_show(capsys, tmp_path):
     assert err.startswith("memplan hw: error: unknown hardware 'nope'") and err.count("\n") == 1
     bad = _write(tmp_path, "name = 1\n")
     assert main(["hw", "show", str(bad)]) == 2
-    assert "field 'name'" in capsys.readouterr().err
+    assert "bad.toml: name: expected a non-empty string, got 1" in capsys.readouterr().err
+
+
+def test_a_deeply_nested_or_empty_profile_is_one_line(tmp_path):
+    deep = _write(tmp_path, "a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(LatencyError, match="bad.toml: nested too deeply to be a hardware profile"):
+        load_hardware(deep)
+    empty = _write(tmp_path, "")
+    with pytest.raises(LatencyError, match="bad.toml: memory_bytes: missing"):
+        load_hardware(empty)
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(LatencyError, match="dir.toml: is a directory, not a hardware profile"):
+        load_hardware(tmp_path / "dir.toml")
