@@ -115,8 +115,29 @@ def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
 # reason and detail strings; `solve_time_s` a finite number >= 0; `options`
 # and `stats` objects. Whether ids exist in the trace is `validate`'s
 # (`planners.core.plan`), run when the traces are given. The whole document
-# nests at most `fields.MAX_DEPTH` levels.
+# nests at most `fields.MAX_DEPTH` levels, and no object has a key its kind
+# does not know (`_KEYS`): a typo (`delay_su`) would otherwise be ignored.
 MAX_DELAY_US = 86_400e6
+_KEYS = {
+    "swap_out": ("type", "buffer", "after_op", "delay_us", "before_op"),
+    "swap_in": ("type", "buffer", "after_op", "before_op", "delay_us", "next_iteration"),
+    "release": ("type", "buffer", "after_op"),
+    "recompute": ("type", "buffer", "before_op", "ops", "restore_rng"),
+    "plan": ("trace", "model", "events"),
+    "result": (
+        "schema", "planner", "status", "reason", "detail", "feasible", "solve_time_s",
+        "options", "stats", "plans",
+    ),
+}  # fmt: skip
+
+
+def _known_keys(d: dict[str, Any], kind: str, where: str) -> None:
+    for key in d:
+        if key not in _KEYS[kind]:
+            raise PlanError(
+                f"{where}.{fields.printable(key)}: unknown field of a {kind} "
+                f"(one of {', '.join(_KEYS[kind])})"
+            )
 
 
 def _int(d: dict[str, Any], key: str, where: str, lo: int = 0) -> int:
@@ -153,6 +174,7 @@ def event_from_dict(d: Any, where: str) -> Event:
         raise PlanError(
             f"{where}.type: unknown event {fields.shown(kind)} (one of {', '.join(EVENT_TYPES)})"
         )
+    _known_keys(d, kind, where)
     buffer = _int(d, "buffer", where)
     if kind == "release":
         return Release(buffer, _int(d, "after_op", where, -1))
@@ -183,6 +205,7 @@ def event_from_dict(d: Any, where: str) -> Event:
 def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     if not isinstance(d, dict):
         raise PlanError(f"{where}: expected an object, got {fields.shown(d)}")
+    _known_keys(d, "plan", where)
     fp = _str(d, "trace", where)
     if "events" not in d:
         raise PlanError(f"{where}.events: missing")
@@ -205,6 +228,7 @@ def from_dict(doc: Any, traces: Sequence[Trace] | None = None) -> PlanResult:
         raise PlanError(f"top level: expected an object, got {fields.shown(doc)}")
     if doc.get("schema") != SCHEMA:
         raise PlanError(f"schema: expected {SCHEMA!r}, got {fields.shown(doc.get('schema'))}")
+    _known_keys(doc, "result", "plan")
     raw_plans = doc.get("plans")
     if not isinstance(raw_plans, list):
         got = "missing" if raw_plans is None else f"got {fields.shown(raw_plans)}"

@@ -183,6 +183,10 @@ def _nested(depth: int) -> list:
         (lambda d: d.update(options=[]), r"options: expected an object, got \[\]"),
         (lambda d: d.update(planner=None), r"planner: expected a string"),
         (lambda d: d["plans"][0].update(events=_nested(70)), r"plan: nested more than 64 levels deep"),
+        (lambda d: d["plans"][0]["events"][0].update(delay_su=5), r"events\[0\].delay_su: unknown field of a swap_out \(one of type, buffer, after_op, delay_us, before_op\)"),
+        (lambda d: d["plans"][0]["events"][3].update(delay_us=0), r"events\[3\].delay_us: unknown field of a release"),
+        (lambda d: d["plans"][0].update(job=1), r"plans\[0\].job: unknown field of a plan"),
+        (lambda d: d.update(budget=1), r"plan.budget: unknown field of a result"),
     ],
 )  # fmt: skip
 def test_malformed_files(tmp_path, edit, message):
