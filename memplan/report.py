@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from memplan.comparison import WITNESSES, Comparison, Fit, Row
+from memplan.outputs import report_dir
 from memplan.planners.core import io as plan_io
 from memplan.traces.io import atomic_write_bytes
 from memplan.units import format_bytes
@@ -162,15 +163,19 @@ def memory_figure(c: Comparison):  # noqa: ANN201
 
 
 def write(c: Comparison, out: Path) -> list[str]:
-    """Plans, report.md, report.json and memory.png in `out`; returns the names."""
+    """Plans, report.md, report.json and memory.png in the directory `out`,
+    which appears whole or not at all (NOTE [ Report directories ] in
+    memplan/outputs.py); returns the names."""
     from memplan.sim.exports import save_figure
 
+    figure = memory_figure(c)  # drawn before the directory exists
     written = []
-    for r in c.rows:
-        if r.result is not None and r.result.plans:
-            plan_io.save(r.result, out / "plans" / f"{r.planner}.json")
-            written.append(f"plans/{r.planner}.json")
-    atomic_write_bytes(out / "report.md", markdown(c).encode())
-    atomic_write_bytes(out / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
-    save_figure(memory_figure(c), out / "memory.png")
+    with report_dir(out) as tmp:
+        for r in c.rows:
+            if r.result is not None and r.result.plans:
+                plan_io.save(r.result, tmp / "plans" / f"{r.planner}.json")
+                written.append(f"plans/{r.planner}.json")
+        atomic_write_bytes(tmp / "report.md", markdown(c).encode())
+        atomic_write_bytes(tmp / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
+        save_figure(figure, tmp / "memory.png")
     return [*written, "report.md", "report.json", "memory.png"]

@@ -67,8 +67,10 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memplan import outputs
     from memplan.traces.zoo import resolve
 
+    outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     factory = resolve(args.model)
     opts = CaptureOptions(
         device=args.device,
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress(args.model)
     trace = capture(factory, args.batch, opts, model_name=args.model, progress=progress)
     progress.done()
-    io.save(trace, args.out)
+    with outputs.writing(args.out):
+        io.save(trace, args.out)
     peak, op = trace.peak()
     print(
         f"captured {args.model} batch {args.batch} on {args.device}: {trace.n_ops} ops, "

@@ -118,7 +118,10 @@ def parse_options(items: list[str]) -> dict[str, list[str]]:
 def run(args: argparse.Namespace) -> int:
     from memplan import report
     from memplan.comparison import compare_planners
+    from memplan.outputs import check_dir
 
+    if args.out:
+        check_dir(args.out)  # before any work: NOTE [ Output paths ]
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)
     budget = machine.budget(args)

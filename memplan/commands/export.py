@@ -36,18 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memplan import outputs
     from memplan.planners.core import io as plan_io
     from memplan.traces import io
     from memplan.validate.runtime.io import save
     from memplan.validate.runtime.plan import Action, export
 
+    outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     trace = io.load(args.trace)
     result = plan_io.load(args.plan)
     if not 0 <= args.job < len(result.plans):
         raise MemplanError(f"--job={args.job}: {args.plan} has {len(result.plans)} plans")
     plan = result.plans[args.job]
     rp = export(plan, trace, result.planner)
-    save(rp, args.out)
+    with outputs.writing(args.out):
+        save(rp, args.out)
     reasons = Counter(s.reason for s in rp.skipped)
     summary = {
         "out": args.out,

@@ -72,9 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from memplan import outputs
     from memplan.hwmodels.dataset import load_dataset
     from memplan.hwmodels.mlptrain import TrainOptions, train_mlp
 
+    outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     try:
         hidden = tuple(int(h) for h in args.hidden.split(","))
     except ValueError:
@@ -85,7 +87,8 @@ def run_train(args: argparse.Namespace) -> int:
     model = train_mlp(
         ds, opts, progress=lambda c, n: print(f"  {c.value:<12} {n:>6} training rows", flush=True)
     )
-    model.save(args.out)
+    with outputs.writing(args.out):
+        model.save(args.out)
     print(
         f"trained {len(model.nets)} op classes x {opts.ensemble} networks on "
         f"{model.meta.n_train} measurements ({model.meta.hardware}) in "

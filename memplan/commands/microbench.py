@@ -76,11 +76,15 @@ def parse_fractions(text: str, what: str) -> tuple[float, ...]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from memplan import outputs
     from memplan.hwmodels.dataset import save_dataset
     from memplan.hwmodels.microbench import MicrobenchOptions, run_microbench
     from memplan.hwmodels.opclass import OpClass
     from memplan.hwmodels.shapes import MEASURED_CLASSES
 
+    outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
+    if args.profile_out:
+        outputs.check_file(args.profile_out, "--profile-out")
     classes = MEASURED_CLASSES
     if args.classes:
         try:
@@ -103,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     total = opts.samples * len(classes)
     with tqdm(total=total, unit="shape", disable=args.no_progress, desc="microbench") as bar:
         ds = run_microbench(opts, progress=lambda done, _n: bar.update(done - bar.n))
-    save_dataset(ds, args.out)
+    with outputs.writing(args.out):
+        save_dataset(ds, args.out)
     m = ds.meta
     print(
         f"{ds.trace.n_ops} shapes x {len(opts.usage_levels)} load levels = {len(ds.op)} "
@@ -139,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         header = (
             f"{hw.description}\nMeasured here; regenerate with `memplan microbench --profile-out`."
         )
-        atomic_write_bytes(args.profile_out, to_toml(hw, header).encode())
+        with outputs.writing(args.profile_out, "--profile-out"):
+            atomic_write_bytes(args.profile_out, to_toml(hw, header).encode())
         print(f"wrote {args.profile_out}")
     return 0

@@ -46,10 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memplan import outputs
     from memplan.planners import registry
     from memplan.planners.core import io as plan_io
     from memplan.planners.core.check import check
 
+    if args.out:
+        outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
     traces = parse_jobs(args.traces)
     budget = machine.resolve_budget(args, traces, device)
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         check(p, t)
     fit = _simulated_fit(result.plans, traces, device, budget, args.fallback)
     if args.out and result.plans:
-        plan_io.save(result, args.out)
+        with outputs.writing(args.out):
+            plan_io.save(result, args.out)
     summary = {
         "planner": result.planner,
         "status": result.status.value,

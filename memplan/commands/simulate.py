@@ -108,7 +108,10 @@ def plans_for(
 
 
 def run(args: argparse.Namespace) -> int:
+    from memplan.outputs import check_dir
 
+    if args.out:
+        check_dir(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
     traces = [io.load(p) for p in args.traces]
     budget = machine.resolve_budget(args, traces, device)
@@ -143,13 +146,16 @@ def _job_name(path: str, trace: Trace) -> str:
 
 
 def write_report(result: SimResult, summary: dict, out: Path) -> None:
-    """result.json, timeline.json (Perfetto), memory.png and gantt.png in `out`."""
+    """result.json, timeline.json (Perfetto), memory.png and gantt.png in `out`,
+    which appears whole or not at all (NOTE [ Report directories ] in memplan/outputs.py)."""
+    from memplan.outputs import report_dir
     from memplan.sim.exports import gantt_figure, memory_figure, save_figure, write_chrome_trace
 
-    atomic_write_bytes(out / "result.json", (json.dumps(summary, indent=2) + "\n").encode())
-    write_chrome_trace(result, out / "timeline.json")
-    save_figure(memory_figure(result), out / "memory.png")
-    save_figure(gantt_figure(result), out / "gantt.png")
+    with report_dir(out) as tmp:
+        atomic_write_bytes(tmp / "result.json", (json.dumps(summary, indent=2) + "\n").encode())
+        write_chrome_trace(result, tmp / "timeline.json")
+        save_figure(memory_figure(result), tmp / "memory.png")
+        save_figure(gantt_figure(result), tmp / "gantt.png")
 
 
 def _ms(x: float) -> str:
