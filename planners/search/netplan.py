@@ -95,23 +95,28 @@ def plan_from_net(
 def _chains(trace: Trace, moves: list[NetMove]) -> list[NetMove]:
     """Remakes before one op, in the order they ran, folded into chains: a
     buffer remade that is dead at that op (released, or past its last access)
-    was a temporary of the remake -- its producer joins the ops of the next
-    live buffer remade, as a Recompute chain's intermediate (NOTE [ From the
-    net to a plan ])."""
+    was a temporary of the remake -- its producer (and the dead ones before
+    it) joins the ops of each live buffer remade for that op whose producer
+    reads it, as a Recompute chain's intermediate (NOTE [ From the net to a
+    plan ])."""
     last = trace.last_access
     out: list[NetMove] = []
-    held: list[int] = []
+    dead: dict[int, frozenset[int]] = {}  # dead buffer remade -> the ops that made it
+    at = None  # the op the remakes in `dead` were for
     for m in moves:
         if m.kind != "restore" or m.swapped:
             out.append(m)
             continue
-        dead = not trace.persistent[m.buffer] and int(last[m.buffer]) < m.op
-        if dead:
-            held += m.ops
+        if m.op != at:
+            dead, at = {}, m.op
+        ops = set(m.ops)
+        for k in m.ops:
+            for z in trace.op_reads(k).tolist():
+                ops |= dead.get(z, frozenset())
+        if not trace.persistent[m.buffer] and int(last[m.buffer]) < m.op:
+            dead[m.buffer] = frozenset(ops)
             continue
-        ops = tuple(sorted(set(held) | set(m.ops)))
-        held = []
-        out.append(NetMove(m.job, m.iteration, m.kind, m.op, m.buffer, False, ops))
+        out.append(NetMove(m.job, m.iteration, m.kind, m.op, m.buffer, False, tuple(sorted(ops))))
     return out
 
 

@@ -11,7 +11,7 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Measured, Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.core.check import check
-from memplan.planners.core.evaluate import Evaluation
+from memplan.planners.core.evaluate import Evaluation, NetMove
 from memplan.planners.core.plan import Plan, Recompute, Release, Status, SwapIn, SwapOut
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
@@ -156,6 +156,39 @@ def test_a_sibling_dtr_remakes_with_its_target_gets_its_own_recompute():
     assert not run_.oom and not run_.jobs[0].net_used
     # 11 ms of ops and op 1 re-run twice (for A, then for I)
     assert run_.jobs[0].iteration_times_s == pytest.approx([13e-3, 13e-3])
+
+
+def test_a_temporary_of_a_remake_joins_the_chain_that_reads_it():
+    """S (0) is read by ops 1, 2 and 6; op 1 makes D (1, dead after op 3),
+    op 2 makes L (2), op 3 reads D and L and makes X (3); op 6 reads X, L, S.
+    DTR dropped L and X at op 4; for op 6 it remade D, then L, then X. D is a
+    temporary of X's remake, not of L's: X's Recompute re-runs ops 1 and 3,
+    L's op 2 alone, and the plan checks (NOTE [ From the net to a plan ])."""
+    trace = tiny_trace(
+        [B(1), B(1), B(1), B(1), B(1), B(1)],
+        [
+            Step((), (0,)),
+            Step((0,), (1,)),
+            Step((0,), (2,)),
+            Step((1, 2), (3,)),
+            Step((), (4,)),
+            Step((4,), (5,)),
+            Step((3, 2, 0), ()),
+        ],
+    )
+    base = release_only_plan(trace)
+    moves = [
+        NetMove(0, 1, "evict", 4, 2, False),
+        NetMove(0, 1, "evict", 4, 3, False),
+        NetMove(0, 1, "restore", 6, 1, False, (1,)),
+        NetMove(0, 1, "restore", 6, 2, False, (2,)),
+        NetMove(0, 1, "restore", 6, 3, False, (3,)),
+    ]
+    plan, added = plan_from_net(trace, base, moves, 0, 1)
+    assert set(added) == {
+        Release(2, 3), Recompute(2, 6, (2,)), Release(3, 3), Recompute(3, 6, (1, 3)),
+    }  # fmt: skip
+    check(plan, trace)
 
 
 # ---- the planner ----------------------------------------------------------------------------
