@@ -365,6 +365,18 @@ def _busy_jiffies(cores: set[int]) -> int | None:
     return total
 
 
+BUSY_CORES = 0.05  # other cores' average load above which timings are flagged
+
+
+def busy_warning(busy: float) -> str | None:
+    """The warning when other processes kept `busy` cores busy while we measured
+    (NOTE [ Block length ]); None when idle enough or unknown (< 0)."""
+    return None if busy <= BUSY_CORES else (
+        f"warning: other processes kept {busy:.2f} of the cores not measured on busy while "
+        "measuring; shared caches make these timings noisier (NOTE [ Block length ] in "
+        "hwmodels/microbench.py): measure on an idle machine")  # fmt: skip
+
+
 class OtherActivity:
     """How many of the cores outside `measured` other processes kept busy,
     on average between `start()` and `stop()` (-1 when it cannot be known)."""

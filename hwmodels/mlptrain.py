@@ -17,6 +17,8 @@ from memplan.hwmodels.latency import MAX_USAGE
 from memplan.hwmodels.mlp import Baseline, ClassNet, FeatureSpec, Layers, MLPLatency, MLPMeta
 from memplan.hwmodels.opclass import OpClass
 
+MIN_CLASS_ROWS = 8  # training rows an op class needs to get its networks
+
 
 @dataclass(frozen=True, slots=True)
 class TrainOptions:
@@ -95,7 +97,7 @@ def train_mlp(
             row_of = np.full(ds.trace.n_ops, -1, np.int64)
             row_of[cf.ops] = np.arange(len(cf.ops))
             rows = np.flatnonzero(train & (row_of[ds.op] >= 0))
-            if len(rows) < 8:
+            if len(rows) < MIN_CLASS_ROWS:
                 continue
             idx = row_of[ds.op[rows]]
             X = cf.X[idx]
@@ -118,6 +120,12 @@ def train_mlp(
             n_train += len(rows)
             if progress is not None:
                 progress(c, len(rows))
+    if not nets:
+        raise LatencyError(
+            f"dataset: no op class has {MIN_CLASS_ROWS} training measurements, so nothing would "
+            f"be trained ({int(train.sum())} training rows in all); measure more shapes "
+            "(`memplan microbench --samples`)"
+        )
     meta = MLPMeta(
         hardware=ds.meta.hardware,
         baseline=baseline,

@@ -10,9 +10,12 @@ and NOTE [ Buffer kinds ] here.
 
 from __future__ import annotations
 
+import os
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -84,8 +87,12 @@ def _module_hooks(model: torch.nn.Module, rec: Recorder) -> Iterator[None]:
 
 
 # ---- the driver ------------------------------------------------------------
-def _make_optimizer(model: torch.nn.Module, opts: CaptureOptions) -> torch.optim.Optimizer:
+def _make_optimizer(
+    model: torch.nn.Module, opts: CaptureOptions, name: str
+) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise TraceError(f"workload {name}: the model has no trainable parameters to train")
     if opts.optimizer == "adam":
         return torch.optim.Adam(params, lr=opts.lr, foreach=False)
     return torch.optim.SGD(params, lr=opts.lr, momentum=0.9, foreach=False)
@@ -134,13 +141,16 @@ def capture(
     if batch_size < 1:
         raise TraceError(f"batch_size={batch_size} must be >= 1")
     device = torch.device(opts.device)
+    name = repr(model_name) if model_name else _callable_name(workload)
     torch.manual_seed(opts.seed)
-    with torch.device(device):
+    with _theirs(name, "building the workload", opts.device, always=True), torch.device(device):
         w = workload(batch_size)
-    w.model.train()
-    opt = _make_optimizer(w.model, opts)
-    for _ in range(opts.warmup_iterations):
-        _step(w, opt, None)
+    _check_workload(w, name)
+    with _theirs(name, "the training step", opts.device):
+        w.model.train()
+        opt = _make_optimizer(w.model, opts, name)
+        for _ in range(opts.warmup_iterations):
+            _step(w, opt, None)
 
     host = {
         state["step"].untyped_storage()._cdata
@@ -158,6 +168,7 @@ def capture(
         return t
 
     with (
+        _theirs(name, "the training step", opts.device),
         _module_hooks(w.model, rec),
         torch.autograd.graph.saved_tensors_hooks(pack, _identity),
         CaptureMode(rec),
@@ -172,6 +183,81 @@ def capture(
 
 def _identity(x: Any) -> Any:
     return x
+
+
+# NOTE [ Errors in the workload ]
+# The factory and the model are the user's code. What they raise is their
+# error, reported in one line naming the workload, what was running and the
+# innermost line of their code, with a hint when the meta device is the cause
+# (`.item()`, data-dependent shapes: capture on cpu instead). Calling the
+# factory is always theirs (`os:getcwd` cannot take a batch size). In the
+# training step we look at the innermost frame outside torch and the
+# standard library: their code, `_step` (their loss's `backward()`) or the
+# recorder's call of the op itself make it theirs; any other line of the
+# recorder or of this module is a bug here and keeps its traceback.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MACHINERY = (os.path.join(_HERE, "capture.py"), os.path.join(_HERE, "recorder.py"))
+_LIBRARY = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(os.__file__))
+
+
+def _callable_name(fn: Any) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _blame(tb: TracebackType | None) -> tuple[bool, str | None]:
+    """(is it the workload's error, `file:line` of its innermost own frame)
+    by NOTE [ Errors in the workload ]."""
+    frames = [
+        f
+        for f in traceback.extract_tb(tb)
+        if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(_LIBRARY)
+    ]
+    theirs = [f for f in frames if os.path.abspath(f.filename) not in _MACHINERY]
+    where = f"{os.path.basename(theirs[-1].filename)}:{theirs[-1].lineno}" if theirs else None
+    if not frames or os.path.abspath(frames[-1].filename) not in _MACHINERY:
+        return True, where
+    last = frames[-1]
+    calls_op = last.name == "__torch_dispatch__" and "func(*args" in (last.line or "")
+    return last.name == "_step" or calls_op, where
+
+
+@contextmanager
+def _theirs(name: str, what: str, device: str, *, always: bool = False) -> Iterator[None]:
+    """Errors of the workload's code as one-line TraceErrors (NOTE [ Errors in the workload ])."""
+    try:
+        yield
+    except TraceError:
+        raise
+    except Exception as e:
+        theirs, where = _blame(e.__traceback__)
+        if not (theirs or always):
+            raise
+        cause = (str(e).strip().splitlines() or [""])[0][:300]
+        at = f" (at {where})" if where else ""
+        hint = ""
+        if device == "meta" and "meta" in str(e).lower():
+            hint = (
+                "; the model needs real values, which the meta device has not: "
+                "capture with --device cpu"
+            )
+        raise TraceError(
+            f"workload {name}: {what} failed{at}: {type(e).__name__}: {cause}{hint}"
+        ) from None
+
+
+def _check_workload(w: Any, name: str) -> None:
+    from memplan.traces.zoo import Workload
+
+    if not isinstance(w, Workload):
+        raise TraceError(
+            f"workload {name}: returned {type(w).__name__}, expected a traces.zoo.Workload "
+            "(a factory takes the batch size and returns one)"
+        )
+    if not isinstance(w.model, torch.nn.Module):
+        raise TraceError(
+            f"workload {name}: model is {type(w.model).__name__}, not a torch.nn.Module"
+        )
 
 
 # NOTE [ Buffer kinds ]

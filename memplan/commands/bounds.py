@@ -16,8 +16,7 @@ import math
 from typing import Any
 
 from memplan.commands import machine
-from memplan.traces.errors import MemplanError
-from memplan.units import format_bytes
+from memplan.units import format_bytes, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     machine.add_latency(p)
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=number(0, 86400),
         default=10.0,
         metavar="SECONDS",
         help="CP-SAT time limit; 0 skips the solver (default 10)",
@@ -70,12 +69,10 @@ def run(args: argparse.Namespace) -> int:
     from memplan.hwmodels.device import DeviceModel
     from memplan.planners.analysis.bounds import Bounds, peak_lower_bound, time_lower_bound
     from memplan.planners.analysis.window_bound import time_bounds
-    from memplan.traces import io
 
-    if not (math.isfinite(args.time_limit) and args.time_limit >= 0):
-        raise MemplanError(f"--time-limit={args.time_limit} must be a number of seconds >= 0")
-    trace = io.load(args.trace)
+    trace = machine.one_trace(args.trace, "bounds")
     hw = machine.hardware(args)
+    machine.check_measured(args, [trace], hw)
     latency = machine.latency_model(args.latency)
     device = DeviceModel(hw, latency, lanes=args.lanes)
     budget = machine.resolve_budget(args, [trace], device) or hw.memory_bytes

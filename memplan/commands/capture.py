@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 
 from memplan.traces import io
 from memplan.traces.capture import CaptureOptions, capture
 from memplan.traces.model import Phase
+from memplan.units import integer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a zoo name (mlp, small_cnn, resnet50, bert_base, ...) or package.module:callable "
         "taking the batch size and returning a traces.zoo.Workload",
     )
-    p.add_argument("--batch", type=int, required=True, help="batch size")
+    p.add_argument("--batch", type=integer(1, 1_000_000), required=True, help="batch size")
     p.add_argument(
         "--optimizer",
         choices=("adam", "sgd"),
@@ -40,12 +44,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="time every op (needs cpu or cuda): median of repeated runs",
     )
     p.add_argument(
+        "--threads",
+        type=integer(1, 1024),
+        default=1,
+        help="with --measure on cpu: intra-op threads, the process pinned to that many cores "
+        "(default 1, as `memplan microbench`); a warning when other processes kept the other "
+        "cores busy",
+    )
+    p.add_argument(
         "--warmup",
-        type=int,
+        type=integer(0, 100),
         default=1,
         help="unrecorded iterations first, so optimizer state exists (default 1)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
     p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
     p.set_defaults(func=run)
 
@@ -66,6 +78,38 @@ class _Progress:
             print("\r\033[K", end="", file=sys.stderr)
 
 
+@contextmanager
+def measuring(args: argparse.Namespace) -> Iterator[dict]:
+    """Around a measured capture on cpu: `--threads` and the pinning of
+    `memplan microbench`, and a warning when other processes kept the other
+    cores busy. Yields the dict filled with what the trace records of it
+    (NOTE [ Measured on ] in memplan/commands/machine.py)."""
+    found: dict = {}
+    if not args.measure:
+        yield found
+        return
+    if args.device != "cpu":
+        yield found
+        found["measured_on"] = {"device": args.device}
+        return
+    from memplan.hwmodels.microbench import OtherActivity, busy_warning, cpu_description, cpu_setup
+
+    with cpu_setup(args.threads) as cores:
+        others = OtherActivity(cores)
+        others.start()
+        yield found
+        busy = others.stop()
+    found["measured_on"] = {
+        "device": "cpu",
+        "description": cpu_description(args.threads),
+        "threads": args.threads,
+        "other_busy_cores": busy,
+    }
+    warning = busy_warning(busy)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from memplan import outputs
     from memplan.traces.zoo import resolve
@@ -80,8 +124,11 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     progress = _Progress(args.model)
-    trace = capture(factory, args.batch, opts, model_name=args.model, progress=progress)
+    with measuring(args) as measured:
+        trace = capture(factory, args.batch, opts, model_name=args.model, progress=progress)
     progress.done()
+    if measured:  # NOTE [ Measured on ] in memplan/commands/machine.py
+        trace = replace(trace, meta=replace(trace.meta, extra={**trace.meta.extra, **measured}))
     with outputs.writing(args.out):
         io.save(trace, args.out)
     peak, op = trace.peak()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from memplan.commands import machine
 from memplan.hwmodels.device import DeviceModel
-from memplan.traces import io
 from memplan.traces.errors import MemplanError
 from memplan.traces.fields import printable
 from memplan.traces.model import Trace
+from memplan.units import integer, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "traces",
         nargs="+",
         metavar="TRACE[:COUNT]",
-        help="trace files; TRACE:4 runs four jobs of that trace together",
+        help=f"trace files; TRACE:4 runs four jobs of that trace together (at most "
+        f"{machine.MAX_JOBS} jobs)",
     )
     machine.add_gpu(p)
     p.add_argument(
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=number(0, 86400, lo_open=True),
         default=60.0,
         metavar="S",
         help="cpsat's time limit in seconds (default 60)",
@@ -52,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     machine.add_budget(p, "none; capuchin then gets the peak TENSILE reached")
     machine.add_fallback(p)
     machine.add_lanes(p)
-    p.add_argument("--iterations", type=int, default=3, help="simulated iterations (default 3)")
+    p.add_argument(
+        "--iterations", type=integer(1, 1000), default=3, help="simulated iterations (default 3)"
+    )
     machine.add_latency(p)
     p.add_argument(
         "--option",
@@ -69,21 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_jobs(specs: list[str]) -> list[Trace]:
-    """`path` or `path:COUNT` (a path may be `zoo:NAME`, a shipped trace) ->
-    that trace COUNT times (loaded once)."""
-    traces: list[Trace] = []
-    for spec in specs:
-        path, count = spec, 1
-        head, sep, tail = spec.rpartition(":")
-        if sep and tail.isdigit():
-            path, count = head, int(tail)
-        elif sep and head and head != "zoo" and not Path(spec).exists():
-            raise MemplanError(f"{spec!r}: COUNT after ':' must be a positive integer")
-        if count < 1:
-            raise MemplanError(f"{spec!r}: COUNT must be >= 1")
-        trace = io.load(path)
-        traces += [trace] * count
-    return traces
+    """`path` or `path:COUNT` -> that trace COUNT times (NOTE [ Job copies ]
+    in memplan/commands/machine.py)."""
+    return machine.parse_jobs(specs)
 
 
 def planner_names(text: str) -> list[str]:
@@ -124,17 +115,14 @@ def run(args: argparse.Namespace) -> int:
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)
-    budget = machine.budget(args)
-    if args.iterations < 1:
-        raise MemplanError(f"--iterations={args.iterations} must be >= 1")
+    budget = machine.check_budget(machine.budget(args), hw, args)
     names = planner_names(args.planners)
     options = parse_options(args.option)
-    if args.time_limit <= 0:
-        raise MemplanError(f"--time-limit={args.time_limit} must be > 0")
     if "cpsat" in names:
         extra = [f"time_limit_s={args.time_limit}"]
         options["cpsat"] = extra + options.get("cpsat", [])
     traces = parse_jobs(args.traces)
+    machine.check_measured(args, traces, hw)
     tty = sys.stderr.isatty()
 
     def progress(msg: str) -> None:

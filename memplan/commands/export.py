@@ -8,7 +8,7 @@ import json
 from collections import Counter
 
 from memplan.traces.errors import MemplanError
-from memplan.units import format_bytes
+from memplan.units import format_bytes, integer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("plan", metavar="PLAN", help="plan file (memplan.plan/1)")
     p.add_argument("--trace", required=True, help="the trace the plan was made for")
-    p.add_argument("--job", type=int, default=0, help="which plan of the file (default 0)")
+    p.add_argument(
+        "--job", type=integer(0, 1_000_000), default=0, help="which plan of the file (default 0)"
+    )
     p.add_argument(
         "--out",
         required=True,
@@ -37,17 +39,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memplan import outputs
+    from memplan.commands.machine import one_trace
     from memplan.planners.core import io as plan_io
-    from memplan.traces import io
+    from memplan.planners.core.plan import validate
+    from memplan.traces.fields import printable
     from memplan.validate.runtime.io import save
     from memplan.validate.runtime.plan import Action, export
 
     outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
-    trace = io.load(args.trace)
+    trace = one_trace(args.trace, "export")
     result = plan_io.load(args.plan)
     if not 0 <= args.job < len(result.plans):
         raise MemplanError(f"--job={args.job}: {args.plan} has {len(result.plans)} plans")
     plan = result.plans[args.job]
+    validate(plan, trace, f"{args.plan}: plans[{args.job}]")  # the rejection names the file
     rp = export(plan, trace, result.planner)
     with outputs.writing(args.out):
         save(rp, args.out)
@@ -68,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     c = rp.counts()
     print(
-        f"{rp.model or args.trace} ({rp.planner}): {len(rp.saved)} saved tensors: "
+        f"{printable(rp.model or args.trace)} ({printable(rp.planner)}): "
+        f"{len(rp.saved)} saved tensors: "
         f"{c['keep']} kept, {c['offload']} offloaded "
         f"({format_bytes(summary['offloaded_bytes'])}), "
         f"{c['recompute']} recomputed and {c['region']} cached in checkpointed modules"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from memplan.traces import io
+from memplan.commands.machine import one_trace
 from memplan.traces.fields import printable
 from memplan.traces.io import fingerprint
 from memplan.traces.model import BUFFER_KINDS, Phase, Trace
-from memplan.units import format_bytes
+from memplan.units import format_bytes, integer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("trace", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
+    p.add_argument(
+        "--top",
+        type=integer(0, 100_000),
+        default=10,
+        help="how many of the largest buffers to list",
+    )
     p.set_defaults(func=run)
 
 
@@ -60,7 +65,7 @@ def summary(trace: Trace, top: int = 10) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = io.load(args.trace)
+    trace = one_trace(args.trace, "inspect")
     s = summary(trace, args.top)
     if args.json:
         print(json.dumps(s, indent=2))

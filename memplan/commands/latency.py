@@ -10,6 +10,7 @@ from dataclasses import asdict
 from memplan.commands import machine
 from memplan.hwmodels.errors import LatencyError
 from memplan.hwmodels.mlptrain import TrainOptions
+from memplan.units import integer, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,11 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = TrainOptions()
     hidden = ",".join(str(h) for h in d.hidden)
     t.add_argument("--hidden", default=hidden, help=f"hidden layer sizes (default {hidden})")
-    t.add_argument("--ensemble", type=int, default=d.ensemble,
+    t.add_argument("--ensemble", type=integer(1, 100), default=d.ensemble,
                    help=f"networks per op class (default {d.ensemble})")  # fmt: skip
-    t.add_argument("--epochs", type=int, default=d.epochs,
+    t.add_argument("--epochs", type=integer(1, 1_000_000), default=d.epochs,
                    help=f"full-batch training epochs (default {d.epochs})")  # fmt: skip
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
     t.set_defaults(func=run_train)
 
     e = lat.add_parser("eval", help="errors of a model on a dataset, against the roofline")
@@ -66,8 +67,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="roofline|measured|mlp|MODEL",
         help="latency model (default roofline; mlp = the shipped CPU model)",
     )
-    q.add_argument("--usage", type=float, default=0.0, help="device share taken by others")
-    q.add_argument("--top", type=int, default=10, help="list this many slowest ops")
+    q.add_argument(
+        "--usage",
+        type=number(0, 1),
+        default=0.0,
+        help="device share taken by others, a fraction in [0, 1] (default 0)",
+    )
+    q.add_argument("--top", type=integer(0, 100_000), default=10, help="list this many slowest ops")
     q.set_defaults(func=run_predict)
 
 
@@ -143,9 +149,8 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     from memplan.hwmodels.mlp import MLPLatency
     from memplan.hwmodels.profile import load_hardware
-    from memplan.traces import io
 
-    trace = io.load(args.trace)
+    trace = machine.one_trace(args.trace, "latency predict")
     hw = load_hardware(args.hardware)
     model = machine.latency_model(args.model)
     t0 = time.perf_counter()

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memplan.traces.errors import MemplanError
-from memplan.units import parse_size
+from memplan.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from memplan.hwmodels.device import DeviceModel
     from memplan.hwmodels.latency import LatencyModel
     from memplan.hwmodels.profile import Hardware
+    from memplan.traces.model import Trace
 
 LATENCY_CHOICES = "roofline|measured|mlp|MODEL"
 
@@ -27,8 +30,15 @@ def add_latency(p: argparse.ArgumentParser) -> None:
         "--latency",
         default="roofline",
         metavar=LATENCY_CHOICES,
-        help="op latency model: roofline (default), measured (the trace's durations), "
+        help="op latency model: roofline (default), measured (the trace's durations, "
+        "refused when they were measured on another kind of device than --gpu's), "
         "mlp (the shipped model) or a saved latency model file",
+    )
+    p.add_argument(
+        "--allow-foreign-measurements",
+        action="store_true",
+        help="with --latency measured: use durations measured on cpu for a GPU profile "
+        "(or on cuda for a cpu profile) anyway",
     )
 
 
@@ -45,8 +55,9 @@ def add_lanes(p: argparse.ArgumentParser) -> None:
 def add_budget(p: argparse.ArgumentParser, default: str = "the GPU's memory") -> None:
     p.add_argument(
         "--budget",
-        help="device memory for all jobs: 8GiB, 512MB, bytes, or 60%% of the jobs' vanilla "
-        f"peak (default: {default})",
+        help="device memory for all jobs: 8GiB, 512MB, whole bytes, or 60%% of the jobs' "
+        "vanilla peak; at most the GPU's memory (a share above it is cut to it, with a "
+        f"warning) (default: {default})",
     )
 
 
@@ -71,7 +82,103 @@ def latency_model(spec: str) -> LatencyModel:
         return Measured()
     from memplan.hwmodels.mlp import MLPLatency
 
+    if spec != "mlp" and (
+        not spec.strip() or (Path(spec).is_file() and not Path(spec).stat().st_size)
+    ):
+        what = "an empty file" if spec.strip() else "empty"
+        raise MemplanError(f"--latency={spec!r}: {what}; expected {LATENCY_CHOICES}")
+
     return MLPLatency.load(None if spec == "mlp" else spec)
+
+
+# NOTE [ Job copies ]
+# `TRACE:N` runs N copies of one trace as N jobs on one GPU (loaded once).
+# Every command that takes traces reads them with `parse_jobs`: plan,
+# compare and simulate run the copies; commands about one trace take `:1`
+# and refuse more. N and the jobs of all arguments together are capped at
+# MAX_JOBS: each job costs the planners and the simulator per-op arrays, and
+# `TRACE:1000` once grew to 14 GB before printing anything. A file whose
+# name itself ends in `:N` is read as that file.
+MAX_JOBS = 64
+
+
+def job_specs(specs: list[str]) -> list[tuple[str, int]]:
+    """`path` or `path:N` (a path may be `zoo:NAME`) -> (path, N), checked
+    against MAX_JOBS (NOTE [ Job copies ])."""
+    out: list[tuple[str, int]] = []
+    for spec in specs:
+        path, count = spec, 1
+        head, sep, tail = spec.rpartition(":")
+        if sep and head and not Path(spec).exists():
+            if tail.isascii() and tail.isdigit():
+                if len(tail) > 6 or not 1 <= int(tail) <= MAX_JOBS:
+                    raise MemplanError(
+                        f"{spec!r}: COUNT after ':' must be from 1 to {MAX_JOBS} (jobs on one GPU)"
+                    )
+                path, count = head, int(tail)
+            elif head != "zoo" and "/" not in tail and "." not in tail:
+                raise MemplanError(f"{spec!r}: COUNT after ':' must be a positive integer")
+        out.append((path, count))
+    total = sum(n for _, n in out)
+    if total > MAX_JOBS:
+        raise MemplanError(f"{total} jobs: at most {MAX_JOBS} jobs run together on one GPU")
+    return out
+
+
+def parse_jobs(specs: list[str]) -> list[Trace]:
+    """The traces of `TRACE[:N]` arguments, each N times (loaded once)."""
+    from memplan.traces import io
+
+    traces: list[Trace] = []
+    for path, count in job_specs(specs):
+        traces += [io.load(path)] * count
+    return traces
+
+
+def one_trace(spec: str, command: str) -> Trace:
+    """The trace of a command that works on one job: `TRACE` or `TRACE:1`."""
+    from memplan.traces import io
+
+    ((path, count),) = job_specs([spec])
+    if count != 1:
+        raise MemplanError(
+            f"{spec!r}: `memplan {command}` works on one trace; COUNT is for plan, "
+            "compare and simulate"
+        )
+    return io.load(path)
+
+
+# NOTE [ Measured on ]
+# Durations a capture measured belong to the device they were measured on:
+# the trace's `meta.device` (cpu, cuda, cuda:N), and `meta.extra
+# ["measured_on"]` with the CPU's description, threads and how busy the
+# other cores were. Profiles carry no device kind, so a profile whose name
+# starts with "cpu" (cpu-local, what `microbench --profile-out` writes on
+# CPU) is a CPU and every other one a GPU. `--latency measured` with a trace
+# measured on one kind and a profile of the other is refused -- CPU op
+# times on a GPU's lanes and memory are 10-100x off -- unless the user passes
+# --allow-foreign-measurements. Which GPU model measured them is not checked:
+# profile names and CUDA device names do not match reliably.
+def device_kind(name: str) -> str:
+    """cpu or cuda: the kind of device `name` (a device or a profile name) is."""
+    return "cpu" if name.lower().startswith("cpu") else "cuda"
+
+
+def check_measured(args: argparse.Namespace, traces: list[Trace], hw: Hardware) -> None:
+    """`--latency measured` only with durations measured on the profile's kind
+    of device (NOTE [ Measured on ])."""
+    if getattr(args, "latency", None) != "measured" or args.allow_foreign_measurements:
+        return
+    for trace in traces:
+        on = trace.meta.device
+        if on not in ("", "meta") and device_kind(on) != device_kind(hw.name):
+            raise MemplanError(
+                f"--latency measured: {trace.meta.model or 'the trace'}'s durations were "
+                f"measured on {on}, and {hw.name} is a "
+                f"{'CPU' if device_kind(hw.name) == 'cpu' else 'GPU'} profile; "
+                "capture on that device, use --latency roofline or mlp, or pass "
+                "--allow-foreign-measurements"
+            )
 
 
 def hardware(args: argparse.Namespace) -> Hardware:
@@ -96,6 +203,30 @@ def budget(args: argparse.Namespace) -> int | None:
     return parse_size(args.budget, "--budget")
 
 
+# NOTE [ Budgets above the device ]
+# A budget in bytes larger than the GPU's memory is refused: it plans for
+# memory the device does not have (to study a larger GPU, pass a profile of
+# it, a .toml path). A share of the vanilla peak (`--budget 150%`) is not the
+# user's figure in bytes: when it comes out above the device it is cut to the
+# device's memory, with a warning on stderr.
+def check_budget(nbytes: int | None, hw: Hardware, args: argparse.Namespace) -> int | None:
+    """`nbytes` checked against `hw`'s memory (NOTE [ Budgets above the device ])."""
+    if nbytes is None or nbytes <= hw.memory_bytes:
+        return nbytes
+    have = f"{hw.name} has {format_bytes(hw.memory_bytes)} ({hw.memory_bytes} B)"
+    if budget_fraction(args) is None:
+        raise MemplanError(
+            f"--budget={args.budget!r} is more than the device memory: {have}; "
+            "use the profile of a larger GPU (--gpu NAME or a .toml path)"
+        )
+    print(
+        f"warning: --budget {args.budget} is {format_bytes(nbytes)}, more than the device "
+        f"memory: {have}; using {format_bytes(hw.memory_bytes)}",
+        file=sys.stderr,
+    )
+    return hw.memory_bytes
+
+
 def budget_fraction(args: argparse.Namespace) -> float | None:
     """`--budget 60%` as 0.6; None when the budget is not a percentage."""
     text = (args.budget or "").strip()
@@ -115,7 +246,7 @@ def resolve_budget(args: argparse.Namespace, traces: list, device: DeviceModel) 
     vanilla simulation of them without a budget."""
     share = budget_fraction(args)
     if share is None:
-        return budget(args)
+        return check_budget(budget(args), device.hw, args)
     from memplan.comparison import vanilla_peak
 
-    return int(vanilla_peak(traces, device) * share)
+    return check_budget(int(vanilla_peak(traces, device) * share), device.hw, args)

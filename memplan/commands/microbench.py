@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from memplan.hwmodels.errors import LatencyError
-from memplan.units import format_bytes
+from memplan.units import format_bytes, integer, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,24 +21,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--samples", type=int, default=200, help="shapes per op class (default 200)")
+    p.add_argument(
+        "--samples", type=integer(1, 100_000), default=200, help="shapes per op class (default 200)"
+    )
     p.add_argument(
         "--usage",
         default="0,0.5,1",
         help="background load levels, fractions of the device (default 0,0.5,1)",
     )
     p.add_argument("--out", required=True, metavar="DATA", help="dataset file (.json.gz)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
     p.add_argument(
-        "--repeats", type=int, default=5, help="timed blocks per measurement (default 5)"
+        "--repeats",
+        type=integer(1, 1000),
+        default=5,
+        help="timed blocks per measurement (default 5)",
     )
     p.add_argument(
         "--min-block-ms",
-        type=float,
+        type=number(0, 10_000, lo_open=True),
         default=10.0,
         help="least duration of a timed block (ms, default 10)",
     )
-    p.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1)")
+    p.add_argument(
+        "--threads", type=integer(1, 1024), default=1, help="CPU intra-op threads (default 1)"
+    )
     p.add_argument(
         "--classes",
         default="",
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     from memplan import outputs
     from memplan.hwmodels.dataset import save_dataset
-    from memplan.hwmodels.microbench import MicrobenchOptions, run_microbench
+    from memplan.hwmodels.microbench import MicrobenchOptions, busy_warning, run_microbench
     from memplan.hwmodels.opclass import OpClass
     from memplan.hwmodels.shapes import MEASURED_CLASSES
 
@@ -119,13 +126,9 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(m.copy['d2h_bytes_per_s'])}/s D2H, "
         f"{m.copy['fixed_s'] * 1e6:.2f} us fixed"
     )
-    if m.other_busy_cores > 0.05:
-        print(
-            f"warning: other processes kept {m.other_busy_cores:.2f} of the cores not measured "
-            f"on busy while measuring; shared caches make these timings noisier "
-            f"(NOTE [ Block length ] in hwmodels/microbench.py): measure on an idle machine",
-            file=sys.stderr,
-        )
+    busy = busy_warning(m.other_busy_cores)
+    if busy:
+        print(busy, file=sys.stderr)
     print(f"wrote {args.out}")
     if args.profile_out:
         from memplan.hwmodels.calibrate import measure_profile, with_efficiency

@@ -6,7 +6,6 @@ import argparse
 import json
 
 from memplan.commands import machine
-from memplan.commands.compare import parse_jobs
 from memplan.traces.fields import printable
 from memplan.units import format_bytes
 
@@ -25,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "traces",
         nargs="+",
         metavar="TRACE[:COUNT]",
-        help="trace files, or zoo:NAME for shipped traces",
+        help="trace files, or zoo:NAME for shipped traces; TRACE:4 plans four jobs of that "
+        f"trace together (at most {machine.MAX_JOBS} jobs)",
     )
     p.add_argument("--planner", required=True, help="tensile, capuchin, vdnn, checkpoint, ...")
     machine.add_gpu(p)
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
-    traces = parse_jobs(args.traces)
+    traces = machine.parse_jobs(args.traces)
+    machine.check_measured(args, traces, device.hw)
     budget = machine.resolve_budget(args, traces, device)
     from memplan.evaluator import sim_evaluator
 

@@ -16,11 +16,10 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, validate
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.sim import Job, SimResult, simulate
-from memplan.traces import io
 from memplan.traces.fields import printable
 from memplan.traces.io import atomic_write_bytes
 from memplan.traces.model import Trace
-from memplan.units import format_bytes
+from memplan.units import format_bytes, integer
 
 BUILTIN_PLANS = {"vanilla": vanilla_plan, "release_only": release_only_plan}
 
@@ -38,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "traces",
         nargs="+",
-        metavar="TRACE",
-        help="trace files (.json or .json.gz), or zoo:NAME for shipped traces",
+        metavar="TRACE[:COUNT]",
+        help="trace files (.json or .json.gz), or zoo:NAME for shipped traces; TRACE:4 runs "
+        f"four jobs of that trace (at most {machine.MAX_JOBS} jobs)",
     )
     machine.add_gpu(p)
     p.add_argument(
@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "trace); default: vanilla",
     )
     machine.add_latency(p)
-    p.add_argument("--iterations", type=int, default=3, help="iterations per job (default 3)")
+    p.add_argument(
+        "--iterations", type=integer(1, 1000), default=3, help="iterations per job (default 3)"
+    )
     machine.add_lanes(p)
     machine.add_budget(p)
     p.add_argument(
@@ -113,12 +115,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
-    traces = [io.load(p) for p in args.traces]
+    traces = machine.parse_jobs(args.traces)
+    paths = [path for path, n in machine.job_specs(args.traces) for _ in range(n)]
+    machine.check_measured(args, traces, device.hw)
     budget = machine.resolve_budget(args, traces, device)
     plans = plans_for(args.plan, traces, device)
     jobs = [
-        Job(t, p, name=_job_name(path, t))
-        for path, t, p in zip(args.traces, traces, plans, strict=True)
+        Job(t, p, name=_job_name(path, t)) for path, t, p in zip(paths, traces, plans, strict=True)
     ]
     result = simulate(
         jobs,

@@ -14,7 +14,7 @@ import math
 from memplan.commands import machine
 from memplan.commands.compare import parse_options
 from memplan.traces.errors import MemplanError
-from memplan.units import format_bytes, parse_rate
+from memplan.units import format_bytes, integer, parse_rate
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,14 +49,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--iterations",
-        type=int,
+        type=integer(2, 1000),
         default=4,
         help="iterations per replay and simulation (default 4; the first is warm-up)",
     )
-    p.add_argument("--runs", type=int, default=3, help="runs to take medians over (default 3)")
+    p.add_argument(
+        "--runs", type=integer(1, 100), default=3, help="runs to take medians over (default 3)"
+    )
     p.add_argument(
         "--samples",
-        type=int,
+        type=integer(1, 100),
         default=3,
         help="vanilla/plan pairs per run, the least contended kept (default 3)",
     )
@@ -67,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="copy lanes: 1 shared by both directions (default), 2 one per direction",
     )
-    p.add_argument("--budget", help="device memory for --planner: 8GiB, 512MB or bytes")
+    p.add_argument("--budget", help="device memory for --planner: 8GiB, 512MB or whole bytes")
     p.add_argument(
         "--option",
         action="append",
@@ -75,10 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an option of --planner (repeatable)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the replays (default 0)")
+    p.add_argument(
+        "--seed", type=integer(0, 2**63 - 1), default=0, help="seed of the replays (default 0)"
+    )
     p.add_argument(
         "--threads",
-        type=int,
+        type=integer(1, 1024),
         default=1,
         help="intra-op threads while measuring on CPU (default 1: a core is left to the copy lane)",
     )
@@ -89,10 +93,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from memplan.hwmodels.hostmem import cache_host_allocations
     from memplan.planners.core import io as plan_io
-    from memplan.traces import io
     from memplan.validate.calibrate.simvsreal import validate_plan
 
-    trace = io.load(args.trace)
+    bandwidth = parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
+    budget = machine.budget(args)
+    trace = machine.one_trace(args.trace, "validate")
     if args.plan:
         result = plan_io.load(args.plan, [trace])  # one plan, made for this trace
         plan: object = result.plans[0]
@@ -100,10 +105,6 @@ def run(args: argparse.Namespace) -> int:
         plan = args.planner
     if args.option and not args.planner:
         raise MemplanError("--option applies to --planner")
-    bandwidth = parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
-    budget = machine.budget(args)
-    if args.threads < 1:
-        raise MemplanError(f"--threads={args.threads} must be >= 1")
     if not args.device.startswith("cuda"):
         cache_host_allocations()  # hwmodels/hostmem.py NOTE [ Host allocations ]
     report = validate_plan(

@@ -50,7 +50,7 @@ def test_capture_then_inspect(tmp_path, capsys):
     [
         (["inspect", "/nonexistent.json"], "no such trace file"),
         (["capture", "--model", "nope", "--batch", "2", "--out", "x.json"], "nope"),
-        (["capture", "--model", "mlp", "--batch", "0", "--out", "x.json"], "batch_size=0"),
+        (["capture", "--model", "mlp", "--batch", "0", "--out", "x.json"], "argument --batch"),
         (
             ["capture", "--model", "mlp", "--batch", "2", "--device", "tpu", "--out", "x.json"],
             "device='tpu'",
