@@ -13,6 +13,7 @@ import math
 
 from memplan.commands import machine
 from memplan.commands.compare import parse_options
+from memplan.planners.core.errors import PlanError
 from memplan.traces.errors import MemplanError
 from memplan.units import format_bytes, integer, parse_rate
 
@@ -107,20 +108,25 @@ def run(args: argparse.Namespace) -> int:
         raise MemplanError("--option applies to --planner")
     if not args.device.startswith("cuda"):
         cache_host_allocations()  # hwmodels/hostmem.py NOTE [ Host allocations ]
-    report = validate_plan(
-        trace,
-        plan,  # type: ignore[arg-type]
-        device=args.device,
-        bandwidth=bandwidth,
-        iterations=args.iterations,
-        runs=args.runs,
-        samples=args.samples,
-        seed=args.seed,
-        lanes=args.lanes,
-        budget_bytes=budget,
-        options=parse_options([f"{args.planner}.{o}" for o in args.option]).get(args.planner),
-        threads=args.threads if not args.device.startswith("cuda") else None,
-    )
+    try:
+        report = validate_plan(
+            trace,
+            plan,  # type: ignore[arg-type]
+            device=args.device,
+            bandwidth=bandwidth,
+            iterations=args.iterations,
+            runs=args.runs,
+            samples=args.samples,
+            seed=args.seed,
+            lanes=args.lanes,
+            budget_bytes=budget,
+            options=parse_options([f"{args.planner}.{o}" for o in args.option]).get(args.planner),
+            threads=args.threads if not args.device.startswith("cuda") else None,
+        )
+    except PlanError as e:  # a plan file's delays, checked on the measured device: name the file
+        if not args.plan:
+            raise
+        raise PlanError(f"{args.plan}: {e}") from None
     if args.json:
         out = report.to_dict()
         out["trace"] = args.trace
