@@ -85,4 +85,6 @@ def test_broken_trace_file(tmp_path):
         [sys.executable, "-m", "memplan", "inspect", str(bad)], capture_output=True, text=True
     )
     assert proc.returncode == 2
-    assert "buffers[0].nbytes: negative size -1" in proc.stderr
+    assert (
+        "buffers[0].nbytes: expected an integer in [0, 4611686018427387904], got -1" in proc.stderr
+    )
