@@ -8,6 +8,7 @@ stderr and exit code 2. Anything else is a bug and keeps its traceback (exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import select
@@ -76,7 +77,8 @@ def _say(message: str) -> None:
     enc = getattr(sys.stderr, "encoding", None) or "utf-8"
     line = message.replace("\r", "\\r").replace("\n", "\\n")
     line = line.encode(enc, "backslashreplace").decode(enc, "replace")
-    print(line, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # stderr itself gone (a closed pipe): nothing to say
+        print(line, file=sys.stderr, flush=True)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -98,6 +100,8 @@ def _stdout_gone() -> bool:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
         return False
+    if not hasattr(select, "poll"):  # no poll(): assume the pipe was stdout's
+        return True
     poll = select.poll()
     poll.register(fd, select.POLLOUT)
     return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
@@ -126,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         old = interrupts.install()  # before anything heavy is imported
         code = _run(argv)
-        swallowed = interrupts.fired()
+        swallowed = interrupts.fired() if old is not None else None
         if swallowed is not None:  # some library caught our KeyboardInterrupt
             raise swallowed
         return code
