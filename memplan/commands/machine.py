@@ -198,7 +198,7 @@ def device(args: argparse.Namespace) -> DeviceModel:
 def budget(args: argparse.Namespace) -> int | None:
     """`--budget` in bytes, or None when not given or given as a share of
     the vanilla peak (`budget_fraction`)."""
-    if not args.budget or budget_fraction(args) is not None:
+    if args.budget is None or budget_fraction(args) is not None:
         return None
     return parse_size(args.budget, "--budget")
 

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from memplan.planners.core import io as plan_io
     from memplan.validate.calibrate.simvsreal import validate_plan
 
-    bandwidth = parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
+    bandwidth = None if args.bandwidth is None else parse_rate(args.bandwidth, "--bandwidth")
     budget = machine.budget(args)
     trace = machine.one_trace(args.trace, "validate")
     if args.plan:
