@@ -78,7 +78,12 @@ def _fmt(x: float, integer: bool) -> str:
 def m_out_of_range(rng: random.Random) -> tuple[str, str, str | None]:
     key = rng.choice(list(RANGES))
     lo, hi, integer = RANGES[key]
-    v = rng.choice([lo - max(abs(lo), 1) * rng.uniform(1e-3, 1), hi * rng.uniform(1.001, 1e300)])
+    if integer:  # Python integers: past any float
+        v = rng.choice([int(lo) - rng.randrange(1, 10**6), int(hi) + rng.randrange(1, 10**30)])
+    else:
+        v = rng.choice(
+            [lo - max(abs(lo), 1) * rng.uniform(1e-3, 1), hi * rng.uniform(1.001, 1e290)]
+        )
     if key in ("h2d_bytes_per_s", "launch_overhead_s") and rng.random() < 0.5:
         v = 1e-300 if key == "h2d_bytes_per_s" else 1e300  # the issue's two
     return _set(BASE, key, _fmt(v, integer)), f"{key}={v:g}", key
@@ -150,7 +155,7 @@ def m_names(rng):
 def m_bytes(rng):
     kind = rng.choice(["truncated", "garbage", "utf8", "deep", "duplicate", "empty"])
     text = {
-        "truncated": BASE[: rng.randrange(40, len(BASE))] + ' = "',
+        "truncated": BASE[: rng.randrange(40, len(BASE))] + "\n= [",  # a line with no key
         "garbage": "".join(chr(rng.randrange(1, 0x2FF)) for _ in range(80)),
         "utf8": None,
         "deep": "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
