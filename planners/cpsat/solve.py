@@ -127,6 +127,19 @@ def _check_status(solver: cp_model.CpSolver, status: int, bm: BuiltModel) -> str
 
 
 # ---- read-out -----------------------------------------------------------------------------
+# NOTE [ Soft statuses ]
+# With a soft budget the solver's status is about the soft model, where
+# every keep-all solution is feasible; what it says of the plan is read off
+# the excess and the bound (objective = w * excess + T, w = H + 1 > T):
+#   solver says               excess of its solution   bound      reported
+#   OPTIMAL / FEASIBLE        0                        any        as the solver said
+#   OPTIMAL / FEASIBLE        > 0                      < w        UNKNOWN (no plan, no proof)
+#   any                       > 0 or none              >= w       INFEASIBLE (every solution
+#                                                                 of the model has excess)
+#   UNKNOWN                   none                     < w        UNKNOWN
+#   INFEASIBLE                none                     -          INFEASIBLE (the model's own proof)
+# So INFEASIBLE is reported only with a proof; UNKNOWN -- the time ran out
+# with neither a plan nor a proof -- stays UNKNOWN.
 def _read_out(solver: cp_model.CpSolver, status: int, name: str, bm: BuiltModel) -> SolveOutcome:
     sol = read_solution(bm, solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     obj = solver.objective_value if sol is not None else math.nan
@@ -135,7 +148,7 @@ def _read_out(solver: cp_model.CpSolver, status: int, name: str, bm: BuiltModel)
         return SolveOutcome(name, sol, obj, bound, solver.wall_time)
     w = bm.excess_weight
     excess = int(solver.value(bm.excess)) if sol is not None else None
-    proven = bound >= w or name == "INFEASIBLE"
+    proven = bound >= w or name == "INFEASIBLE"  # NOTE [ Soft statuses ]
     if excess:  # not a plan: report it as no solution
         return SolveOutcome(
             "UNKNOWN" if not proven else "INFEASIBLE",
