@@ -31,7 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", required=True, metavar="MODEL", help="model file to write (.pt)")
     d = TrainOptions()
     hidden = ",".join(str(h) for h in d.hidden)
-    t.add_argument("--hidden", default=hidden, help=f"hidden layer sizes (default {hidden})")
+    t.add_argument(
+        "--hidden",
+        default=hidden,
+        help=f"hidden layer sizes, 1 to 8 of them from 1 to 4096 (default {hidden})",
+    )
     t.add_argument("--ensemble", type=integer(1, 100), default=d.ensemble,
                    help=f"networks per op class (default {d.ensemble})")  # fmt: skip
     t.add_argument("--epochs", type=integer(1, 1_000_000), default=d.epochs,
@@ -84,9 +88,13 @@ def run_train(args: argparse.Namespace) -> int:
 
     outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     try:
-        hidden = tuple(int(h) for h in args.hidden.split(","))
-    except ValueError:
-        raise LatencyError(f"--hidden={args.hidden!r}: expected sizes such as 64,64,32") from None
+        hidden = tuple(integer(1, 4096)(h) for h in args.hidden.split(","))
+    except argparse.ArgumentTypeError:
+        hidden = ()
+    if not 1 <= len(hidden) <= 8:
+        raise LatencyError(
+            f"--hidden={args.hidden!r}: expected 1 to 8 sizes from 1 to 4096, such as 64,64,32"
+        )
     opts = TrainOptions(hidden=hidden, ensemble=args.ensemble, epochs=args.epochs, seed=args.seed)
     ds = load_dataset(args.data)
     t0 = time.perf_counter()

@@ -168,6 +168,8 @@ BAD_FLOAT = ["nan", "NaN", "inf", "-inf", "1e400", "-1e400", "", "abc", "1,5", "
 BAD_INT = ["1.5", "nan", "inf", "", "abc", "1e3", "9" * 60, "2**3", "\u0663", " ", "1_000x"]
 BAD_SIZE = ["1.5", "nan", "inf", "1e400", "", "abc", "-1GiB", "0", "1.5GiB/s", "2PiB", "4 parsecs",
             "9" * 60, "0.0001KiB", "0.5B", "1e400GiB"]  # fmt: skip
+BAD_FRACTIONS = ["nan", "1.5", "-0.1", "", ",", "abc", "0,,x", "inf", "0,1e400"]
+BAD_HIDDEN = ["64,abc", "0", "100000000", "1,2,3,4,5,6,7,8,9", "", ",", "nan", "1.5", "-4"]
 BAD_RATE = ["5GiB", "512MB", "nan", "inf", "", "-1GB/s", "0GB/s", "1e400", "5", "1PB/s", "fast"]
 
 # command prefix (T = the trace, DIR = scratch), option, kind, extra bad values for its range
@@ -214,6 +216,8 @@ OPTIONS = [
     (["microbench", "--out", "DIR/d.json.gz"], "--repeats", BAD_INT + ["0"]),
     (["microbench", "--out", "DIR/d.json.gz"], "--min-block-ms", BAD_FLOAT + ["0", "-5"]),
     (["microbench", "--out", "DIR/d.json.gz"], "--threads", BAD_INT + ["0"]),
+    (["microbench", "--out", "DIR/d.json.gz"], "--usage", BAD_FRACTIONS),
+    (["latency", "train", "DIR/none.json.gz", "--out", "DIR/m.pt"], "--hidden", BAD_HIDDEN),
 ]
 
 
