@@ -24,8 +24,8 @@ from contextlib import contextmanager
 # the main thread at once. Exit codes: 130 for SIGINT, 143 for SIGTERM (128 +
 # the signal's number, what a shell reports for a process the signal killed).
 # Before `main` runs -- the interpreter's own start-up and the import of
-# `memplan.cli`: about 20 ms on an idle machine, 50-60 ms measured on a busy
-# 2-core one -- Python's defaults apply: SIGTERM ends the
+# `memplan.cli`: 35-45 ms from spawn, measured on a 2-core VM at load 4.6 --
+# Python's defaults apply: SIGTERM ends the
 # process silently and SIGINT prints Python's KeyboardInterrupt traceback; no
 # output has been started then, so nothing is left behind.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
