@@ -135,7 +135,9 @@ def capture(
     """Run `warmup_iterations` unrecorded steps, then record one full step.
 
     `workload(batch_size)` is called with the capture device as the default
-    device, so parameters and inputs are created there directly.
+    device, so parameters and inputs are created there directly. What the
+    workload's own code raises is a one-line `TraceError` naming it
+    (NOTE [ Errors in the workload ]).
     """
     opts = options or CaptureOptions()
     if batch_size < 1:

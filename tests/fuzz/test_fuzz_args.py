@@ -142,6 +142,17 @@ def test_good_arguments_run(files, argv, expect):
     assert o.code == 0 and expect in o.stdout, o.describe()
 
 
+@pytest.mark.parametrize(
+    "command",
+    ["capture", "inspect", "simulate", "hw", "microbench", "latency", "plan", "compare",
+     "bounds", "validate", "export"],
+)  # fmt: skip
+def test_every_command_has_help(command):
+    o = run_cli([command, "--help"], TIMEOUT_S)
+    assert_clean(o)
+    assert o.code == 0 and "usage: memplan" in o.stdout, o.describe()
+
+
 def test_simulate_runs_trace_copies_as_jobs(files):
     o = run_cli(["simulate", f"{files['trace']}:3", *GPU, "--iterations", "1"], TIMEOUT_S)
     assert o.code == 0, o.describe()
