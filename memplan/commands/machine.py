@@ -171,7 +171,8 @@ def check_measured(args: argparse.Namespace, traces: list[Trace], hw: Hardware) 
         return
     for trace in traces:
         on = trace.meta.device
-        if on not in ("", "meta") and device_kind(on) != device_kind(hw.name):
+        measured = any(op.duration_us is not None for op in trace.ops)
+        if measured and on not in ("", "meta") and device_kind(on) != device_kind(hw.name):
             raise MemplanError(
                 f"--latency measured: {trace.meta.model or 'the trace'}'s durations were "
                 f"measured on {on}, and {hw.name} is a "
