@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from memplan.comparison import compare_planners
     from memplan.outputs import check_dir
 
-    if args.out:
+    if args.out is not None:  # an empty --out is refused, not ignored
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from memplan.planners.core import io as plan_io
     from memplan.planners.core.check import check
 
-    if args.out:
+    if args.out is not None:  # an empty --out is refused, not ignored
         outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
     traces = machine.parse_jobs(args.traces)

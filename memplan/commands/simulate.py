@@ -112,7 +112,7 @@ def plans_for(
 def run(args: argparse.Namespace) -> int:
     from memplan.outputs import check_dir
 
-    if args.out:
+    if args.out is not None:  # an empty --out is refused, not ignored
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
     traces = machine.parse_jobs(args.traces)

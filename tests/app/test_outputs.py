@@ -77,10 +77,20 @@ def _entries(tmp_path: Path) -> set[str]:
     return {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")}
 
 
+FILE_CASES = ["directory", "no folder", "file as folder", "unwritable", "device", "empty"]
+
+
 @pytest.mark.parametrize(
-    "case", ["directory", "no folder", "file as folder", "unwritable", "device"]
+    "command,case",
+    [
+        (command, case)
+        for command in FILE_OUTPUTS
+        for case in FILE_CASES
+        # `--profile-out ""` is the option's default: no profile
+        if (command[1], case) != ("--profile-out", "empty")
+    ],
+    ids=lambda x: x if isinstance(x, str) else " ".join(x),
 )
-@pytest.mark.parametrize("command", list(FILE_OUTPUTS), ids=" ".join)
 def test_a_file_output_that_cannot_be_written_is_refused_before_any_work(
     tmp_path, monkeypatch, command, case
 ):
@@ -92,6 +102,7 @@ def test_a_file_output_that_cannot_be_written_is_refused_before_any_work(
         "file as folder": (str(tmp_path / "a_file" / "x.out"), "is not a folder"),
         "unwritable": (str(tmp_path / "ro" / "x.out"), "is not writable"),
         "device": (os.devnull, "not a regular file"),
+        "empty": ("", "empty path"),
     }[case]
     if case == "unwritable":
         _unwritable(tmp_path / "ro", monkeypatch)
@@ -103,7 +114,7 @@ def test_a_file_output_that_cannot_be_written_is_refused_before_any_work(
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # never replaced by a file
 
 
-@pytest.mark.parametrize("case", ["file", "no parent", "not a report", "unwritable"])
+@pytest.mark.parametrize("case", ["file", "no parent", "not a report", "unwritable", "empty"])
 @pytest.mark.parametrize("command", list(DIR_OUTPUTS), ids=" ".join)
 def test_a_report_directory_that_cannot_be_written_is_refused_before_any_work(
     tmp_path, monkeypatch, command, case
@@ -119,6 +130,7 @@ def test_a_report_directory_that_cannot_be_written_is_refused_before_any_work(
         "no parent": (str(tmp_path / "no" / "report"), "does not exist"),
         "not a report": (str(mine), "notes.txt"),
         "unwritable": (str(tmp_path / "ro" / "report"), "is not writable"),
+        "empty": ("", "empty path"),
     }[case]
     if case == "unwritable":
         _unwritable(tmp_path / "ro", monkeypatch)
