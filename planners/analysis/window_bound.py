@@ -25,6 +25,7 @@ from memplan.planners.analysis.bounds import (
     time_lower_bound,
 )
 from memplan.planners.analysis.gaps import Gaps, gap_table
+from memplan.planners.analysis.whole import whole_cover
 from memplan.traces.model import Trace
 from ortools.graph.python import min_cost_flow
 
@@ -87,6 +88,8 @@ MAX_ROWS = 128  # ops whose need the multi-op cover keeps
 SPLIT_OPS = 48  # ops the split bound screens on a coarse grid of (b1, b2)
 SPLIT_SCANNED = 16  # of those, how many it tries at more (s, r)
 SPLIT_REFINED = 4  # of those, how many it refines
+WHOLE_SCANNED = 4  # of those, how many it screens and refines again with whole buffers
+WHOLE_GAIN = 1e-3  # ... if whole buffers raise the op's fractional start by more than this
 REFINE_ROUNDS = 2  # rounds of coordinate ascent in a refinement
 POINTS = 2  # values of s and of r (besides the iteration's ends) a search tries
 # the screening grid of dual weights, dense near 0: copies are dear next to compute
@@ -182,13 +185,21 @@ def _at(op: int) -> str:
 
 # ---- split ----------------------------------------------------------------------------
 def split_bound(
-    gaps: Gaps, d: np.ndarray, need: np.ndarray, also: tuple[int, ...] = ()
+    gaps: Gaps,
+    d: np.ndarray,
+    need: np.ndarray,
+    also: tuple[int, ...] = (),
+    *,
+    whole: bool = True,
 ) -> NamedBound:
     """The split bound of NOTE [ Window bounds ] at the best op, instant and
     (s, r) tried, in three rounds on fewer and fewer ops: every hot op if few,
     else those `_pick` chooses and the ops in `also`, on a coarse grid of
     (b1, b2) at a few (s, r) (`_Split.tight`); the best of them at more
-    (s, r); the best of those refined by golden sections."""
+    (s, r); the best of those refined by golden sections. With `whole`, the
+    best `WHOLE_SCANNED` of those are screened and refined again with
+    buffers taken whole (NOTE [ Whole buffers ]); the bound is the larger,
+    so never below the fractional one."""
     hot = np.flatnonzero(need > 0)
     ops = np.unique(np.concatenate([_pick(hot, need, SPLIT_OPS), np.asarray(also, np.int64)]))
     before = np.concatenate([[0.0], np.cumsum(d)])  # seconds of ops 0..k-1
@@ -198,9 +209,18 @@ def split_bound(
     ranked.sort(key=lambda x: -x[0][0])
     best, where = -math.inf, ""
     for start, sp in ranked[:SPLIT_REFINED]:
-        v, where_k = sp.refine(start)
+        (v, *_), where_k = sp.refine(start)
         if v > best:
             best, where = v, where_k
+    for (v, row, b1, b2, s, r), sp in ranked[:WHOLE_SCANNED] if whole else ():
+        # NOTE [ Whole buffers ]: searched again only where whole buffers
+        # already raise the fractional optimum (where they do not, the last
+        # gap taken in part is a sliver of the need)
+        if sp.values(*_one(b1, b2), s, r, True)[row, 0] <= v * (1 + WHOLE_GAIN):
+            continue
+        (v, *_), where_k = sp.refine(sp.scan(sp.pairs(POINTS), whole=True), whole=True)
+        if v > best * (1 + TIE):
+            best, where = v, where_k + ", whole buffers"
     return NamedBound(SPLIT, best, where)
 
 
@@ -241,20 +261,21 @@ class _Split:
         rs = {self.n, r_t, *_spread(backs, points)}
         return {(s, r) for s in ss for r in rs}
 
-    def scan(self, pairs: set[tuple[int, int]]) -> Start:
+    def scan(self, pairs: set[tuple[int, int]], whole: bool = False) -> Start:
         """The best bound on the screening grid over `pairs`."""
         b1, b2 = (a.ravel() for a in np.meshgrid(SCREEN, SCREEN))
         best: Start = (-math.inf, 0, 0.0, 0.0, -1, self.n)
         for s, r in sorted(pairs):
-            v = self.values(b1, b2, s, r)
+            v = self.values(b1, b2, s, r, whole)
             row, i = np.unravel_index(int(np.argmax(v)), v.shape)
             if v[row, i] > best[0]:
                 best = (float(v[row, i]), int(row), float(b1[i]), float(b2[i]), s, r)
         return best
 
-    def refine(self, start: Start) -> tuple[float, str]:
+    def refine(self, start: Start, whole: bool = False) -> tuple[Start, str]:
         """The largest bound met by coordinate ascent (golden sections on b1
-        and b2 in turn) from `start`, and where it is."""
+        and b2 in turn) from `start` (its value with the same `whole`), the
+        point where it is met, and a description of where that is."""
         value, row, x1, x2, s, r = start
         x = [x1, x2]
         for _ in range(REFINE_ROUNDS):
@@ -263,7 +284,7 @@ class _Split:
                 def f(t: float, axis: int = axis) -> float:
                     y = list(x)
                     y[axis] = t
-                    return float(self.values(np.array([y[0]]), np.array([y[1]]), s, r)[row, 0])
+                    return float(self.values(*_one(y[0], y[1]), s, r, whole)[row, 0])
 
                 t, v = _golden(f, 0.0, 1.0)
                 if v > value:
@@ -273,15 +294,21 @@ class _Split:
             where += f", copies out after op {s}"
         if r < self.n:
             where += f", back before op {r}"
-        return value, where
+        return (value, row, x[0], x[1], s, r), where
 
-    def values(self, b1: np.ndarray, b2: np.ndarray, s: int, r: int) -> np.ndarray:
+    def values(
+        self, b1: np.ndarray, b2: np.ndarray, s: int, r: int, whole: bool = False
+    ) -> np.ndarray:
         """float64[2, len(b1)]: the bound at both instants for each (b1, b2);
-        -1 <= s < k, k < r <= n."""
+        -1 <= s < k, k < r <= n; with `whole`, gaps are taken whole (NOTE
+        [ Whole buffers ])."""
         out = self.d2h * (self.written >= s)
         back = self.h2d * (self.back <= r)
         cost = np.minimum(b1[:, None] * out + b2[:, None] * back, _times(1 - b2[:, None], self.rec))
-        cover = _min_cover(cost, self.nbytes, self.need)
+        if whole:
+            cover = whole_cover(cost, self.nbytes, self.need)
+        else:
+            cover = _min_cover(cost, self.nbytes, self.need)
         total, upto_s, from_r = (
             self.before[-1],
             self.before[s + 1],
@@ -424,6 +451,10 @@ def _golden(f: Callable[[float], float], lo: float, hi: float) -> tuple[float, f
             x2 = lo + phi * (hi - lo)
             f2 = f(x2)
     return max(best, (x1, f1), (x2, f2), key=lambda p: p[1])
+
+
+def _one(b1: float, b2: float) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([b1]), np.array([b2])
 
 
 def _useful(gaps: Gaps, g: np.ndarray) -> np.ndarray:
