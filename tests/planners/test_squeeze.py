@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 from memplan.hwmodels.device import DeviceModel
@@ -17,7 +18,7 @@ from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
 from memplan.planners.search.moves import Search, accept_batches, prune_moves
 from memplan.planners.search.netplan import plan_from_net
-from memplan.planners.search.squeeze import SqueezeOptions, squeeze
+from memplan.planners.search.squeeze import SqueezeOptions, _Run, squeeze
 from memplan.sim import Job, simulate
 from memplan.traces import synthetic
 from memplan.traces.io import fingerprint
@@ -251,3 +252,22 @@ def test_squeeze_is_deterministic_for_a_seed(tight):
     assert again.stats["stopped_by"] != "time limit"
     assert math.isfinite(again.stats["predicted_iteration_s"])
     assert fingerprint(t) == r.plans[0].trace_fingerprint
+
+
+def test_each_start_gets_an_equal_share_of_the_evaluations_left():
+    """NOTE [ Squeeze ], step 3: with 60 of 100 evaluations left and 3 starts
+    to improve, the next may use 20 of them; what it leaves goes to the rest."""
+    t = synthetic.chain(4)
+    run_ = _Run([t], DEV, 1 << 30, SqueezeOptions(max_evaluations=100), None, time.perf_counter())
+    run_.evaluations = 40
+    out = run_.share(3)
+    run_.evaluations = 59
+    assert not out()
+    run_.evaluations = 60
+    assert out()
+    run_.evaluations = 50  # the first start stopped early: 50 left for 2
+    out = run_.share(2)
+    run_.evaluations = 74
+    assert not out()
+    run_.evaluations = 75
+    assert out()
