@@ -113,7 +113,7 @@ def test_table_and_report_folder(files, capsys):
         (["--budget", "lots"], "--budget='lots': expected a size"),
         (["--oom", "panic"], "invalid choice: 'panic'"),
         (["--plan", "vanilla", "--plan", "vanilla"], "--plan: 2 plans for 1 traces"),
-        (["--iterations", "0"], "iterations=0 must be an integer >= 1"),
+        (["--iterations", "0"], "argument --iterations: expected a whole number in [1, 1000]"),
         (["--budget", "1MiB"], None),  # an OOM is a result, not an error
     ],
 )
