@@ -50,7 +50,9 @@ def whole_cover(cost: np.ndarray, nbytes: np.ndarray, need: float) -> np.ndarray
     unit = need / UNITS
     big = nbytes >= BIG * unit
     dp = _whole(cost[:, big], np.ceil(nbytes[big] / unit).astype(np.int64))
-    missing = need - unit * np.arange(UNITS + 1)  # bytes left to the small gaps
+    missing = need * (
+        1.0 - np.arange(UNITS + 1) / UNITS
+    )  # bytes left to the small gaps (0 at the end)
     small = _fractional(cost[:, ~big], nbytes[~big], missing)
     return np.min(dp + small, axis=1)
 

@@ -61,6 +61,10 @@ def test_whole_cover_by_hand():
     assert whole_cover(np.array([4.0, np.inf, 3.0]), nbytes, 5.0)[0] == pytest.approx(7.0)
     assert whole_cover(np.array([4.0, np.inf, np.inf]), nbytes, 5.0)[0] == math.inf
     assert whole_cover(cost, nbytes, 0.0)[0] == 0.0
+    # large gaps only, holding exactly the need (no rounding may lose it)
+    for need in (7.3, 7.3e6 + 0.1, 123456789.0):
+        two = np.array([need * 0.45, need - need * 0.45])
+        assert whole_cover(np.array([1.0, 2.0]), two, need)[0] == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize("seed", range(40))
