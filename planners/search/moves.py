@@ -3,6 +3,7 @@ the plans still fit and run no slower (NOTE [ Batched acceptance ])."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,10 @@ from memplan.traces.model import Trace
 # else split it in halves and try each, down to single moves, which are
 # dropped when they fail. Many good moves cost a few evaluations, and a bad
 # one costs about log2(batch) of them. Batches are taken in the order given
-# (the caller sorts by expected gain; ties by a seeded shuffle).
+# (the caller sorts by expected gain; ties by a seeded shuffle). A kind of
+# move that rarely gains on its own gets a cap on the candidates scored:
+# dropping swap-out deadlines, one by one, cost resnet50 at 40% 518
+# evaluations (40 s) for no gain, where the plan had 356 of them.
 
 
 @dataclass
@@ -57,12 +61,16 @@ def apply_moves(plans: Sequence[Plan], moves: Sequence[Move]) -> list[Plan]:
     return out
 
 
-def accept_batches(search: Search, moves: Sequence[Move], *, strict: bool) -> int:
+def accept_batches(
+    search: Search, moves: Sequence[Move], *, strict: bool, max_evaluations: int | None = None
+) -> int:
     """Apply what the simulation accepts of `moves` to `search` (NOTE
-    [ Batched acceptance ]); returns how many were kept."""
+    [ Batched acceptance ]), scoring at most `max_evaluations` candidates;
+    returns how many were kept."""
     kept = 0
     stack = [list(moves)]
-    while stack and not search.out_of_time():
+    stop = math.inf if max_evaluations is None else search.evaluations + max_evaluations
+    while stack and not search.out_of_time() and search.evaluations < stop:
         batch = stack.pop()
         if not batch:
             continue

@@ -63,6 +63,24 @@ def test_strict_batches_need_a_gain():
     assert search.plans[0].events == events
 
 
+def test_a_capped_batch_scores_no_more_candidates_than_its_cap():
+    """Eight moves that all slow the plan down: uncapped, delta debugging
+    scores 15 candidates (every node of the halving tree); capped at 4, it
+    stops after 4 and keeps nothing."""
+    events = tuple(Release(b, 0) for b in range(8))
+
+    def stub(plans):
+        n = len(plans[0].events)
+        return Evaluation(fits=True, iteration_s=float(8 - n), peak_bytes=0, iterations=2)
+
+    for cap, scored in ((None, 15), (4, 4)):
+        plan = Plan("fp", events)
+        search = Search([plan], stub([plan]), stub, lambda: False)
+        moves = prune_moves([Plan("fp")], [plan], lambda j, e: 1.0, random.Random(0))
+        assert accept_batches(search, moves, strict=True, max_evaluations=cap) == 0
+        assert search.evaluations == scored
+        assert search.plans[0].events == events
+
 # ---- the net's choices as a plan, worked by hand ---------------------------------------------
 def _evict_case():
     """X (buffer 0) is made by op 0, read by op 1 and op 4; A, C, D, E come and
@@ -254,20 +272,20 @@ def test_squeeze_is_deterministic_for_a_seed(tight):
     assert fingerprint(t) == r.plans[0].trace_fingerprint
 
 
-def test_each_start_gets_an_equal_share_of_the_evaluations_left():
+def test_each_start_gets_half_of_the_evaluations_left():
     """NOTE [ Squeeze ], step 3: with 60 of 100 evaluations left and 3 starts
-    to improve, the next may use 20 of them; what it leaves goes to the rest."""
+    to improve, the next may use 30 of them; the last start, all that is left."""
     t = synthetic.chain(4)
     run_ = _Run([t], DEV, 1 << 30, SqueezeOptions(max_evaluations=100), None, time.perf_counter())
     run_.evaluations = 40
     out = run_.share(3)
-    run_.evaluations = 59
+    run_.evaluations = 69
     assert not out()
-    run_.evaluations = 60
+    run_.evaluations = 70
     assert out()
-    run_.evaluations = 50  # the first start stopped early: 50 left for 2
-    out = run_.share(2)
-    run_.evaluations = 74
+    run_.evaluations = 50  # the start before stopped early: all 50 left for the last
+    out = run_.share(1)
+    run_.evaluations = 99
     assert not out()
-    run_.evaluations = 75
+    run_.evaluations = 100
     assert out()
