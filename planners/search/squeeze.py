@@ -55,7 +55,7 @@ SEEDS: dict[str, Callable[..., PlanResult]] = {
 NETS = ("passive", "dtr")
 BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
 MAX_STARTS = 5  # NOTE [ Squeeze ]: starts improved in turn while evaluations are left
-DEADLINE_EVALS = 24  # NOTE [ Batched acceptance ]: a cap on dropping swap-out deadlines
+DEADLINE_EVALS = 100  # NOTE [ Batched acceptance ]: a cap on dropping swap-out deadlines
 NET_ROUNDS = 3  # NOTE [ Squeeze ]: a net's choices written down, run under the net again
 
 
@@ -375,14 +375,15 @@ class _Run:
         traces, device = self.traces, self.device
         while not search.out_of_time():
             before = search.best.iteration_s
-            moves = prefetch_moves(traces, device, timelines, search.plans)
-            accept_batches(search, moves, strict=True)
             moves = recompute_moves(traces, device, durations, search.plans)
             accept_batches(search, moves, strict=True)
             moves = swap_moves(traces, device, timelines, durations, search.plans)
             accept_batches(search, moves, strict=True)
             accept_batches(  # NOTE [ Batched acceptance ]: a few deadlines matter
-                search, deadline_moves(search.plans), strict=True, max_evaluations=DEADLINE_EVALS
+                search,
+                deadline_moves(traces, device, timelines, search.plans),
+                strict=True,
+                max_evaluations=DEADLINE_EVALS,
             )
             moves = prefetch_moves(traces, device, timelines, search.plans)
             accept_batches(search, moves, strict=True)
