@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from memplan.traces import io
 from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.errors import MemplanError
 from memplan.traces.model import Phase
 from memplan.units import integer
 
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threads",
         type=integer(1, 1024),
-        default=1,
+        default=None,
         help="with --measure on cpu: intra-op threads, the process pinned to that many cores "
         "(default 1, as `memplan microbench`); a warning when other processes kept the other "
         "cores busy",
@@ -114,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     from memplan import outputs
     from memplan.traces.zoo import resolve
 
+    if args.threads is not None and not (args.measure and args.device == "cpu"):
+        raise MemplanError(
+            "--threads applies to a measured capture on cpu (--measure --device cpu)"
+        )
+    args.threads = args.threads or 1
     outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     factory = resolve(args.model)
     opts = CaptureOptions(

@@ -115,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
     hw = machine.hardware(args)
     latency = machine.latency_model(args.latency)
-    budget = machine.check_budget(machine.budget(args), hw, args)
     names = planner_names(args.planners)
     options = parse_options(args.option)
     if "cpsat" in names:
@@ -123,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         options["cpsat"] = extra + options.get("cpsat", [])
     traces = parse_jobs(args.traces)
     machine.check_measured(args, traces, hw)
+    device = DeviceModel(hw, latency, lanes=args.lanes)
+    budget = machine.resolve_budget(args, traces, device)  # a share: cut to the device, warned
     tty = sys.stderr.isatty()
 
     def progress(msg: str) -> None:
@@ -131,14 +132,13 @@ def run(args: argparse.Namespace) -> int:
 
     c = compare_planners(
         traces,
-        DeviceModel(hw, latency, lanes=args.lanes),
+        device,
         names,
         budget=budget,
         iterations=args.iterations,
         options=options,
         progress=progress,
         fallback=args.fallback,
-        budget_fraction=machine.budget_fraction(args),
     )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)

@@ -14,6 +14,7 @@ that were accepted would start real work and show as a hang.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
@@ -112,6 +113,10 @@ ISSUE_CASES = [
     ),  # fmt: skip
     (["capture", "--model", "mlp", "--batch", "2", "--measure", "--out", "DIR/o.json"], ["meta"]),
     (
+        ["capture", "--model", "mlp", "--batch", "2", "--threads", "2", "--out", "DIR/o.json"],
+        ["--threads", "--measure"],
+    ),  # fmt: skip: --threads without a measured cpu capture would be ignored
+    (
         ["capture", "--model", "mlp", "--batch", "2", "--device", "tpu", "--out", "DIR/o.json"],
         ["tpu"],
     ),  # fmt: skip
@@ -172,6 +177,10 @@ def test_budgets_above_the_device(files):
     assert "warning: --budget 1000%" in o.stderr and "using 64.00 MiB" in o.stderr, o.stderr
     o = run_cli(["simulate", files["trace"], *small, "--budget", "64MiB"], TIMEOUT_S)
     assert o.code == 0 and not o.stderr.strip(), o.describe()
+    compare = ["compare", files["trace"], *small, "--planners", "vdnn", "--json"]
+    o = run_cli([*compare, "--budget", "1000%"], TIMEOUT_S)
+    assert o.code == 0 and "using 64.00 MiB" in o.stderr, o.describe()
+    assert json.loads(o.stdout)["rows"][0]["budget_bytes"] == 64 * 2**20, o.stdout[:300]
 
 
 # ---- seeded bad values for every option of every command ---------------------------------
