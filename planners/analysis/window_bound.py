@@ -25,6 +25,7 @@ from memplan.planners.analysis.bounds import (
     time_lower_bound,
 )
 from memplan.planners.analysis.gaps import Gaps, gap_table
+from memplan.planners.analysis.sources import DeadSources
 from memplan.planners.analysis.whole import whole_cover
 from memplan.traces.model import Trace
 from ortools.graph.python import min_cost_flow
@@ -75,6 +76,13 @@ from ortools.graph.python import min_cost_flow
 # exactly in integers with costs per byte rounded down (a lower cost only
 # lowers the bound). Dropping rows only relaxes the cover: at most MAX_ROWS
 # ops are kept (the largest needs and a spread of the others).
+#
+# Both bounds take rec_g from NOTE [ Dead sources ] (planners/analysis/
+# sources.py): a recompute also pays for making again the sources that died
+# before the op (the split at its op k, the multi-op cover at a kept op at
+# or before the first its gap covers). The split bound also solves its
+# cover with whole buffers on its best ops (NOTE [ Whole buffers ],
+# planners/analysis/whole.py).
 
 SINGLE_OP, SPLIT, MULTI_OP, COMPUTE, PEAK_FLOOR = (
     "single-op",
@@ -85,6 +93,7 @@ SINGLE_OP, SPLIT, MULTI_OP, COMPUTE, PEAK_FLOOR = (
 )
 TIE = 1e-6  # relative: bounds this close name the simpler argument
 MAX_ROWS = 128  # ops whose need the multi-op cover keeps
+CHECK_EVERY = 8  # the multi-op bound charges dead sources at every 8th kept row
 SPLIT_OPS = 48  # ops the split bound screens on a coarse grid of (b1, b2)
 SPLIT_SCANNED = 16  # of those, how many it tries at more (s, r)
 SPLIT_REFINED = 4  # of those, how many it refines
@@ -166,9 +175,9 @@ def time_bounds(trace: Trace, device: DeviceModel, budget_bytes: int) -> TimeBou
         return TimeBounds(budget_bytes, compute, tuple(out))
     single = time_lower_bound(trace, device, budget_bytes, workspace=False)
     out.append(NamedBound(SINGLE_OP, single.seconds, _at(single.op)))
-    gaps = gap_table(trace, device)
-    out.append(split_bound(gaps, d, need, (single.op,) if single.op >= 0 else ()))
-    out.append(multi_op_bound(gaps, d, need, device.lanes))
+    gaps, sources = gap_table(trace, device), DeadSources(trace, d)
+    out.append(split_bound(gaps, d, need, (single.op,) if single.op >= 0 else (), sources=sources))
+    out.append(multi_op_bound(gaps, d, need, device.lanes, sources=sources))
     return TimeBounds(budget_bytes, compute, tuple(out), single)
 
 
@@ -191,6 +200,7 @@ def split_bound(
     also: tuple[int, ...] = (),
     *,
     whole: bool = True,
+    sources: DeadSources | None = None,
 ) -> NamedBound:
     """The split bound of NOTE [ Window bounds ] at the best op, instant and
     (s, r) tried, in three rounds on fewer and fewer ops: every hot op if few,
@@ -199,11 +209,12 @@ def split_bound(
     (s, r); the best of those refined by golden sections. With `whole`, the
     best `WHOLE_SCANNED` of those are screened and refined again with
     buffers taken whole (NOTE [ Whole buffers ]); the bound is the larger,
-    so never below the fractional one."""
+    so never below the fractional one. With `sources`, recomputations are
+    charged their dead sources at each op (NOTE [ Dead sources ])."""
     hot = np.flatnonzero(need > 0)
     ops = np.unique(np.concatenate([_pick(hot, need, SPLIT_OPS), np.asarray(also, np.int64)]))
     before = np.concatenate([[0.0], np.cumsum(d)])  # seconds of ops 0..k-1
-    splits = [_Split(gaps, k, float(need[k]), before) for k in ops.tolist()]
+    splits = [_Split(gaps, k, float(need[k]), before, sources) for k in ops.tolist()]
     ranked = sorted(((sp.scan(sp.pairs(0)), sp) for sp in splits), key=lambda x: -x[0][0])
     ranked = [(sp.scan(sp.pairs(POINTS)), sp) for _, sp in ranked[:SPLIT_SCANNED]]
     ranked.sort(key=lambda x: -x[0][0])
@@ -231,9 +242,12 @@ class _Split:
     """The split bound's dual at op `k` (NOTE [ Window bounds ]): row 0 at its
     start, row 1 at its end, for weights (b1, b2) and ops (s, r)."""
 
-    def __init__(self, gaps: Gaps, k: int, need: float, before: np.ndarray):
+    def __init__(
+        self, gaps: Gaps, k: int, need: float, before: np.ndarray, sources: DeadSources | None
+    ):
         g = _useful(gaps, gaps.around(k))
-        self.d2h, self.h2d, self.rec = gaps.d2h[g], gaps.h2d[g], gaps.rec[g]
+        rec = gaps.rec if sources is None else sources.gap_rec(gaps, k)
+        self.d2h, self.h2d, self.rec = gaps.d2h[g], gaps.h2d[g], rec[g]
         self.nbytes, self.written, self.back = gaps.nbytes[g], gaps.written[g], gaps.before[g]
         self.k, self.n, self.need, self.before = k, gaps.n_ops, need, before
 
@@ -343,9 +357,13 @@ def _min_cover(cost: np.ndarray, nbytes: np.ndarray, need: float) -> np.ndarray:
 
 
 # ---- multi-op --------------------------------------------------------------------------
-def multi_op_bound(gaps: Gaps, d: np.ndarray, need: np.ndarray, lanes: int) -> NamedBound:
+def multi_op_bound(
+    gaps: Gaps, d: np.ndarray, need: np.ndarray, lanes: int, *, sources: DeadSources | None = None
+) -> NamedBound:
     """The multi-op bound of NOTE [ Window bounds ]: a golden-section search
-    over b of (1 - b) D + the flow's cover cost."""
+    over b of (1 - b) D + the flow's cover cost. With `sources`, a gap's
+    recompute is charged its dead sources at a kept op at or before the
+    first it covers (NOTE [ Dead sources ])."""
     hot = np.flatnonzero(need > 0)
     rows = np.sort(_pick(hot, need, MAX_ROWS))
     first = np.searchsorted(rows, gaps.after + 1, side="left")
@@ -353,7 +371,11 @@ def multi_op_bound(gaps: Gaps, d: np.ndarray, need: np.ndarray, lanes: int) -> N
     g = np.flatnonzero((first <= last) & (gaps.nbytes > 0))
     lane = gaps.d2h[g] * _one_per_epoch(gaps.epoch[g], last[g] - first[g]) + gaps.h2d[g]
     lane = lane / 2 if lanes == 2 else lane
-    rec = gaps.rec[g]
+    rec = (
+        gaps.rec[g]
+        if sources is None
+        else sources.gap_rec_from(gaps, g, rows[first[g]], CHECK_EVERY)
+    )
     total = _compute_s(d)
     flow = _CoverFlow(need[rows], first[g], last[g], gaps.nbytes[g])
 
