@@ -347,6 +347,7 @@ class MLPLatency(LatencyModel):
             raise LatencyError(f"{p}: is a directory, not a latency model") from None
         except Exception as e:  # torch raises many types for a bad archive, some without text
             why = (str(e).splitlines() or [""])[0] or type(e).__name__
+            why = why.split(". ")[0][:120]  # torch's first sentence; its advice is not ours
             raise LatencyError(f"{p}: not a saved latency model: {why}") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise LatencyError(f"{p}: schema: expected {SCHEMA!r}")
