@@ -11,12 +11,13 @@ import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Measured, Roofline
 from memplan.hwmodels.profile import load_hardware
+from memplan.planners.analysis.optimes import predict_timelines
 from memplan.planners.core.check import check
 from memplan.planners.core.evaluate import Evaluation, NetMove
 from memplan.planners.core.plan import Plan, Recompute, Release, Status, SwapIn, SwapOut
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
-from memplan.planners.search.moves import Search, accept_batches, prune_moves
+from memplan.planners.search.moves import Search, accept_batches, deadline_moves, prune_moves
 from memplan.planners.search.netplan import plan_from_net
 from memplan.planners.search.squeeze import SqueezeOptions, _Run, squeeze
 from memplan.sim import Job, simulate
@@ -80,6 +81,24 @@ def test_a_capped_batch_scores_no_more_candidates_than_its_cap():
         assert accept_batches(search, moves, strict=True, max_evaluations=cap) == 0
         assert search.evaluations == scored
         assert search.plans[0].events == events
+
+
+def test_deadlines_that_make_ops_wait_longest_are_dropped_first():
+    """Ops of 1 ms, a lane of 1 MiB per ms. X (2 MiB, made by op 0) copied out
+    by op 2's start has 1 ms for a 2 ms copy: op 2 would wait 1 ms; Y (1 MiB,
+    made by op 1) by op 3's start has 1 ms for a 1 ms copy: no wait."""
+    trace = tiny_trace(
+        [B(2), B(1), B(1), B(1)],
+        [Step((), (0,)), Step((0,), (1,)), Step((1,), (2,)), Step((2,), (3,)), Step((0, 1), ())],
+    )
+    device = DeviceModel(tiny_hw(), Measured())
+    out_y, out_x = SwapOut(1, 1, before_op=3), SwapOut(0, 0, before_op=2)
+    plan = Plan("fp", (out_y, out_x))
+    tl = predict_timelines([trace], device)
+    assert deadline_moves([trace], device, tl, [plan]) == [
+        (0, (out_x,), (SwapOut(0, 0),)), (0, (out_y,), (SwapOut(1, 1),)),
+    ]  # fmt: skip
+
 
 # ---- the net's choices as a plan, worked by hand ---------------------------------------------
 def _evict_case():
