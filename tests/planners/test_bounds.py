@@ -210,9 +210,11 @@ def test_command_prints_every_bound_and_the_solvers(trace_file, capsys):
     assert rc == 0
     assert out[0] == "tiny on a100-pcie-40gb, budget 5.00 MiB, lanes 1"
     assert out[1].startswith("peak  >=     5.00 MiB")
-    # op 0's 4 MiB output is 1 MiB too many at op 2, which ends 9 ms in: that
-    # MiB comes back after op 2 and before op 3 (1 ms) starts, 36 us of lane
-    assert out[2] == "time  >=    10.036 ms   (best: split, end of op 2, back before op 3)"
+    # op 0's 4 MiB output is 1 MiB too many at op 2, which ends 9 ms in: it is
+    # off the device whole (NOTE [ Whole buffers ]) and comes back after op 2
+    # and before op 3 (1 ms) starts, 4 x 36 us of lane
+    want = "time  >=    10.145 ms   (best: split, end of op 2, back before op 3, whole buffers)"
+    assert out[2] == want
     assert [line.split()[0] for line in out[3:7]] == ["compute", "single-op", "split", "multi-op"]
     assert out[7].startswith("cpsat    OPTIMAL, plan 10.")
     assert "within its model" in out[7]
