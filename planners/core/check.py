@@ -79,6 +79,12 @@ def check_delays(plan: Plan, trace: Trace, device: DeviceModel, where: str = "pl
                 )
 
 
+# NOTE [ A chain makes every write ]
+# A Recompute's chain remakes its buffer from the chain's first op that writes
+# it; every later write of the buffer before the op the chain serves must be
+# in the chain too, or the value made again is an earlier one (an
+# `empty_like` re-run without the in-place `bernoulli_` that filled it). So a
+# lower bound may charge a remade buffer every write that made it.
 def check(plan: Plan, trace: Trace) -> None:
     """Raise `PlanError` unless every op of every iteration finds its buffers
     on the device under `plan`."""
@@ -121,6 +127,19 @@ class _Replay:
                 f"({t.buffers[b].name or t.buffers[b].kind.value}); re-running it would "
                 f"update it twice"
             )
+        b = ev.buffer
+        first = min((k for k in ev.ops if b in t.op_writes(k)), default=None)
+        if first is not None:  # NOTE [ A chain makes every write ]
+            skipped = [
+                m
+                for m in t.accesses_of(b).tolist()
+                if first < m < ev.before_op and m not in ev.ops and b in t.op_writes(m)
+            ]
+            if skipped:
+                raise PlanError(
+                    f"{w}: op {skipped[0]} ({t.ops[skipped[0]].target}) writes buffer {b} after "
+                    f"op {first} and is not in the chain; the recomputed value would differ"
+                )
         for k, srcs in r.sources:
             for s in srcs:
                 later = [m for m in t.accesses_of(s).tolist() if k < m < ev.before_op]

@@ -155,6 +155,23 @@ def test_recompute_source_overwritten_in_place():
         check(plan(t, Release(2, 3), Recompute(2, 4, (1,))), t)
 
 
+def test_a_chain_makes_every_write_of_its_buffer():
+    # NOTE [ A chain makes every write ]: op1 makes b (empty_like), op2 fills
+    # it in place (bernoulli_), op3 reads it. Re-running op1 alone before op3
+    # would give back the empty b, not the filled one.
+    t, _ = make(
+        [B(1, "input", freed_after=3), B(1), B(1)],
+        [Call([0], [1]), Call([], [1], rng=True), Call([1], [2]), Call([0, 1, 2], [])],
+    )
+    with pytest.raises(PlanError) as e:
+        check(plan(t, Release(1, 2), Recompute(1, 3, (0,))), t)
+    assert str(e.value) == (
+        "events[1] (recompute of buffer 1 before op 3): op 1 (aten.op1.default) writes "
+        "buffer 1 after op 0 and is not in the chain; the recomputed value would differ"
+    )
+    check(plan(t, Release(1, 2), Recompute(1, 3, (0, 1), restore_rng=True)), t)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_baselines_pass_on_random_steps(seed):
     t = synthetic.random_dag(80 + 10 * seed, seed=seed, dropout=seed % 2 == 0)
