@@ -127,6 +127,65 @@ def recompute_costs(trace: Trace, d: np.ndarray) -> np.ndarray:
     return rec
 
 
+# NOTE [ Later writes in the chain ]
+# A plan's chain remakes x from its first op that writes x and must also
+# re-run every later write of x before the op it serves (NOTE [ A chain makes
+# every write ] in planners/core/check.py); DTR remakes only buffers no op
+# writes after their maker. So a gap (p, q) of x that comes back by
+# recompute is charged, over the ops m that write x without reading it, the
+# least of: for m <= p, m's share plus the shares of the writes of x in
+# (m, p] (an in-place `bernoulli_` after the `empty_like` that made x), least
+# at the last such m, as shares are >= 0; for m >= q, m's share alone (no
+# access of x lies in (p, q)). Shares as in `recompute_costs`: each op's
+# duration split over what it writes by bytes, so the charges of one run of
+# one op add up to at most its duration.
+def chain_costs(
+    trace: Trace, d: np.ndarray, buf: np.ndarray, p: np.ndarray, q: np.ndarray
+) -> np.ndarray:
+    """float64[gaps]: the recompute charge of each gap (`buf`, `p`, `q`) of
+    NOTE [ Later writes in the chain ], in the units of `d`; inf where no
+    op qualifies. Never below `recompute_costs` of the buffer."""
+    n = trace.n_ops
+    wp, wb = trace.writes_csr
+    w_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(wp))
+    rp, rb = trace.reads_csr
+    r_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(rp))
+    width = np.int64(trace.n_buffers + 1)
+    reads_it = np.isin(w_op * width + wb, r_op * width + rb)
+    out_bytes = np.zeros(n, np.float64)
+    np.add.at(out_bytes, w_op, trace.nbytes[wb])
+    share = np.where(out_bytes[w_op] > 0, trace.nbytes[wb] / np.maximum(out_bytes[w_op], 1), 1.0)
+    cost = d[w_op] * share
+    maker = ~reads_it & ~trace.writes_persistent[w_op]
+    span = np.int64(n + 2)
+    key = wb.astype(np.int64) * span + w_op + 1
+    order = np.argsort(key, kind="stable")
+    key, cost, maker = key[order], cost[order], maker[order]
+    cum = np.concatenate([[0.0], np.cumsum(cost)])
+    buf = buf.astype(np.int64)
+    # before the gap: from the last maker at or before p through the writes up to p
+    end = np.searchsorted(key, buf * span + p + 1, side="right")
+    mk = np.flatnonzero(maker)
+    j = np.searchsorted(key[mk], buf * span + p + 1, side="right") - 1
+    at = mk[np.maximum(j, 0)]
+    ok = (j >= 0) & (key[at] // span == buf)
+    before = np.where(ok, cum[end] - cum[at], np.inf)
+    # after it: the cheapest maker at or after q, alone
+    best = np.full(len(key), np.inf)  # best[i]: least maker cost at or after i, same buffer
+    run = np.inf
+    owner = key // span
+    for i in range(len(key) - 1, -1, -1):
+        if i == len(key) - 1 or owner[i] != owner[i + 1]:
+            run = np.inf
+        if maker[i]:
+            run = min(run, cost[i])
+        best[i] = run
+    start = np.searchsorted(key, buf * span + q + 1, side="left")
+    has = (start < len(key)) & (owner[np.minimum(start, len(key) - 1)] == buf)
+    after = np.where(has, best[np.minimum(start, len(key) - 1)], np.inf)
+    return np.minimum(before, after)
+
+
 def gap_table(trace: Trace, device: DeviceModel) -> Gaps:
     """Every gap of `trace` (NOTE [ Absences ]), costed on `device`, in seconds."""
     n = trace.n_ops
@@ -150,7 +209,7 @@ def gap_table(trace: Trace, device: DeviceModel) -> Gaps:
     h2d = np.asarray(device.copy_time(nb, Direction.H2D, TimeUnit.S, duplex=False), np.float64)
     d2h_forced = w >= -1
     back_in_iteration = q <= n - 1
-    rec = np.where(back_in_iteration, recompute_costs(trace, d)[buf], np.inf)
+    rec = np.where(back_in_iteration, chain_costs(trace, d, buf, p, q), np.inf)
     _, epoch = np.unique(buf * np.int64(n + 3) + (w + 2), return_inverse=True)
     return Gaps(
         n_ops=n,

@@ -110,6 +110,14 @@ def test_recompute_costs_by_hand():
     t = tiny_trace([B(3), B(1), B(1), B(1), B(1, "param")], ops)
     rec = recompute_costs(t, np.array(durations_s(t)))
     assert (rec * 1e3).round(9).tolist() == [3.0, 1.0, 2.0, math.inf, math.inf]
+    # NOTE [ Later writes in the chain ]: C's gap (2, 4) comes back by a chain
+    # that re-runs op 1 and then op 2's in-place write: 2 + 1 ms, not op 1's 2
+    g = gap_table(t, DeviceModel(load_hardware("rtx-a6000"), Measured()))
+    by_gap = {
+        (int(b), int(a)): round(float(r) * 1e3, 9) for b, a, r in zip(g.buffer, g.after, g.rec)
+    }
+    assert by_gap[(2, 2)] == 3.0
+    assert by_gap[(0, 0)] == 3.0 and by_gap[(1, 0)] == 1.0
 
 
 @pytest.mark.parametrize(
