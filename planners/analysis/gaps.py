@@ -7,6 +7,7 @@ are built on this table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
@@ -104,13 +105,20 @@ class Gaps:
         return both / 2 if lanes == 2 else both
 
 
-def recompute_costs(trace: Trace, d: np.ndarray) -> np.ndarray:
-    """float64[n_buffers]: the compute a recomputation of each buffer is
-    charged, in the units of `d` (per op): the least, over the ops that
-    write it, do not read it and write no persistent buffer, of that op's
-    duration times the buffer's share of the bytes it writes (NOTE
-    [ Absences ]); inf where no op qualifies. RNG ops qualify: a chain may
-    restore the generator (`Recompute.restore_rng`)."""
+class Writes(NamedTuple):
+    """Every (op, buffer) write of a trace, in the trace's CSR order: `op`,
+    `buffer`, `share` (the buffer's share of the bytes the op writes) and
+    `maker` (the op writes the buffer without reading it and writes no
+    persistent buffer: it may start a recompute of it)."""
+
+    op: np.ndarray
+    buffer: np.ndarray
+    share: np.ndarray
+    maker: np.ndarray
+
+
+def writes(trace: Trace) -> Writes:
+    """The writes of `trace` (see `Writes`)."""
     n, nb = trace.n_ops, trace.nbytes
     wp, wb = trace.writes_csr
     w_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(wp))
@@ -120,10 +128,20 @@ def recompute_costs(trace: Trace, d: np.ndarray) -> np.ndarray:
     reads_it = np.isin(w_op * width + wb, r_op * width + rb)
     out_bytes = np.zeros(n, np.float64)
     np.add.at(out_bytes, w_op, nb[wb])
-    ok = ~reads_it & ~trace.writes_persistent[w_op]
     share = np.where(out_bytes[w_op] > 0, nb[wb] / np.maximum(out_bytes[w_op], 1), 1.0)
+    return Writes(w_op, wb, share, ~reads_it & ~trace.writes_persistent[w_op])
+
+
+def recompute_costs(trace: Trace, d: np.ndarray) -> np.ndarray:
+    """float64[n_buffers]: the compute a recomputation of each buffer is
+    charged, in the units of `d` (per op): the least, over the ops that
+    write it, do not read it and write no persistent buffer, of that op's
+    duration times the buffer's share of the bytes it writes (NOTE
+    [ Absences ]); inf where no op qualifies. RNG ops qualify: a chain may
+    restore the generator (`Recompute.restore_rng`)."""
+    w = writes(trace)
     rec = np.full(trace.n_buffers, np.inf)
-    np.minimum.at(rec, wb[ok], (d[w_op] * share)[ok])
+    np.minimum.at(rec, w.buffer[w.maker], (d[w.op] * w.share)[w.maker])
     return rec
 
 
@@ -145,18 +163,8 @@ def chain_costs(
     """float64[gaps]: the recompute charge of each gap (`buf`, `p`, `q`) of
     NOTE [ Later writes in the chain ], in the units of `d`; inf where no
     op qualifies. Never below `recompute_costs` of the buffer."""
-    n = trace.n_ops
-    wp, wb = trace.writes_csr
-    w_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(wp))
-    rp, rb = trace.reads_csr
-    r_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(rp))
-    width = np.int64(trace.n_buffers + 1)
-    reads_it = np.isin(w_op * width + wb, r_op * width + rb)
-    out_bytes = np.zeros(n, np.float64)
-    np.add.at(out_bytes, w_op, trace.nbytes[wb])
-    share = np.where(out_bytes[w_op] > 0, trace.nbytes[wb] / np.maximum(out_bytes[w_op], 1), 1.0)
-    cost = d[w_op] * share
-    maker = ~reads_it & ~trace.writes_persistent[w_op]
+    n, w = trace.n_ops, writes(trace)
+    wb, w_op, maker, cost = w.buffer, w.op, w.maker, d[w.op] * w.share
     span = np.int64(n + 2)
     key = wb.astype(np.int64) * span + w_op + 1
     order = np.argsort(key, kind="stable")

@@ -6,7 +6,7 @@ op of the iteration, for the split bound of `planners.analysis.window_bound`.
 from __future__ import annotations
 
 import numpy as np
-from memplan.planners.analysis.gaps import Gaps, recompute_costs
+from memplan.planners.analysis.gaps import Gaps, recompute_costs, writes
 from memplan.traces.model import Trace
 
 # NOTE [ Dead sources ]
@@ -41,19 +41,12 @@ class DeadSources:
     durations `d` (seconds per op), at any op."""
 
     def __init__(self, trace: Trace, d: np.ndarray):
-        n, nb = trace.n_ops, trace.nbytes.astype(np.float64)
-        wp, wb = trace.writes_csr
+        n, w = trace.n_ops, writes(trace)
         rp, rb = trace.reads_csr
-        w_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(wp))
-        r_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(rp))
-        width = np.int64(trace.n_buffers + 1)
-        reads_it = np.isin(w_op * width + wb, r_op * width + rb)
-        out_bytes = np.zeros(n)
-        np.add.at(out_bytes, w_op, nb[wb])
-        share = np.where(out_bytes[w_op] > 0, nb[wb] / np.maximum(out_bytes[w_op], 1), 1.0)
-        ok = ~reads_it & ~trace.writes_persistent[w_op]
         self.outs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        for op, b, s in zip(w_op[ok].tolist(), wb[ok].tolist(), share[ok].tolist()):
+        for op, b, s in zip(
+            w.op[w.maker].tolist(), w.buffer[w.maker].tolist(), w.share[w.maker].tolist()
+        ):
             self.outs[op].append((b, s))
         mortal = ~trace.persistent[rb]  # persistent inputs never die
         self.reads = [rb[rp[i] : rp[i + 1]][mortal[rp[i] : rp[i + 1]]] for i in range(n)]
