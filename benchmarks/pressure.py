@@ -80,12 +80,18 @@ def summarise(c):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    ap.add_argument("--planners", default=",".join(PLANNERS))
-    ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--fallback", default="dtr")
-    ap.add_argument("--gpu", default="rtx-a6000")
+    ap.add_argument("--models", default=",".join(MODELS), help="shipped models, comma-separated")
+    ap.add_argument(
+        "--budgets",
+        default=",".join(map(str, BUDGETS)),
+        help="percentages of the simulated vanilla peak, comma-separated",
+    )
+    ap.add_argument("--planners", default=",".join(PLANNERS), help="planners besides the witnesses")
+    ap.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds for squeeze and cpsat (default 60)"
+    )
+    ap.add_argument("--fallback", default="dtr", help="the net under every plan: none|passive|dtr")
+    ap.add_argument("--gpu", default="rtx-a6000", help="hardware profile (default rtx-a6000)")
     ap.add_argument("--markdown", help="write the summary table here")
     args = ap.parse_args()
     device = DeviceModel(load_hardware(args.gpu), Roofline())
