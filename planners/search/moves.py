@@ -152,9 +152,9 @@ def deadline_moves(
     plans: Sequence[Plan],
 ) -> list[Move]:
     """Swap-outs with a deadline, without it: the op then need not wait for
-    the copy (kept only if the plans still fit and run faster). Those the
-    predicted timeline says wait longest first: the copy's time past the
-    predicted gap between its trigger and its deadline."""
+    the copy (kept only if the plans still fit and run faster). Only those
+    the predicted timeline says make their op wait, longest wait first: the
+    copy's time past the predicted gap between its trigger and its deadline."""
     scored = []
     for j, (t, tl, p) in enumerate(zip(traces, timelines, plans, strict=True)):
         for e in p.events:
@@ -162,7 +162,8 @@ def deadline_moves(
                 copy = float(device.copy_time(int(t.nbytes[e.buffer]), Direction.D2H))
                 start = float(tl.end_us[e.after_op]) if e.after_op >= 0 else 0.0
                 wait = copy - (float(tl.start_us[e.before_op]) - start)
-                scored.append((wait, (j, (e,), (SwapOut(e.buffer, e.after_op, e.delay_us),))))
+                if wait > 0:  # else the op is not predicted to wait for it
+                    scored.append((wait, (j, (e,), (SwapOut(e.buffer, e.after_op, e.delay_us),))))
     scored.sort(key=lambda m: -m[0])
     return [m[1] for m in scored]
 

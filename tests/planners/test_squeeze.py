@@ -85,18 +85,20 @@ def test_a_capped_batch_scores_no_more_candidates_than_its_cap():
 
 def test_deadlines_that_make_ops_wait_longest_are_dropped_first():
     """Ops of 1 ms, a lane of 1 MiB per ms. X (2 MiB, made by op 0) copied out
-    by op 2's start has 1 ms for a 2 ms copy: op 2 would wait 1 ms; Y (1 MiB,
-    made by op 1) by op 3's start has 1 ms for a 1 ms copy: no wait."""
+    by op 2's start has 1 ms for a 2 ms copy: op 2 would wait 1 ms; Z (3 MiB,
+    made by op 2) by op 4's start, 1 ms for 3: 2 ms; Y (1 MiB, made by op 1)
+    by op 3's start, 1 ms for 1: no wait, not offered."""
     trace = tiny_trace(
-        [B(2), B(1), B(1), B(1)],
+        [B(2), B(1), B(3), B(1)],
         [Step((), (0,)), Step((0,), (1,)), Step((1,), (2,)), Step((2,), (3,)), Step((0, 1), ())],
     )
     device = DeviceModel(tiny_hw(), Measured())
     out_y, out_x = SwapOut(1, 1, before_op=3), SwapOut(0, 0, before_op=2)
-    plan = Plan("fp", (out_y, out_x))
+    out_z = SwapOut(2, 2, before_op=4)
+    plan = Plan("fp", (out_y, out_x, out_z))
     tl = predict_timelines([trace], device)
     assert deadline_moves([trace], device, tl, [plan]) == [
-        (0, (out_x,), (SwapOut(0, 0),)), (0, (out_y,), (SwapOut(1, 1),)),
+        (0, (out_z,), (SwapOut(2, 2),)), (0, (out_x,), (SwapOut(0, 0),)),
     ]  # fmt: skip
 
 
