@@ -218,13 +218,21 @@ class _Run:
         self.origin = ""
         self.improved = 0  # starts improved
         self.rng = random.Random(opts.seed)
+        # NOTE [ Squeeze stops at the compute floor ]: one job's iteration is
+        # never shorter than its ops' durations; a plan that fits and runs in
+        # that time cannot be beaten, so the search ends there (a heuristic's
+        # plan at 90% of the peak usually does) instead of spending its limit.
+        self.floor_s = (
+            float(sum(op_durations_us(traces[0], device))) * 1e-6 if len(traces) == 1 else 0.0
+        )
+        self.at_floor = False
 
     def out_of_time(self) -> bool:
         """No time for one more evaluation (the slowest so far, with a margin:
         the limit holds for the whole run, not only for when it stops)."""
         if time.perf_counter() + 1.5 * self.slowest_s > self.deadline:
             self.timed_out = True
-        return self.timed_out or self.evaluations >= self.opts.max_evaluations
+        return self.timed_out or self.at_floor or self.evaluations >= self.opts.max_evaluations
 
     def share(self, starts_left: int) -> Callable[[], bool]:
         """`out_of_time` for the next of `starts_left` starts: it may use
@@ -252,12 +260,18 @@ class _Run:
         t0 = time.perf_counter()
         ev = self.evaluator(plans, policy)
         self.slowest_s = max(self.slowest_s, time.perf_counter() - t0)
+        if ev is not None and ev.fits and ev.iteration_s <= self.floor_s * (1 + 1e-9):
+            self.at_floor = True
         return ev
 
     def stats(self, search: Search | None = None) -> dict:
         out = {
             "evaluations": self.evaluations,
-            "stopped_by": "time limit" if self.timed_out else "evaluations or no move left",
+            "stopped_by": "time limit"
+            if self.timed_out
+            else "at the compute floor"
+            if self.at_floor
+            else "evaluations or no move left",
             "tried": list(self.tried),
             "start": self.origin,
             "starts_improved": self.improved,

@@ -11,7 +11,7 @@ import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Measured, Roofline
 from memplan.hwmodels.profile import load_hardware
-from memplan.planners.analysis.optimes import predict_timelines
+from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
 from memplan.planners.core.check import check
 from memplan.planners.core.evaluate import Evaluation, NetMove
 from memplan.planners.core.plan import Plan, Recompute, Release, Status, SwapIn, SwapOut
@@ -291,6 +291,23 @@ def test_squeeze_is_deterministic_for_a_seed(tight):
     assert again.stats["stopped_by"] != "time limit"
     assert math.isfinite(again.stats["predicted_iteration_s"])
     assert fingerprint(t) == r.plans[0].trace_fingerprint
+
+
+def test_squeeze_stops_at_the_compute_floor():
+    """NOTE [ Squeeze stops at the compute floor ]: with 95% of the peak a
+    plan that hides its copies runs in the ops' summed durations; nothing
+    beats it, so the search ends with it, long before its evaluation cap."""
+    t = synthetic.residual(3, act_mib=8)
+    peak = simulate([Job(t, vanilla_plan(t))], DEV, iterations=2, budget=1 << 40).peak_bytes
+    budget = int(peak * 0.95)
+    opts = SqueezeOptions(max_evaluations=500, time_limit_s=600)
+    r = squeeze(
+        [t], DEV, budget_bytes=budget, options=opts, evaluator=sim_evaluator([t], DEV, budget)
+    )
+    compute_s = sum(op_durations_us(t, DEV)) * 1e-6
+    assert r.stats["stopped_by"] == "at the compute floor", r.stats
+    assert r.stats["predicted_iteration_s"] == pytest.approx(compute_s, rel=1e-9)
+    assert r.stats["evaluations"] < 500
 
 
 def test_each_start_gets_half_of_the_evaluations_left():
