@@ -220,7 +220,9 @@ def print_table(result: SimResult, latency: str) -> None:
                 for k, (c, w) in enumerate(zip(r, widths, strict=True))
             )
         )
+    short = sum(1 for j in result.jobs if j.oom_at is not None)
+    end = f"{short} of {len(result.jobs)} job(s) ran out of memory" if short else "makespan"
     print(
         f"\npeak {format_bytes(result.peak_bytes)} of {format_bytes(result.budget_bytes)}; "
-        f"makespan {_ms(result.makespan_s)}"
+        + (end if short else f"{end} {_ms(result.makespan_s)}")
     )

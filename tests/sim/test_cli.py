@@ -137,3 +137,15 @@ def test_plan_for_another_trace_is_rejected(files, capsys):
     code, _, err = run(capsys, other, "--gpu", files / "hand.toml", "--plan", files / "late.json")
     assert code == 2
     assert "late.json: plans[0]: made for trace" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_out_of_memory_is_said_so_not_a_makespan(files, capsys):
+    # swap_chain's first op alone needs more than 1 MiB: the job runs out at
+    # iteration 0 and the summary says so instead of "makespan 0.000 ms"
+    code, out, _ = run(
+        capsys, files / "chain.json.gz", "--gpu", files / "hand.toml", "--latency", "measured",
+        "--budget", "1MiB",
+    )  # fmt: skip
+    assert code == 0
+    assert out.splitlines()[-1].endswith("1 of 1 job(s) ran out of memory"), out
+    assert "makespan" not in out
