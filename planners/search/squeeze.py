@@ -218,10 +218,11 @@ class _Run:
         self.origin = ""
         self.improved = 0  # starts improved
         self.rng = random.Random(opts.seed)
-        # NOTE [ Squeeze stops at the compute floor ]: one job's iteration is
-        # never shorter than its ops' durations; a plan that fits and runs in
-        # that time cannot be beaten, so the search ends there (a heuristic's
-        # plan at 90% of the peak usually does) instead of spending its limit.
+        # NOTE [ Squeeze stops at the compute floor ]
+        # One job's iteration is never shorter than its ops' durations; a plan
+        # that fits and runs in that time cannot be beaten, so the search ends
+        # there (a heuristic's plan at 90% of the peak usually does) instead
+        # of spending its limit.
         self.floor_s = (
             float(sum(op_durations_us(traces[0], device))) * 1e-6 if len(traces) == 1 else 0.0
         )
