@@ -124,13 +124,26 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 
 # ---- reading ---------------------------------------------------------------
+# NOTE [ File sizes ]
+# A memplan JSON file (trace, plan, dataset) is read whole, so its size is
+# bounded: at most MAX_JSON_BYTES on disk and, when gzip-compressed, at most
+# that much once decompressed (read with a limit, so a small file that
+# inflates without end is refused after MAX_JSON_BYTES, not after memory runs
+# out). The shipped traces are about 1 MiB of JSON; 1 GiB leaves room for
+# models a thousand times their size.
+MAX_JSON_BYTES = 1 << 30
+
+
 def read_json(
     path: str | os.PathLike[str], error: type[MemplanError], what: str = "file"
 ) -> tuple[Path, Any]:
     """(path, document) of a JSON or gzip-compressed JSON file; any problem
     reading it is a one-line `error` naming the file."""
     p = Path(path)
+    too_big = f"{p}: larger than {MAX_JSON_BYTES >> 20} MiB of JSON (NOTE [ File sizes ])"
     try:
+        if p.stat().st_size > MAX_JSON_BYTES:
+            raise error(too_big)
         raw = p.read_bytes()
     except FileNotFoundError:
         raise error(f"{p}: no such {what}") from None
@@ -138,7 +151,12 @@ def read_json(
         raise error(f"{p}: cannot read: {e.strerror}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
+            unzip = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            raw = unzip.decompress(raw, MAX_JSON_BYTES + 1)
+            if len(raw) > MAX_JSON_BYTES:
+                raise error(too_big)
+            if not unzip.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
         except (OSError, EOFError, zlib.error) as e:
             raise error(f"{p}: corrupt gzip data: {e}") from None
     return p, fields.parse(raw, str(p), error)

@@ -180,6 +180,30 @@ def test_bad_json_and_missing_file(tmp_path):
         io.load(gz)
 
 
+def test_file_sizes_are_bounded(tmp_path, monkeypatch):
+    # NOTE [ File sizes ], with the cap at 1000 bytes: a file above it is not
+    # read, a gzip that inflates past it is cut off there, a truncated one is
+    # corrupt, and a trace within it loads
+    monkeypatch.setattr(io, "MAX_JSON_BYTES", 1000)
+    big = tmp_path / "big.json"
+    big.write_text(" " * 1001)
+    with pytest.raises(TraceError, match=r"big.json: larger than"):
+        io.load(big)
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * 10**5, compresslevel=9))  # 100 KB of JSON in ~150 B
+    assert bomb.stat().st_size <= 1000
+    with pytest.raises(TraceError, match=r"bomb.json.gz: larger than"):
+        io.load(bomb)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gzip.compress(b"[1, 2, 3]")[:-12])
+    with pytest.raises(TraceError, match=r"cut.json.gz: corrupt gzip data"):
+        io.load(cut)
+    small = tmp_path / "small.json.gz"
+    small.write_bytes(gzip.compress(b" " * 999 + b"1"))
+    with pytest.raises(TraceError, match=r"small.json.gz: top level: expected an object"):
+        io.load(small)
+
+
 def test_shipped_traces_by_name():
     """NOTE [ Shipped traces by name ]: the stem, or the model alone when one
     shipped trace starts with it."""
