@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/memplan compare zoo:resnet50 --gpu rtx-a6000 --budget 60% --fallback dtr --planners all --out report/
+	$(VENV)/bin/memplan compare zoo:resnet50 --gpu rtx-a6000 --budget 60% --fallback dtr --planners all --option squeeze.time_limit_s=10 --out report/
 
 test: setup
 	$(PY) -m pytest -q -m "not cuda" tests
