@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import signal
 import traceback
 from collections.abc import Sequence
@@ -87,3 +88,18 @@ def assert_rejected(o: Outcome, *names: str) -> None:
     assert len(lines) == 1, f"not one line: {o.describe()}"
     for name in names:
         assert name.lower() in lines[0].lower(), f"{name!r} not named: {o.describe()}"
+
+
+# A time printed as inf or nan, or a negative size: a result that is not whole.
+GARBAGE = re.compile(r"\b(inf|nan)\b|(?<![\w.-])-\d[\d.]*\s*[KMGTPE]?i?B\b", re.IGNORECASE)
+
+
+def assert_whole(o: Outcome, what: str) -> None:
+    """A valid input `what` accepted (exit 0) with output that prints as
+    UTF-8 (no lone surrogate printed as is) and holds no garbage figure."""
+    assert_clean(o)
+    assert o.code == 0, f"valid input ({what}) not accepted: {o.describe()}"
+    o.stdout.encode("utf-8")  # raises on a lone surrogate printed as is
+    o.stderr.encode("utf-8")
+    bad = GARBAGE.search(o.stdout)
+    assert bad is None, f"garbage {bad.group(0)!r} in the output of {what}: {o.describe()}"

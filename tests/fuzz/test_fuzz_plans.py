@@ -9,7 +9,6 @@ output."""
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from memplan.hwmodels.profile import load_hardware
 from memplan.planners.core.check import iteration_us
 from memplan.traces import io, synthetic
 
-from tests.fuzz.harness import Outcome, assert_clean, assert_rejected, run_cli
+from tests.fuzz.harness import Outcome, assert_clean, assert_rejected, assert_whole, run_cli
 from tests.fuzz.plan_mutants import CLASSES, Base, Mutant, mutants
 
 GPU = "a100-pcie-40gb"
@@ -28,7 +27,6 @@ TIMEOUT_S = 20.0  # a simulation here takes tens of ms
 VALIDATE_TIMEOUT_S = 120.0
 QUICK = ["--iterations", "2", "--runs", "1", "--samples", "1"]
 # a time printed as inf or nan, or a negative size (not the "-40gb" of a GPU's name)
-_GARBAGE = re.compile(r"\b(inf|nan)\b|(?<![\w.-])-\d[\d.]*\s*[KMGTPE]?i?B\b", re.IGNORECASE)
 
 
 def _base(
@@ -67,15 +65,6 @@ def chain_base(tmp_path_factory):
     return trace_path, base
 
 
-def _check_whole(o: Outcome, m: Mutant) -> None:
-    assert_clean(o)
-    assert o.code == 0, f"valid variant ({m.cls}: {m.what}) not accepted: {o.describe()}"
-    o.stdout.encode("utf-8")  # raises on a lone surrogate printed as is
-    o.stderr.encode("utf-8")
-    bad = _GARBAGE.search(o.stdout)
-    assert bad is None, f"garbage {bad.group(0)!r} in the output of {m.what}: {o.describe()}"
-
-
 def judge(o: Outcome, m: Mutant, path: Path, *, simulated: bool) -> None:
     """The verdict of `m` on outcome `o`; `simulated`: the command simulates
     or replays the plan (else a `simulated_only` rejection is a valid file)."""
@@ -85,7 +74,7 @@ def judge(o: Outcome, m: Mutant, path: Path, *, simulated: bool) -> None:
             assert_rejected(o)
         return
     if m.field is None or (m.simulated_only and not simulated):
-        _check_whole(o, m)
+        assert_whole(o, f"{m.cls}: {m.what}")
         return
     # simulate checks the plan count across its --plan options, not in one file
     names = (m.field,) if m.cls == "plan_count" else (path.name, m.field)
