@@ -353,7 +353,6 @@ def random_dag(
 _GENERATORS = {Family.CHAIN: chain, Family.RESIDUAL: residual, Family.UNET: unet}
 
 
-
 def checkmate_chain(n: int, *, unit_bytes: int = 64 * MiB, unit_us: float = 1.0) -> Trace:
     """Checkmate's linear training chain (Jain et al., MLSys 2020): 2n + 1 ops
     of `unit_us` each, op j writing buffer j of `unit_bytes`. Op j >= 1 reads
@@ -388,7 +387,9 @@ def checkmate_chain(n: int, *, unit_bytes: int = 64 * MiB, unit_us: float = 1.0)
         phase = Phase.FORWARD if j <= n else Phase.BACKWARD
         target = ("aten.ones.default", "aten.relu.default", "aten.mul.Tensor")[len(r)]
         args = {"args": [{"view": v} for v in r] or [list(shape)], "kwargs": {}}
-        ops.append(Op(j, target, phase, r, (j,), args, flops=0, duration_us=unit_us, module=f"node{j}"))
+        ops.append(
+            Op(j, target, phase, r, (j,), args, flops=0, duration_us=unit_us, module=f"node{j}")
+        )
     extra = {"generator": "checkmate_chain", "n": n, "unit_bytes": unit_bytes, "unit_us": unit_us}
     meta = TraceMeta("synthetic.checkmate_chain", 1, device="meta", extra=extra)
     return Trace(meta, buffers, views, tuple(ops))

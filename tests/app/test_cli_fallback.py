@@ -83,11 +83,12 @@ def test_a_plan_the_simulator_runs_out_on_never_fits(monkeypatch):
     """A planner that claims its plan fits (PLANNED) is judged by the
     simulation: out of memory there, the row is not feasible, whatever the
     planner said; with a net it is 'net', never 'alone'."""
-    from memplan.comparison import Fit, compare_planners
     from memplan.planners import registry
     from memplan.planners.core.options import NoOptions
     from memplan.planners.core.plan import PlanResult, Status
     from memplan.planners.heuristics.vanilla import release_only_plan
+
+    from memplan.comparison import Fit, compare_planners
 
     def boastful(traces, device, *, budget_bytes=None, options=None):
         return PlanResult("boastful", Status.PLANNED, [release_only_plan(t) for t in traces])
