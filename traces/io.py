@@ -205,13 +205,3 @@ def load(path: str | os.PathLike[str]) -> Trace:
         return from_dict(doc)
     except TraceError as e:
         raise TraceError(f"{p}: {e}") from None
-
-
-def enum_value(cls: type, value: str, where: str, error: type[Exception] = TraceError) -> Any:
-    """`cls(value)` for an enum read from a file; else `error` naming `where`
-    and the allowed values (file formats of other layers pass their own)."""
-    try:
-        return cls(value)
-    except (ValueError, TypeError):
-        allowed = ", ".join(m.value for m in cls)
-        raise error(f"{where}: unknown {cls.__name__} {value!r} (one of {allowed})") from None

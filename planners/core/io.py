@@ -46,7 +46,7 @@ from memplan.planners.core.plan import (
     validate,
 )
 from memplan.traces import fields
-from memplan.traces.io import enum_value, read_json, save_json
+from memplan.traces.io import read_json, save_json
 from memplan.traces.model import Trace
 
 SCHEMA = "memplan.plan/1"
@@ -266,8 +266,8 @@ def _outcome(doc: dict[str, Any]) -> tuple[Status, Reason, str]:
         if fields.boolean(doc["feasible"], "feasible", PlanError):
             return Status.PLANNED, Reason.NONE, ""
         return Status.STOPPED, Reason.NO_MOVE_LEFT, ""
-    status = enum_value(Status, _str(doc, "status", "plan"), "status", PlanError)
-    reason = enum_value(Reason, _str(doc, "reason", "plan"), "reason", PlanError)
+    status = fields.enum_value(Status, _str(doc, "status", "plan"), "status", PlanError)
+    reason = fields.enum_value(Reason, _str(doc, "reason", "plan"), "reason", PlanError)
     detail = _str(doc, "detail", "plan", "")
     if (status is Status.PLANNED) != (reason is Reason.NONE):
         raise PlanError(f"reason: {reason.value!r} does not go with status {status.value!r}")

@@ -175,7 +175,7 @@ def _nested(depth: int) -> list:
         (lambda d: d["plans"][0].update(trace=None), r"plans\[0\].trace: expected a string, got null"),
         (lambda d: d["plans"][0].update(model=["x"]), r"plans\[0\].model: expected a string"),
         (lambda d: d.update(plans={}), r"plans: expected a list of plans, got \{\}"),
-        (lambda d: d.update(status="maybe"), r"status: unknown Status 'maybe' \(one of planned"),
+        (lambda d: d.update(status="maybe"), r'status: unknown Status "maybe" \(one of planned'),
         (lambda d: d.update(status=5), r"status: expected a string, got 5"),
         (lambda d: d.update(reason="time limit"), r"'time limit' does not go with status 'planned'"),
         (lambda d: [d.pop("status"), d.update(feasible="yes")], r"feasible: expected true or false, got \"yes\""),

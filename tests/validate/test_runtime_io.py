@@ -46,7 +46,7 @@ def test_round_trip(tmp_path):
         (lambda d: d.update(saved={}), r"^saved: expected a list, got \{\}$"),
         (lambda d: d["saved"].append(3), r"^saved\[3\]: expected an object, got 3$"),
         (lambda d: d["saved"][0].update(action={}), r"^saved\[0\].action: expected a string, got \{\}$"),
-        (lambda d: d["saved"][0].update(action="drop"), r"^saved\[0\].action: unknown Action 'drop' \(one of keep, offload"),
+        (lambda d: d["saved"][0].update(action="drop"), r'^saved\[0\].action: unknown Action "drop" \(one of keep, offload'),
         (lambda d: d["saved"][0].update(index=1), r"^saved\[0\].index: 1, expected 0 \(pack order\)$"),
         (lambda d: d["saved"][0].update(nbytes=2**63), r"^saved\[0\].nbytes: expected an integer in \[0, 9223372036854775807\], got 9223372036854775808$"),
         (lambda d: d["saved"][0].update(nbytes=-1), r"^saved\[0\].nbytes: expected an integer in \[0, "),

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from memplan.traces import fields
-from memplan.traces.io import enum_value, read_json, save_json
+from memplan.traces.io import read_json, save_json
 from memplan.validate.runtime.errors import RuntimePlanError
 from memplan.validate.runtime.plan import Action, RecomputeOp, RuntimePlan, SavedDecision, Skipped
 
@@ -84,7 +84,7 @@ def _list(d: dict[str, Any], key: str, where: str, default: list[Any] | None = N
 
 def _saved(d: Any, i: int, n: int) -> SavedDecision:
     w = f"saved[{i}]"
-    act = enum_value(Action, _get(d, "action", _STR, w), f"{w}.action", RuntimePlanError)
+    act = fields.enum_value(Action, _get(d, "action", _STR, w), f"{w}.action", RuntimePlanError)
     pre = d.get("prefetch_after")
     if pre is not None:
         pre = fields.integer(pre, f"{w}.prefetch_after", RuntimePlanError, 0, max(n - 1, 0))
