@@ -223,9 +223,9 @@ class _Run:
         # that fits and runs in that time cannot be beaten, so the search ends
         # there (a heuristic's plan at 90% of the peak usually does) instead
         # of spending its limit.
-        self.floor_s = (
-            float(sum(op_durations_us(traces[0], device))) * 1e-6 if len(traces) == 1 else 0.0
-        )
+        self.durations = [op_durations_us(t, device) for t in traces]
+        self.timelines = predict_timelines(traces, device)
+        self.floor_s = float(sum(self.durations[0])) * 1e-6 if len(traces) == 1 else 0.0
         self.at_floor = False
 
     def out_of_time(self) -> bool:
@@ -339,7 +339,7 @@ class _Run:
         cands = [offload_candidates(t) for t in self.traces]
         if not any(cands):
             return []
-        timelines = predict_timelines(self.traces, self.device)
+        timelines = self.timelines
         short = []
         for f in _scales(self.opts.offload):
             if self.out_of_time():
@@ -377,8 +377,7 @@ class _Run:
 
     # ---- step 3 ----------------------------------------------------------------------
     def improve(self, search: Search, base: list[Plan]) -> None:
-        timelines = predict_timelines(self.traces, self.device)
-        durations = [op_durations_us(t, self.device) for t in self.traces]
+        timelines, durations = self.timelines, self.durations
 
         def cost(j: int, e: Event) -> float:
             if isinstance(e, Recompute):
