@@ -335,11 +335,10 @@ def compare_planners(
     options: dict[str, Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
     fallback: str = "none",
-    budget_fraction: float | None = None,
 ) -> Comparison:
     """Every planner in `planners` (and witness in `WITNESSES`) on the same
-    jobs, each simulated with the `fallback` net; `budget_fraction`, instead
-    of `budget`, is a share of the vanilla peak. See NOTE [ Budgets in a
+    jobs, each simulated with the `fallback` net (a share of the vanilla
+    peak is resolved by the caller: `vanilla_peak`). See NOTE [ Budgets in a
     comparison ] and NOTE [ The safety net ]."""
     if not traces:
         raise MemplanError("compare: no traces given")
@@ -359,8 +358,6 @@ def compare_planners(
         budget=UNLIMITED_BYTES,
         check=False,
     )
-    if budget_fraction is not None:
-        budget = int(vanilla.peak_bytes * budget_fraction)
     rows: dict[str, Row] = {}
     order = sorted(planners, key=lambda n: n in NEEDS_BUDGET)  # tensile before capuchin
     for name in order:

@@ -88,7 +88,7 @@ def test_a_plan_the_simulator_runs_out_on_never_fits(monkeypatch):
     from memplan.planners.core.plan import PlanResult, Status
     from memplan.planners.heuristics.vanilla import release_only_plan
 
-    from memplan.comparison import Fit, compare_planners
+    from memplan.comparison import Fit, compare_planners, vanilla_peak
 
     def boastful(traces, device, *, budget_bytes=None, options=None):
         return PlanResult("boastful", Status.PLANNED, [release_only_plan(t) for t in traces])
@@ -96,8 +96,9 @@ def test_a_plan_the_simulator_runs_out_on_never_fits(monkeypatch):
     monkeypatch.setattr(registry, "_EXTRA", dict(registry._EXTRA))  # the test's own
     registry.register(registry.PlannerSpec("boastful", boastful, NoOptions))
     trace = io.load(RESNET)
+    half = int(vanilla_peak([trace], DEV) * 0.5)
     for fallback, fit in (("none", Fit.OOM), ("passive", Fit.NET)):
-        c = compare_planners([trace], DEV, ["boastful"], budget_fraction=0.5, fallback=fallback)
+        c = compare_planners([trace], DEV, ["boastful"], budget=half, fallback=fallback)
         (row,) = c.rows
         assert row.fit == fit and not row.feasible
 
