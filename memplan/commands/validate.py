@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from memplan.validate.calibrate.simvsreal import validate_plan
 
     bandwidth = None if args.bandwidth is None else parse_rate(args.bandwidth, "--bandwidth")
+    if machine.budget_fraction(args) is not None:  # machine.budget would read it as no budget
+        raise MemplanError(f"--budget={args.budget!r}: validate takes bytes (8GiB), not a share")
     budget = machine.budget(args)
     trace = machine.one_trace(args.trace, "validate")
     if args.plan:

@@ -104,6 +104,7 @@ ISSUE_CASES = [
     (["simulate", "T", *GPU, "--budget", "4", "GiB"], ["GiB"]),
     (["simulate", "T", *GPU, "--lanes", "3"], ["--lanes"]),
     (["simulate", "T", *GPU, "--fallback", "panic"], ["--fallback"]),
+    (["validate", "T", "--planner", "vdnn", "--budget", "60%"], ["--budget", "not a share"]),
     # capture: arguments (the workload errors are in tests/traces)
     (["capture", "--model", "os:getcwd", "--batch", "2", "--out", "DIR/o.json"], ["os:getcwd"]),
     (["capture", "--model", "mlp", "--batch", "2.5", "--out", "DIR/o.json"], ["--batch"]),
