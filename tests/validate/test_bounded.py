@@ -19,6 +19,7 @@ from memplan.validate.replay.lanes import Lane
 from memplan.validate.replay.transfer import Direction, Transfer
 
 from tests.validate.helpers import (
+    Order,
     first_backward_use,
     last_forward_use,
     output_of,
@@ -127,8 +128,13 @@ def test_a_stuck_lane_is_an_error_not_a_hang(monkeypatch, deadline):
 
 
 def test_a_small_delay_still_replays():
-    trace, _a, plan = _swap_plan(delay_us=500.0)
-    r = replay(trace, plan=plan, iterations=1)
+    # the compute thread waits after op `out` until the delayed swap-out has
+    # started: on a fast machine the ops up to the swap-in could otherwise end
+    # within the delay, and a swap-in of a buffer not yet copied out skips both
+    trace, a, plan = _swap_plan(delay_us=500.0)
+    out = last_forward_use(trace, a)
+    order = Order().after((0, out), "started", (Direction.D2H, a, 0))
+    r = replay(trace, plan=plan, iterations=1, sync=order)
     (out, _back) = sorted(r.transfers, key=lambda x: x.start_s)
     assert out.direction is Direction.D2H and out.ready_s - out.queued_s >= 499e-6
 
