@@ -10,18 +10,30 @@ and NOTE [ Buffer kinds ] here.
 
 from __future__ import annotations
 
+import math
 import os
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import TracebackType
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
+from memplan.traces import optim
 from memplan.traces.errors import TraceError
-from memplan.traces.model import Buffer, BufferKind, Phase, SavedTensor, Trace, TraceMeta
+from memplan.traces.model import (
+    MAX_ACCUMULATE,
+    Amp,
+    Buffer,
+    BufferKind,
+    Phase,
+    SavedTensor,
+    Trace,
+    TraceMeta,
+)
 from memplan.traces.recorder import MODULE_KEY, CaptureMode, Recorder, tensors
+from memplan.traces.step import Trainer, run_step
 
 if TYPE_CHECKING:
     from memplan.traces.zoo import Workload
@@ -29,7 +41,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class CaptureOptions:
-    """How to capture. `device`: meta (no memory used), cpu, or cuda."""
+    """How to capture. `device`: meta (no memory used), cpu, or cuda.
+
+    `optimizer` names any `torch.optim` class (any case) and
+    `optimizer_kwargs` its keywords, over memplan's defaults (`lr`,
+    `foreach=False`, SGD's momentum 0.9: NOTE [ Optimizer defaults ] in
+    traces/optim.py). `amp` runs forward and loss under `torch.autocast`
+    (fp16 with a `GradScaler`; needs cpu or cuda: NOTE [ Autocast and the
+    capture device ]); `accumulate` forward/backward passes make one
+    iteration (NOTE [ Gradient accumulation ]). Everything is checked here,
+    each problem a one-line `TraceError`."""
 
     device: str = "meta"
     optimizer: str = "adam"
@@ -38,18 +59,46 @@ class CaptureOptions:
     measure: bool = False
     measure_repeats: int = 5
     seed: int = 0
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    amp: Amp | str = Amp.NONE
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
         if self.device not in ("meta", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise TraceError(f"device={self.device!r} must be meta, cpu or cuda")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise TraceError(f"device={self.device!r}: CUDA is not available on this machine")
-        if self.optimizer not in ("adam", "sgd"):
-            raise TraceError(f"optimizer={self.optimizer!r} must be adam or sgd")
         if self.measure and self.device == "meta":
             raise TraceError("measure=True needs a real device (cpu or cuda), not meta")
         if self.warmup_iterations < 0 or self.measure_repeats < 1:
             raise TraceError("warmup_iterations must be >= 0 and measure_repeats >= 1")
+        amp = self.amp
+        if not isinstance(amp, Amp):
+            allowed = ", ".join(a.value for a in Amp)
+            if amp not in {a.value for a in Amp}:
+                raise TraceError(f"amp={amp!r} must be one of {allowed}")
+            object.__setattr__(self, "amp", Amp(amp))
+        if self.amp is not Amp.NONE and self.device == "meta":
+            raise TraceError(
+                f"amp={self.amp.value}: torch.autocast does not exist on the meta device; "
+                "capture with --device cpu (NOTE [ Autocast and the capture device ])"
+            )
+        acc = self.accumulate
+        if not isinstance(acc, int) or isinstance(acc, bool) or not 1 <= acc <= MAX_ACCUMULATE:
+            raise TraceError(f"accumulate={acc!r} must be an integer in [1, {MAX_ACCUMULATE}]")
+        if not isinstance(self.optimizer_kwargs, Mapping):
+            raise TraceError(
+                f"optimizer_kwargs={self.optimizer_kwargs!r} must be a mapping of keyword to value"
+            )
+        if not isinstance(self.lr, int | float) or not math.isfinite(self.lr) or self.lr < 0:
+            raise TraceError(f"lr={self.lr!r} must be a finite number >= 0")
+        resolved = optim.resolve_kwargs(self.optimizer, self.optimizer_kwargs, self.lr, self.device)
+        object.__setattr__(self, "optimizer_kwargs", MappingProxyType(resolved))
+
+    @property
+    def optimizer_name(self) -> str:
+        """The `torch.optim` class in lower case (`adamw`), as traces record it."""
+        return optim.optimizer_class(self.optimizer).__name__.lower()
 
 
 def _label_graph(outputs: Any, path: str) -> None:
@@ -93,35 +142,7 @@ def _make_optimizer(
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise TraceError(f"workload {name}: the model has no trainable parameters to train")
-    if opts.optimizer == "adam":
-        return torch.optim.Adam(params, lr=opts.lr, foreach=False)
-    return torch.optim.SGD(params, lr=opts.lr, momentum=0.9, foreach=False)
-
-
-def _step(w: Workload, opt: torch.optim.Optimizer, rec: Recorder | None) -> None:
-    def phase(p: Phase) -> None:
-        if rec is not None:
-            rec.phase = p
-
-    phase(Phase.FORWARD)
-    loss = w.loss_fn(w.model(*w.inputs), *w.targets)
-    phase(Phase.BACKWARD)
-    loss.backward()
-    del loss
-    if rec is not None:
-        rec.poll_frees()  # the graph and loss die here, before grads are read
-        _mark_grads(w.model, rec)
-    phase(Phase.OPTIMIZER)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-def _mark_grads(model: torch.nn.Module, rec: Recorder) -> None:
-    for name, p in model.named_parameters():
-        if p.grad is not None and rec.on_device(p.grad):
-            bid = rec.register(p.grad, created=True)
-            rec.buffers[bid].kind = BufferKind.GRAD
-            rec.buffers[bid].name = f"{name}.grad"
+    return optim.build(opts.optimizer, opts.optimizer_kwargs, params, name)
 
 
 def capture(
@@ -148,11 +169,13 @@ def capture(
     with _theirs(name, "building the workload", opts.device, always=True), torch.device(device):
         w = workload(batch_size)
     _check_workload(w, name)
+    if device.type == "meta":
+        _refuse_recurrent(w.model, name)
     with _theirs(name, "the training step", opts.device):
         w.model.train()
         opt = _make_optimizer(w.model, opts, name)
-        for _ in range(opts.warmup_iterations):
-            _step(w, opt, None)
+        trainer = Trainer.make(w, opt, device, opts.amp, opts.accumulate)
+        _warm_up(trainer, opts.warmup_iterations, name)
 
     host = {
         state["step"].untyped_storage()._cdata
@@ -160,7 +183,7 @@ def capture(
         if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type == "cpu"
     }
     rec = Recorder(device, host, opts.measure, opts.measure_repeats, progress)
-    _register_persistent(w, opt, rec)
+    _register_persistent(trainer, rec)
     torch.manual_seed(opts.seed + 1)
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -169,18 +192,78 @@ def capture(
             rec.saved.append(SavedTensor(len(rec.saved), rec.view_of(t), module))
         return t
 
+    scale = trainer.scale()
     with (
         _theirs(name, "the training step", opts.device),
         _module_hooks(w.model, rec),
         torch.autograd.graph.saved_tensors_hooks(pack, _identity),
         CaptureMode(rec),
     ):
-        _step(w, opt, rec)
+        run_step(trainer, rec)
     if not rec.ops:
         raise TraceError(f"{model_name or 'workload'}: the training step ran no device ops")
-    del w, opt
+    if scale is not None and trainer.scale() < scale:
+        raise TraceError(
+            f"workload {name}: amp=fp16: the recorded step found inf/NaN grads and the "
+            "GradScaler skipped the optimizer step; capture with --warmup 1 or more "
+            "(NOTE [ Warm-up under a GradScaler ])"
+        )
+    del w, opt, trainer
     rec.poll_frees()
     return _build_trace(rec, opts, model_name, batch_size)
+
+
+# NOTE [ Warm-up under a GradScaler ]
+# With fp16 the `GradScaler` starts at a scale of 2**16 and halves it, skipping
+# the optimizer step, whenever the scaled grads overflow: the first steps of a
+# real run are often skipped. The recorded step must be one that updates the
+# parameters (and the optimizer state must exist before it), so after the
+# asked-for warm-up iterations capture keeps warming up while the last step
+# was skipped, at most MAX_SKIPPED more times (2**16 halved 24 times is below
+# 2**-7: grads that overflow then do so at any scale), and the recorded step
+# is checked the same way. Without warm-up (`warmup_iterations=0`) nothing is
+# added: the recorded step is the first, as asked, and is refused if skipped.
+MAX_SKIPPED = 24
+
+
+def _warm_up(trainer: Trainer, iterations: int, name: str) -> None:
+    """`iterations` unrecorded steps, and more while a `GradScaler` skipped the
+    last one (NOTE [ Warm-up under a GradScaler ])."""
+    skipped = False
+    for i in range(iterations + MAX_SKIPPED):
+        if i >= iterations and not skipped:
+            return
+        before = trainer.scale()
+        run_step(trainer, None)
+        skipped = before is not None and trainer.scale() < before
+    if skipped:
+        raise TraceError(
+            f"workload {name}: amp=fp16: after {iterations + MAX_SKIPPED} warm-up steps the "
+            f"GradScaler still skips the step (inf/NaN grads at loss scale "
+            f"{trainer.scale():g}): the model does not train in float16"
+        )
+
+
+# NOTE [ Recurrent layers on meta ]
+# nn.LSTM, nn.GRU and nn.RNN call one composite aten op (`aten.lstm`, ...)
+# that picks its kernels by device. On cuda it is cuDNN's fused kernel (one
+# op per call forward, one backward, with a reserve buffer); on cpu an LSTM
+# is oneDNN's fused `mkldnn_rnn_layer` per layer (an LSTM of 2 layers over 12
+# steps: 89 ops), and a GRU or RNN runs per time step with the input
+# projection of the whole sequence done at once. On meta every one of them
+# falls back to the per-time-step cells, input projections included: the
+# LSTM above gives 923 ops and a peak 23% lower than cpu, a GRU 118 more ops
+# than cpu. No setting makes meta take the fused path, so a meta capture of a
+# model holding one of these layers is refused, naming cpu: its trace has the
+# fused kernel a GPU runs for an LSTM, and the closer op list for the others.
+def _refuse_recurrent(model: torch.nn.Module, name: str) -> None:
+    for path, mod in model.named_modules():
+        if isinstance(mod, torch.nn.RNNBase):
+            raise TraceError(
+                f"workload {name}: {type(mod).__name__} at {path or 'the model'!r} runs per "
+                "time step on meta, not as the fused kernel cpu and cuda run "
+                "(NOTE [ Recurrent layers on meta ]): capture with --device cpu"
+            )
 
 
 def _identity(x: Any) -> Any:
@@ -194,11 +277,14 @@ def _identity(x: Any) -> Any:
 # (`.item()`, data-dependent shapes: capture on cpu instead). Calling the
 # factory is always theirs (`os:getcwd` cannot take a batch size). In the
 # training step we look at the innermost frame outside torch and the
-# standard library: their code, `_step` (their loss's `backward()`) or the
-# recorder's call of the op itself make it theirs; any other line of the
-# recorder or of this module is a bug here and keeps its traceback.
+# standard library: their code, traces/step.py (which only calls their
+# model, loss, backward and optimizer) or the recorder's call of the op
+# itself make it theirs; any other line of the recorder or of this module is
+# a bug here and keeps its traceback. The line named is their own code's,
+# never step.py's.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_MACHINERY = (os.path.join(_HERE, "capture.py"), os.path.join(_HERE, "recorder.py"))
+_STEP = os.path.join(_HERE, "step.py")
+_MACHINERY = (os.path.join(_HERE, "capture.py"), os.path.join(_HERE, "recorder.py"), _STEP)
 _LIBRARY = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(os.__file__))
 
 
@@ -221,7 +307,7 @@ def _blame(tb: TracebackType | None) -> tuple[bool, str | None]:
         return True, where
     last = frames[-1]
     calls_op = last.name == "__torch_dispatch__" and "func(*args" in (last.line or "")
-    return last.name == "_step" or calls_op, where
+    return os.path.abspath(last.filename) == _STEP or calls_op, where
 
 
 @contextmanager
@@ -270,7 +356,9 @@ def _check_workload(w: Any, name: str) -> None:
 # forward or backward, other when created in the optimizer phase. Buffers
 # still alive when the iteration ends (the loss, the grads that zero_grad
 # drops) are freed after the last op.
-def _register_persistent(w: Workload, opt: torch.optim.Optimizer, rec: Recorder) -> None:
+def _register_persistent(trainer: Trainer, rec: Recorder) -> None:
+    w, opt = trainer.workload, trainer.optimizer
+
     def add(t: torch.Tensor, kind: BufferKind, name: str, persistent: bool = True) -> int | None:
         if not isinstance(t, torch.Tensor) or not rec.on_device(t):
             return None
@@ -290,6 +378,9 @@ def _register_persistent(w: Workload, opt: torch.optim.Optimizer, rec: Recorder)
     for p, state in opt.state.items():
         for key, t in state.items():
             add(t, BufferKind.OPTIMIZER_STATE, f"{pname.get(p, '?')}.{key}")
+    if trainer.scaler is not None:  # NOTE [ Autocast and the capture device ] in traces/step.py
+        add(trainer.scaler._scale, BufferKind.OTHER, "grad_scaler.scale")
+        add(trainer.scaler._growth_tracker, BufferKind.OTHER, "grad_scaler.growth_tracker")
     for i, t in enumerate(w.inputs):
         add(t, BufferKind.INPUT, f"input{i}", persistent=False)
     for i, t in enumerate(w.targets):
@@ -313,9 +404,14 @@ def _build_trace(rec: Recorder, opts: CaptureOptions, model_name: str, batch: in
         model=model_name,
         batch_size=batch,
         dtype=dtype,
-        optimizer=opts.optimizer,
+        optimizer=opts.optimizer_name,
         device=opts.device,
         torch_version=torch.__version__.split("+")[0],
-        extra={"lr": opts.lr, "seed": opts.seed, "warmup_iterations": opts.warmup_iterations},
+        extra={"seed": opts.seed, "warmup_iterations": opts.warmup_iterations},
+        optimizer_kwargs={
+            k: list(v) if isinstance(v, tuple) else v for k, v in opts.optimizer_kwargs.items()
+        },
+        amp=opts.amp,
+        accumulate=opts.accumulate,
     )
     return Trace(meta, tuple(buffers), tuple(rec.views), tuple(rec.ops), tuple(rec.saved))

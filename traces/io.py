@@ -37,6 +37,9 @@ def to_dict(trace: Trace) -> dict[str, Any]:
             "device": m.device,
             "torch_version": m.torch_version,
             "extra": m.extra,
+            "optimizer_kwargs": m.optimizer_kwargs,
+            "amp": m.amp.value,
+            "accumulate": m.accumulate,
         },
         "buffers": [
             {
@@ -80,13 +83,26 @@ def to_dict(trace: Trace) -> dict[str, Any]:
     }
 
 
+# NOTE [ Meta fields added later ]
+# `optimizer_kwargs`, `amp` and `accumulate` (issue 18) are written always and
+# read with defaults ({}, "none", 1) when absent, so older trace files load.
+# The fingerprint leaves them out while they hold those defaults: a file
+# written before them keeps the fingerprint its plans were made for.
+_LATER_DEFAULTS = {"optimizer_kwargs": {}, "amp": "none", "accumulate": 1}
+
+
 def fingerprint(trace: Trace) -> str:
     """sha256 over the canonical JSON (sorted keys, no whitespace). Measured
-    durations are excluded: re-measuring a trace does not orphan its plans."""
+    durations are excluded: re-measuring a trace does not orphan its plans;
+    so are meta fields added later while at their defaults (NOTE [ Meta
+    fields added later ])."""
     d = to_dict(trace)
     for op in d["ops"]:
         op.pop("duration_us")
     d["meta"].pop("torch_version")
+    for key, default in _LATER_DEFAULTS.items():
+        if d["meta"][key] == default:
+            del d["meta"][key]
     blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 

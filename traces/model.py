@@ -140,8 +140,30 @@ class SavedTensor:
     module: str
 
 
+# Passes of gradient accumulation one trace may hold: a trace grows by a whole
+# forward and backward per pass, and 1024 micro-batches per step is beyond
+# any recipe (an effective batch is what scaling the micro-batch is for).
+MAX_ACCUMULATE = 1024
+
+
+class Amp(enum.Enum):
+    """Mixed precision of a captured step: none, or `torch.autocast` to bf16,
+    or to fp16 with a `GradScaler`."""
+
+    NONE = "none"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
 @dataclass(frozen=True, slots=True)
 class TraceMeta:
+    """What was captured and how. `optimizer` is the `torch.optim` class in
+    lower case and `optimizer_kwargs` the keywords it was built with;
+    `accumulate` forward/backward passes make one iteration (`batch_size` is
+    each pass's micro-batch). Fields after `extra` came later: a file
+    without them loads with these defaults (NOTE [ Meta fields added later ]
+    in traces/io.py)."""
+
     model: str
     batch_size: int
     dtype: str = "float32"
@@ -149,6 +171,9 @@ class TraceMeta:
     device: str = "meta"
     torch_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    amp: Amp = Amp.NONE
+    accumulate: int = 1
 
 
 @dataclass(frozen=True, eq=False)

@@ -124,6 +124,15 @@ class Recorder:
             self.view_ids[key] = vid
         return vid
 
+    def mark_grads(self, model: torch.nn.Module) -> None:
+        """The storages of the parameters' `.grad` are grads (NOTE [ Buffer
+        kinds ] in traces/capture.py), named after their parameter."""
+        for name, p in model.named_parameters():
+            if p.grad is not None and self.on_device(p.grad):
+                bid = self.register(p.grad, created=True)
+                self.buffers[bid].kind = BufferKind.GRAD
+                self.buffers[bid].name = f"{name}.grad"
+
     def poll_frees(self) -> None:
         if not self.polled:
             return

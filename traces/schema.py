@@ -15,9 +15,11 @@ from memplan.traces.errors import TraceError
 from memplan.traces.fields import shown
 from memplan.traces.model import (
     DTYPE_BYTES,
+    MAX_ACCUMULATE,
     MAX_OP_FLOPS,
     MAX_OP_US,
     MAX_TRACE_BYTES,
+    Amp,
     Buffer,
     BufferKind,
     Op,
@@ -107,6 +109,11 @@ def _meta(md: dict[str, Any]) -> TraceMeta:
         device=_str(md, "device", "meta", "meta"),
         torch_version=_str(md, "torch_version", "meta", ""),
         extra=fields.obj(extra, "meta.extra", _E),
+        optimizer_kwargs=fields.obj(
+            _json(md, "optimizer_kwargs", "meta", {}), "meta.optimizer_kwargs", _E
+        ),
+        amp=fields.enum_value(Amp, _get(md, "amp", "meta", Amp.NONE.value), "meta.amp", _E),
+        accumulate=_int(md, "accumulate", "meta", 1, MAX_ACCUMULATE, 1),
     )
 
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from memplan.traces import io
+from memplan.traces import io, optim
 from memplan.traces.capture import CaptureOptions, capture
-from memplan.traces.errors import MemplanError
-from memplan.traces.model import Phase
+from memplan.traces.errors import MemplanError, TraceError
+from memplan.traces.model import MAX_ACCUMULATE, Phase
 from memplan.units import integer
 
 
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Record one full training iteration -- forward, loss, backward, optimizer.step(), "
             "zero_grad(set_to_none=True) -- op by op with every buffer it touches. "
-            "On the meta device (default) any model size captures without using memory."
+            "On the meta device (default) any model size captures without using memory. "
+            "The trace records the optimizer and its keywords, --amp and --accumulate."
         ),
     )
     p.add_argument(
@@ -34,11 +35,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=integer(1, 1_000_000), required=True, help="batch size")
     p.add_argument(
         "--optimizer",
-        choices=("adam", "sgd"),
         default="adam",
-        help="adam, or sgd with momentum 0.9 (default: adam)",
+        metavar="NAME",
+        help="any torch.optim optimizer, any case: adam (default), adamw, sgd, rmsprop, adagrad, "
+        "... (not lbfgs, sparseadam). Built with foreach=False (one update per parameter) "
+        "unless --opt says foreach or fused; sgd means momentum 0.9 unless --opt momentum=... "
+        "(momentum=0: plain SGD, no optimizer state)",
     )
-    p.add_argument("--device", default="meta", help="meta (default), cpu or cuda")
+    p.add_argument(
+        "--opt",
+        type=_keywords,
+        action="append",
+        default=[],
+        metavar="K=V,...",
+        help="the optimizer's keyword arguments, e.g. lr=1e-3,weight_decay=0.01,betas=(0.9,0.99) "
+        "or fused=true (cpu, cuda); numbers, true/false, none and (tuples) are read as such",
+    )
+    p.add_argument(
+        "--amp",
+        choices=("bf16", "fp16"),
+        default=None,
+        help="mixed precision: torch.autocast to bf16, or to fp16 with a GradScaler, around "
+        "forward and loss; needs --device cpu or cuda (autocast does not exist on meta)",
+    )
+    p.add_argument(
+        "--accumulate",
+        type=integer(1, MAX_ACCUMULATE),
+        default=1,
+        metavar="K",
+        help="gradient accumulation: K forward/backward passes of --batch each, then one "
+        "optimizer step; the trace is the whole iteration (default 1)",
+    )
+    p.add_argument(
+        "--device",
+        default="meta",
+        help="meta (default), cpu or cuda. Models with LSTM/GRU/RNN layers, --amp, and "
+        "optimizers that read tensor values (asgd, adafactor) need cpu or cuda",
+    )
     p.add_argument(
         "--measure",
         action="store_true",
@@ -61,6 +94,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
     p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
     p.set_defaults(func=run)
+
+
+def _keywords(text: str) -> dict:
+    """An argparse `type`: `--opt` as a dict (`optim.parse_kwargs`)."""
+    try:
+        return optim.parse_kwargs(text)
+    except TraceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _merged(given: list[dict]) -> dict:
+    out: dict = {}
+    for kwargs in given:
+        for key, value in kwargs.items():
+            if key in out:
+                raise MemplanError(f"--opt: {key!r} is given twice")
+            out[key] = value
+    return out
 
 
 class _Progress:
@@ -125,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
     opts = CaptureOptions(
         device=args.device,
         optimizer=args.optimizer,
+        optimizer_kwargs=_merged(args.opt),
+        amp=args.amp or "none",
+        accumulate=args.accumulate,
         measure=args.measure,
         warmup_iterations=args.warmup,
         seed=args.seed,
@@ -138,8 +192,12 @@ def run(args: argparse.Namespace) -> int:
     with outputs.writing(args.out):
         io.save(trace, args.out)
     peak, op = trace.peak()
+    m = trace.meta
+    how = optim.describe(m.optimizer, m.optimizer_kwargs)
+    how += "" if m.amp.value == "none" else f", amp {m.amp.value}"
+    how += "" if m.accumulate == 1 else f", {m.accumulate} passes accumulated"
     print(
-        f"captured {args.model} batch {args.batch} on {args.device}: {trace.n_ops} ops, "
+        f"captured {args.model} batch {args.batch} on {args.device} ({how}): {trace.n_ops} ops, "
         f"{trace.n_buffers} buffers, vanilla peak {peak / 2**20:.1f} MiB at op {op} -> {args.out}"
     )
     return 0

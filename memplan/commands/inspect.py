@@ -9,6 +9,7 @@ from memplan.commands.machine import one_trace
 from memplan.traces.fields import printable
 from memplan.traces.io import fingerprint
 from memplan.traces.model import BUFFER_KINDS, Phase, Trace
+from memplan.traces.optim import describe
 from memplan.units import format_bytes, integer
 
 
@@ -45,6 +46,9 @@ def summary(trace: Trace, top: int = 10) -> dict:
         "model": trace.meta.model,
         "batch_size": trace.meta.batch_size,
         "optimizer": trace.meta.optimizer,
+        "optimizer_kwargs": trace.meta.optimizer_kwargs,
+        "amp": trace.meta.amp.value,
+        "accumulate": trace.meta.accumulate,
         "device": trace.meta.device,
         "fingerprint": fingerprint(trace),
         "ops": trace.n_ops,
@@ -72,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{printable(s['model'])}  batch {s['batch_size']}  "
-        f"optimizer {printable(s['optimizer']) or '-'}  "
+        f"optimizer {printable(describe(s['optimizer'], s['optimizer_kwargs'])) or '-'}  "
+        f"amp {s['amp']}  accumulate {s['accumulate']}  "
         f"captured on {printable(s['device'])}  ({s['fingerprint'][:12]})"
     )
     phases = "  ".join(f"{p.value} {s['ops_by_phase'][p.value]}" for p in Phase)

@@ -1,0 +1,220 @@
+"""The optimizer a capture trains with: any `torch.optim` class by name, with
+its keyword arguments checked before any work (NOTE [ Optimizer defaults ]).
+
+`parse_kwargs("lr=1e-3,betas=(0.9,0.99)")` reads the command line's form;
+`resolve_kwargs` checks names and values and adds memplan's defaults;
+`build` makes the optimizer for a model's parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from memplan.traces.errors import TraceError
+
+# lower-case name -> class, every `torch.optim.Optimizer` subclass torch exports
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    name.lower(): cls
+    for name, cls in sorted(vars(torch.optim).items())
+    if isinstance(cls, type)
+    and issubclass(cls, torch.optim.Optimizer)
+    and cls is not torch.optim.Optimizer
+}
+# Classes torch has that one recorded `step()` cannot capture, and why.
+REFUSED: dict[str, str] = {
+    "lbfgs": "its step() takes a closure that re-runs forward and backward several times",
+    "sparseadam": "it needs sparse gradients, and sparse tensors are not recorded",
+}
+_CAPTURABLE = tuple(n for n in OPTIMIZERS if n not in REFUSED)
+
+# A value of an optimizer keyword: scalars, or a tuple of them (`betas`).
+Scalar = bool | int | float | str | None
+_INT = re.compile(r"[+-]?\d+")
+
+
+# NOTE [ Optimizer defaults ]
+# memplan builds `torch.optim.<Name>(params, **kwargs)` with these defaults
+# under what the user gives (theirs always win):
+# - `lr`: `CaptureOptions.lr` (1e-3). Memory does not depend on it.
+# - `foreach=False` unless `foreach` or `fused` is given: one update per
+#   parameter, so a planner can move one parameter's state at a time (the
+#   multi-tensor `_foreach_*` ops read and write every parameter at once).
+#   `foreach=True` records those ops on meta, cpu and cuda; `fused=True` runs
+#   on cpu and cuda only (torch refuses meta parameters): on meta it is
+#   refused naming cpu.
+# - SGD: `momentum=0.9`, what `--optimizer sgd` meant before any keyword could
+#   be given (and what the ResNet-50 anchor of issue 18 trained with).
+#   `momentum=0` is plain SGD: no momentum buffer, no optimizer state.
+# LBFGS and SparseAdam are refused (REFUSED says why). An optimizer that needs
+# a value of a tensor on meta (ASGD and Adafactor call `.item()`) fails in the
+# training step with a one-line error that says to capture on cpu.
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The `torch.optim` class named `name` (any case); a `TraceError` listing
+    the names that capture takes otherwise."""
+    if not isinstance(name, str):
+        raise TraceError(f"optimizer={name!r} must be the name of a torch.optim optimizer")
+    key = name.lower()
+    if key in REFUSED:
+        raise TraceError(f"optimizer={name!r} cannot be captured: {REFUSED[key]}")
+    cls = OPTIMIZERS.get(key)
+    if cls is None:
+        raise TraceError(
+            f"optimizer={name!r} is not a torch.optim optimizer (one of {', '.join(_CAPTURABLE)})"
+        )
+    return cls
+
+
+def keywords(cls: type[torch.optim.Optimizer]) -> tuple[str, ...]:
+    """The keyword arguments `cls` takes besides the parameters."""
+    params = inspect.signature(cls.__init__).parameters
+    return tuple(p for p in params if p not in ("self", "params"))
+
+
+def resolve_kwargs(
+    name: str, given: Mapping[str, Any], lr: float, device: str
+) -> dict[str, Scalar | tuple[Scalar, ...]]:
+    """The keyword arguments optimizer `name` is built with: `given`, checked,
+    over memplan's defaults (NOTE [ Optimizer defaults ]). Unknown names,
+    values that are not numbers, booleans, strings or tuples of them, values
+    the optimizer itself rejects, and a fused kernel on meta are one-line
+    `TraceError`s."""
+    cls = optimizer_class(name)
+    known = keywords(cls)
+    label = cls.__name__.lower()
+    for key, value in given.items():
+        if key not in known:
+            raise TraceError(
+                f"optimizer {label} has no keyword {key!r} (it takes {', '.join(known)})"
+            )
+        _check_value(label, key, value)
+    kwargs: dict[str, Any] = {"lr": lr} if "lr" in known else {}
+    if "foreach" in known and "foreach" not in given and not given.get("fused"):
+        kwargs["foreach"] = False
+    if cls is torch.optim.SGD:
+        kwargs["momentum"] = 0.9
+    kwargs.update({k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+    if kwargs.get("fused") and device == "meta":
+        raise TraceError(
+            f"optimizer {label} with fused=True: the fused kernel runs on cpu and cuda, not on "
+            "meta; capture with --device cpu, or use foreach=True on meta"
+        )
+    _try_build(cls, kwargs, label)
+    return kwargs
+
+
+def _check_value(label: str, key: str, value: Any) -> None:
+    items = value if isinstance(value, tuple | list) else (value,)
+    for x in items:
+        if not isinstance(x, Scalar):
+            raise TraceError(
+                f"optimizer {label}: {key}={x!r} is not a number, boolean, string or None"
+            )
+        if isinstance(x, float) and not math.isfinite(x):
+            raise TraceError(f"optimizer {label}: {key}={x!r} is not a finite number")
+
+
+def _try_build(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], label: str) -> None:
+    """What the constructor itself checks (ranges, types, exclusive flags),
+    on one throw-away 2-D parameter on the cpu, before any capture work."""
+    probe = torch.zeros(2, 2, device="cpu", requires_grad=True)
+    try:
+        cls([probe], **kwargs)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise TraceError(f"optimizer {label}({_shown(kwargs)}): {_first_line(e)}") from None
+
+
+def build(
+    name: str, kwargs: Mapping[str, Any], params: Iterable[torch.nn.Parameter], workload: str
+) -> torch.optim.Optimizer:
+    """`torch.optim.<name>(params, **kwargs)`; what the constructor raises for
+    these parameters (Muon takes 2-D ones only) is a one-line `TraceError`."""
+    cls = optimizer_class(name)
+    try:
+        return cls(list(params), **kwargs)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise TraceError(
+            f"workload {workload}: optimizer {cls.__name__.lower()}({_shown(kwargs)}) "
+            f"refuses its parameters: {_first_line(e)}"
+        ) from None
+
+
+def describe(name: str, kwargs: Mapping[str, Any]) -> str:
+    """`adamw(lr=0.001, weight_decay=0.01)`: how inspect and capture print
+    it; the bare name without keywords (traces from before they were kept)."""
+    return f"{name}({_shown(kwargs)})" if kwargs else name
+
+
+def _shown(kwargs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_value_text(v)}" for k, v in kwargs.items())
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, tuple | list):
+        return "(" + ",".join(_value_text(x) for x in v) + ")"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+# ---- the command line's form -----------------------------------------------
+def parse_kwargs(text: str) -> dict[str, Scalar | tuple[Scalar, ...]]:
+    """``lr=1e-3,weight_decay=0.01,betas=(0.9,0.99),nesterov=true`` as a dict.
+    Values are read as bool (true/false), None (none), int, float, or a
+    tuple in parentheses or brackets; anything else stays a string."""
+    out: dict[str, Any] = {}
+    for item in _split_top(text):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise TraceError(f"optimizer keywords {text!r}: {item!r} is not name=value")
+        if key in out:
+            raise TraceError(f"optimizer keywords {text!r}: {key!r} is given twice")
+        raw = raw.strip()
+        if raw[:1] in "([" and raw[-1:] in ")]" and raw:
+            inner = raw[1:-1].strip()
+            out[key] = tuple(_scalar(x.strip()) for x in inner.split(",")) if inner else ()
+        else:
+            out[key] = _scalar(raw)
+    return out
+
+
+def _split_top(text: str) -> list[str]:
+    """`text` split at the commas outside parentheses and brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+            if depth < 0:
+                raise TraceError(f"optimizer keywords {text!r}: unbalanced {ch!r}")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise TraceError(f"optimizer keywords {text!r}: unbalanced parentheses")
+    items.append(text[start:])
+    return [s for s in items if s.strip()]
+
+
+def _scalar(raw: str) -> Scalar:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    if _INT.fullmatch(raw):
+        if len(raw) > 30:
+            raise TraceError(f"optimizer keyword value {raw[:40]!r}...: more than 30 digits")
+        return int(raw)
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
