@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from memplan.hwmodels.errors import LatencyError
 from memplan.hwmodels.latency import LatencyModel
+from memplan.hwmodels.opclass import OpClass, classify
 from memplan.hwmodels.profile import Hardware
 from memplan.traces.model import Trace
 
@@ -140,3 +141,27 @@ class DeviceModel:
     def transfer_cost(self, unit: TimeUnit = TimeUnit.US) -> float:
         """`extra_per_transfer_s` in `unit`: compute-stream time per planned copy."""
         return self.extra_per_transfer_s * unit.value
+
+
+# NOTE [ Workspaces ]
+# An op's workspace is device memory it takes for its own duration beside
+# its inputs and outputs. The op's own `workspace_bytes` from its trace wins
+# (a capture that recorded it); an op without one gets its profile's estimate
+# for its class -- `conv_workspace_bytes` for convolutions (cuDNN),
+# `matmul_workspace_bytes` for matmuls (cuBLAS) -- and every other op none.
+# PyTorch keeps the cuBLAS workspace per handle and stream once made, so
+# counting it per matmul misses it between matmuls: at most one workspace.
+# The analytic bounds count the trace's own (`op_workspace_bytes(trace)`,
+# planners/analysis/bounds.py `working_sets`), which the estimates only add
+# to; the simulator allocates these with an allocator model (sim/job.py).
+def op_workspace_bytes(trace: Trace, hw: Hardware | None = None) -> np.ndarray:
+    """int64[n_ops]: each op's workspace bytes (NOTE [ Workspaces ]): its
+    trace's, or with `hw` its class's estimate where the trace has none."""
+    ws = np.fromiter((op.workspace_bytes for op in trace.ops), np.int64, trace.n_ops)
+    if hw is None or not (hw.conv_workspace_bytes or hw.matmul_workspace_bytes):
+        return ws
+    per_class = {OpClass.CONV: hw.conv_workspace_bytes, OpClass.MATMUL: hw.matmul_workspace_bytes}
+    for i, op in enumerate(trace.ops):
+        if not ws[i]:
+            ws[i] = per_class.get(classify(op.target), 0)
+    return ws

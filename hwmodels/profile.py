@@ -33,6 +33,13 @@ class Hardware:
     the same time on another copy engine (about 0.5 on PCIe GPUs).
     `roofline_efficiency` overrides the roofline's per-op-class efficiency
     factors (keys are `OpClass` values, see `hwmodels.latency.Roofline`).
+
+    Optional, 0 when a profile leaves them out (NOTE [ Profile sanity
+    ranges ]): `context_reserve_bytes`, the device memory a process's CUDA
+    context and library handles hold before it allocates a tensor; and the
+    workspace a convolution / a matmul takes for its duration when its trace
+    records none (`conv_workspace_bytes`, `matmul_workspace_bytes`; see
+    `hwmodels.device.op_workspace_bytes`).
     """
 
     name: str
@@ -48,6 +55,9 @@ class Hardware:
     source: dict[str, str] = field(default_factory=dict)
     description: str = ""
     roofline_efficiency: dict[str, float] = field(default_factory=dict)
+    context_reserve_bytes: int = 0
+    conv_workspace_bytes: int = 0
+    matmul_workspace_bytes: int = 0
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for `dtype`; float32's figure for dtypes the profile
@@ -73,9 +83,13 @@ class Hardware:
 #   h2d_duplex_factor        0.01 .. 1
 #   peak_flops.<dtype>       1e6 .. 1e18 FLOP/s           (1 MFLOP/s .. 1 EFLOP/s)
 #   roofline_efficiency.<c>  1e-3 .. 1e3                  (a factor on the roofline time)
+# and, optional (0 when left out: no reserve, no workspace estimate),
+#   context_reserve_bytes    0 .. 64 GiB, below memory_bytes (integer)
+#   conv_workspace_bytes     0 .. 64 GiB, below memory_bytes (integer)
+#   matmul_workspace_bytes   0 .. 64 GiB, below memory_bytes (integer)
 # Shipped profiles sit well inside (the widest: cpu-local's 2.7e9 FLOP/s for
 # float16, H100's 3.35e12 B/s memory bandwidth). Every field here needs a
-# line in [source].
+# line in [source], an optional one when it is given.
 MiB, TiB = 2**20, 2**40
 _NUMBERS: dict[str, tuple[type, float, float]] = {
     "memory_bytes": (int, MiB, 64 * TiB),
@@ -87,9 +101,10 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "mem_bw_bytes_per_s": (float, 1e8, 1e14),
     "launch_overhead_s": (float, 0.0, 1.0),
 }
+_OPTIONAL = ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_bytes")
 _TABLE_RANGES = {"peak_flops": (1e6, 1e18), "roofline_efficiency": (1e-3, 1e3)}
 _TABLES = ("peak_flops", "roofline_efficiency")
-_KNOWN = {"name", "description", "source", *_NUMBERS, *_TABLES}
+_KNOWN = {"name", "description", "source", *_NUMBERS, *_OPTIONAL, *_TABLES}
 
 
 def list_profiles() -> list[str]:
@@ -146,6 +161,10 @@ def hardware_from_dict(doc: dict[str, Any], where: str, default_name: str = "") 
             values[key] = fields.integer(doc[key], at, LatencyError, int(lo), int(hi))
         else:
             values[key] = fields.number(doc[key], at, LatencyError, lo, hi)
+    for key in _OPTIONAL:
+        if key in doc:
+            top = min(64 * 2**30, values["memory_bytes"] - 1)
+            values[key] = fields.integer(doc[key], f"{where}: {key}", LatencyError, 0, top)
     peak = _table(doc, "peak_flops", where, required=True, keys=FLOPS_DTYPES)
     eff = _table(doc, "roofline_efficiency", where, required=False, keys=None)
     source = doc.get("source")
@@ -153,7 +172,8 @@ def hardware_from_dict(doc: dict[str, Any], where: str, default_name: str = "") 
         raise LatencyError(f"{where}: table [source] missing (every figure needs a source line)")
     for key, text in source.items():
         fields.string(text, f"{where}: source.{fields.printable(key)}", LatencyError)
-    for key in (*_NUMBERS, "peak_flops", *(["roofline_efficiency"] if eff else [])):
+    given = [k for k in _OPTIONAL if k in doc]
+    for key in (*_NUMBERS, *given, "peak_flops", *(["roofline_efficiency"] if eff else [])):
         if not source.get(key, "").strip():
             raise LatencyError(f"{where}: source.{key}: missing (every figure needs a source line)")
     description = doc.get("description", "")
@@ -200,6 +220,7 @@ def to_toml(hw: Hardware, header: str = "") -> str:
     for key in _NUMBERS:
         v = getattr(hw, key)
         lines.append(f"{key} = {v}" if isinstance(v, int) else f"{key} = {v:.6g}")
+    lines += [f"{key} = {getattr(hw, key)}" for key in _OPTIONAL if key in hw.source]
     for key in _TABLES:
         table = getattr(hw, key)
         if table:

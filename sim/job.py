@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.hwmodels.device import DeviceModel, TimeUnit
+from memplan.hwmodels.device import DeviceModel, TimeUnit, op_workspace_bytes
 from memplan.hwmodels.errors import LatencyError
 from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, empty_plan
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Triggered
@@ -41,7 +41,9 @@ class CompiledJob:
     the end of op i starts (`triggers[0]`: the start of the iteration), as
     (code, buffer, delay_us, before_op, next_iteration, event index,
     after_op); `recompute[(buffer, op)]` is (buffer, its chain's
-    `recompute_sources`, event index)."""
+    `recompute_sources`, event index). `workspace[i]` is op i's workspace
+    bytes when the run counts workspaces (NOTE [ Workspaces ] in
+    hwmodels/device.py), None when it does not or no op has one."""
 
     __slots__ = (
         "index",
@@ -66,9 +68,17 @@ class CompiledJob:
         "triggers",
         "recompute",
         "durations",
+        "workspace",
     )
 
-    def __init__(self, index: int, job: Job, iterations: int, device: DeviceModel):
+    def __init__(
+        self,
+        index: int,
+        job: Job,
+        iterations: int,
+        device: DeviceModel,
+        workspaces: bool = False,
+    ):
         t = job.trace
         plan = job.plan if job.plan is not None else empty_plan(t)
         n = t.n_ops
@@ -102,6 +112,8 @@ class CompiledJob:
         self.inputs = ip.inputs
         self.input_bytes = sum(self.nbytes[b] for b in self.inputs)
         self.durations = self._durations(device, plan)
+        ws = op_workspace_bytes(t, device.hw) if workspaces else None
+        self.workspace: list[int] | None = ws.tolist() if ws is not None and ws.any() else None
 
     def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
         """Op durations in microseconds (NOTE [ Op durations ] in sim/model.py), each

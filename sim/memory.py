@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 import simpy
 from memplan.sim.log import LogEntry, LogKind
 from memplan.sim.state import DEV, LEAVING, OFF, Gen, JobState
+from memplan.traces.model import BUFFER_KINDS, BufferKind
 
 if TYPE_CHECKING:
     from memplan.sim.model import GpuModel
 
 K = LogKind
+OTHER = BUFFER_KINDS.index(BufferKind.OTHER)  # the kind workspaces and contexts are counted as
 
 # NOTE [ Out of memory ]
 # An allocation that does not fit the budget raises `OutOfMemory` from
@@ -70,6 +72,7 @@ class MemoryPool:
 
     passive = False  # keeps `lru` (PassivePool)
     dtr = False  # keeps `tables` of what can be remade, and recency (DtrPool)
+    ledger = False  # an allocator model keeps every allocation as a block (sim/ledger.py)
 
     def __init__(self, model: GpuModel, budget_bytes: int):
         self.model = model
@@ -83,6 +86,11 @@ class MemoryPool:
         # per-kind curves are cumulative sums over these (`sim.metrics`).
         self.samples: list[tuple[float, int, int, int]] = []
         self._changed: simpy.Event | None = None
+        # NOTE [ Pinned host memory ]: bytes off the device with a valid host copy
+        self.parked_bytes = self.parked_peak = 0
+        self.context_rows: list[
+            int
+        ] = []  # the samples that are contexts (NOTE [ Context reserve ])
 
     # ---- bytes -----------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
@@ -127,6 +135,8 @@ class MemoryPool:
         self.used += n
         self.samples.append((self.env.now, c.index, c.kind[b], n))
         s.where[b] = DEV
+        if s.parked[b]:  # made again on the device while its host copy holds
+            self.unpark(s, b)
 
     def drop(self, s: JobState, b: int) -> None:
         """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
@@ -135,12 +145,17 @@ class MemoryPool:
         n = c.nbytes[b]
         self.used -= n
         self.samples.append((self.env.now, c.index, c.kind[b], -n))
+        if s.host[b] and s.alive[b]:
+            self.park(s, b)
         if self._changed is not None:
             self.notify()
 
     def stay(self, s: JobState, b: int) -> None:
-        """`b`, leaving, stays on the device (its swap-out found it needed)."""
+        """`b` is on the device to stay: leaving, its swap-out found it
+        needed; or arrived, its swap-in is over."""
         s.where[b] = DEV
+        if s.parked[b]:
+            self.unpark(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
         """`b` is leaving: its swap-out owns the bytes."""
@@ -149,12 +164,121 @@ class MemoryPool:
     def touch(self, s: JobState, bufs: tuple[int, ...]) -> None:
         """`bufs` are used now (an op starts); recency for `DtrPool`."""
 
+    # NOTE [ Pinned host memory ]
+    # The pinned host memory a plan needs is the most bytes off the device at
+    # once whose data lives in a host copy a swap made: a buffer is parked
+    # from the moment its device copy is freed while it is alive with a valid
+    # host copy (the end of a swap-out, a discard, a release, an eviction)
+    # until it is on the device again (its swap-in or fetch is over, or a
+    # recompute made it) or its life ends. A host copy that stays valid
+    # beside a device copy is not counted, nor the pinned staging of a copy
+    # while it runs. Per job and for the device (`parked_peak`).
+    def park(self, s: JobState, b: int) -> None:
+        if s.parked[b]:
+            return
+        s.parked[b] = True
+        n = s.c.nbytes[b]
+        s.parked_bytes += n
+        s.parked_peak = max(s.parked_peak, s.parked_bytes)
+        self.parked_bytes += n
+        self.parked_peak = max(self.parked_peak, self.parked_bytes)
+
+    def unpark(self, s: JobState, b: int) -> None:
+        s.parked[b] = False
+        n = s.c.nbytes[b]
+        s.parked_bytes -= n
+        self.parked_bytes -= n
+
+    # ---- bytes that are no buffer: workspaces and CUDA contexts --------------------
+    def take_scratch(self, s: JobState, nbytes: int) -> None:
+        """An op's workspace, for the op's duration (caller checked it fits)."""
+        s.scratch_bytes += nbytes
+        MemoryPool.alloc(self, s.c.index, OTHER, nbytes)
+
+    def drop_scratch(self, s: JobState, nbytes: int) -> None:
+        s.scratch_bytes -= nbytes
+        MemoryPool.free(self, s.c.index, OTHER, nbytes)
+
+    def fits_context(self, nbytes: int) -> bool:
+        return self.fits(nbytes)
+
+    def hold_context(self, s: JobState, nbytes: int) -> None:
+        """The job's CUDA context, from its arrival to its end (NOTE [ Context
+        reserve ] in sim/simulate.py); no room for it is out of memory."""
+        if not self.fits_context(nbytes):
+            raise OutOfMemory(-1, -1)
+        s.context_bytes = nbytes
+        self.used += nbytes
+        self.context_rows.append(len(self.samples))
+        self.samples.append((self.env.now, s.c.index, OTHER, nbytes))
+
+    def end_job(self, s: JobState) -> None:
+        """The job is over: its context, workspace and parked bytes go."""
+        if s.scratch_bytes:
+            self.drop_scratch(s, s.scratch_bytes)
+        if s.context_bytes:
+            self.context_rows.append(len(self.samples))
+            MemoryPool.free(self, s.c.index, OTHER, s.context_bytes)
+            s.context_bytes = 0
+        for b, parked in enumerate(s.parked):
+            if parked:
+                self.unpark(s, b)
+
+    # ---- groups: all at once here, one by one under an allocator model (ledger) ---
+    def make_group(self, s: JobState, bufs: tuple[int, ...], nbytes: int, op: int, b: int) -> Gen:
+        """New lives of `bufs` (`GpuModel._create`), `nbytes` in all, once
+        room is made under the policy (`op` and `b` name the allocation)."""
+        if nbytes and not self.fits_job(s, nbytes):
+            yield from self.get(s, nbytes, op, b, True)
+        alive, host, keep = s.alive, s.host, s.keep
+        for x in bufs:
+            alive[x] = True
+            host[x] = keep[x] = False
+            self.take(s, x)
+
+    def take_group(self, s: JobState, bufs: list[int], op: int, target: int) -> Gen:
+        """Allocate the absent `bufs` an op re-run for `target` writes."""
+        nbytes = sum(s.c.nbytes[w] for w in bufs)
+        if nbytes and not self.fits_job(s, nbytes):
+            yield from self.get(s, nbytes, op, target, True)
+        for w in bufs:
+            self.take(s, w)
+
+    def make_each(self, s: JobState, bufs: tuple[int, ...], op: int) -> Gen:
+        """`make_group` one buffer at a time, making room for each."""
+        nbytes, alive, host, keep = s.c.nbytes, s.alive, s.host, s.keep
+        for b in bufs:
+            if not self.fits_job(s, nbytes[b]):
+                yield from self.get(s, nbytes[b], op, b, True)
+            alive[b] = True
+            host[b] = keep[b] = False
+            self.take(s, b)
+
+    def scratch_for(self, s: JobState, nbytes: int, op: int) -> Gen:
+        """Op `op`'s workspace of `nbytes`, once room is made under the policy."""
+        if not self.fits_job(s, nbytes):
+            yield from self.get(s, nbytes, op, -1, True)
+        self.take_scratch(s, nbytes)
+
+    # ---- what may fit, for the policies -------------------------------------------
+    def fits_job(self, s: JobState, nbytes: int) -> bool:
+        """Whether `nbytes` of job `s` fit now (an allocator model asks its blocks)."""
+        return self.used + nbytes <= self.budget
+
+    def never_fits(self, nbytes: int) -> bool:
+        """`nbytes` could not fit even with the device empty."""
+        return nbytes > self.budget
+
+    def may_fit_later(self, s: JobState, nbytes: int) -> bool:
+        """Swap-outs in flight could still make room for `nbytes`."""
+        return self.free_bytes + self.pending_out >= nbytes
+
     # ---- the policy ------------------------------------------------------------------
     def get(self, s: JobState, nbytes: int, op: int, b: int, on_compute: bool) -> Gen:
         """Return once `nbytes` fit, or raise `OutOfMemory` (NOTE [ Out of
         memory ]). `on_compute`: the job's own process asks, so waiting is
         stall; `op` and `b` name the allocation in the log."""
-        if not self.fits(nbytes):
+        if not self.fits_job(s, nbytes):
             raise OutOfMemory(op, b)
         return
         yield  # a generator, as the waiting policies' `get`
@@ -168,19 +292,19 @@ class StallPool(MemoryPool):
         return None
 
     def get(self, s: JobState, nbytes: int, op: int, b: int, on_compute: bool) -> Gen:
-        if self.fits(nbytes):
+        if self.fits_job(s, nbytes):
             return
-        if nbytes > self.budget:
+        if self.never_fits(nbytes):
             raise OutOfMemory(op, b)
         env, model = self.env, self.model
         t0, stalled = env.now, False
-        while not self.fits(nbytes):
+        while not self.fits_job(s, nbytes):
             victim = self.victim()
             if victim is not None:
                 owner = model.jobs[victim[0]]
                 yield from self.evict(owner, victim[1], op if owner is s else -1)
                 continue
-            if self.free_bytes + self.pending_out < nbytes:
+            if not self.may_fit_later(s, nbytes):
                 raise OutOfMemory(op, b)
             if on_compute and not stalled:
                 stalled = True
@@ -221,11 +345,15 @@ class PassivePool(StallPool):
         c = s.c
         s.where[b] = OFF
         self.lru.pop((c.index, b), None)
+        if s.host[b] and s.alive[b]:
+            self.park(s, b)
         self.free(c.index, c.kind[b], c.nbytes[b])
 
     def stay(self, s: JobState, b: int) -> None:
         s.where[b] = DEV
         self.lru[(s.c.index, b)] = None
+        if s.parked[b]:
+            self.unpark(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
         s.where[b] = LEAVING

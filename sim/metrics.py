@@ -19,7 +19,7 @@ import numpy as np
 from memplan.sim.errors import SimError
 from memplan.sim.log import LogEntry
 from memplan.sim.model import GpuModel
-from memplan.sim.state import JobState, OomPolicy
+from memplan.sim.state import Allocator, JobState, OomPolicy
 from memplan.traces.model import BUFFER_KINDS, Trace
 
 
@@ -41,7 +41,14 @@ class JobResult:
     - `remat_s`: compute time of `dtr`'s remakes (NOTE [ DTR ]);
     - `stall_s`: compute waiting, for planned copies and for memory
       (evictions by copy included); `recompute_s`: compute time of re-run
-      ops, the plan's recomputes and `remat_s` both."""
+      ops, the plan's recomputes and `remat_s` both.
+
+    Device memory (NOTE [ Device peaks ]): `peak_bytes` counts what the
+    memory curve does (buffers, workspaces, the context);
+    `allocated_peak_bytes` and `reserved_peak_bytes` the job's allocator
+    without its context; `device_peak_bytes` the reserve and the context,
+    what the budget is held against; `pinned_peak_bytes` the most host
+    bytes its plan parked (NOTE [ Pinned host memory ] in sim/memory.py)."""
 
     index: int
     name: str
@@ -60,6 +67,10 @@ class JobResult:
     evictions: int = 0
     evicted_bytes: int = 0
     remat_s: float = 0.0
+    allocated_peak_bytes: int = 0
+    reserved_peak_bytes: int = 0
+    device_peak_bytes: int = 0
+    pinned_peak_bytes: int = 0
 
     @property
     def time_s(self) -> float:
@@ -89,6 +100,10 @@ class JobResult:
             "evictions": self.evictions,
             "evicted_bytes": self.evicted_bytes,
             "remat_s": self.remat_s,
+            "allocated_peak_bytes": self.allocated_peak_bytes,
+            "reserved_peak_bytes": self.reserved_peak_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
+            "pinned_peak_bytes": self.pinned_peak_bytes,
             "net_used": self.net_used,
             "oom": self.oom,
             "oom_at": list(self.oom_at) if self.oom_at else None,
@@ -126,7 +141,9 @@ class MemoryCurve:
 @dataclass(frozen=True, eq=False)
 class SimResult:
     """Everything `simulate` measured. `n_events` counts SimPy events;
-    `traces` are the jobs' traces (to name ops and buffers in timelines)."""
+    `traces` are the jobs' traces (to name ops and buffers in timelines).
+    Device memory of all jobs together as in `JobResult` (NOTE [ Device
+    peaks ]), with `fragmentation_bytes`, and `context_reserve_bytes` per job."""
 
     jobs: tuple[JobResult, ...]
     peak_bytes: int
@@ -140,6 +157,13 @@ class SimResult:
     n_events: int
     seed: int
     traces: tuple[Trace, ...] = ()
+    allocator: Allocator = Allocator.EXACT
+    context_reserve_bytes: int = 0
+    allocated_peak_bytes: int = 0
+    reserved_peak_bytes: int = 0
+    fragmentation_bytes: int = 0
+    device_peak_bytes: int = 0
+    pinned_peak_bytes: int = 0
 
     @property
     def oom(self) -> bool:
@@ -153,6 +177,13 @@ class SimResult:
             "oom_policy": self.oom_policy.value,
             "budget_bytes": self.budget_bytes,
             "peak_bytes": self.peak_bytes,
+            "allocator": self.allocator.value,
+            "context_reserve_bytes": self.context_reserve_bytes,
+            "allocated_peak_bytes": self.allocated_peak_bytes,
+            "reserved_peak_bytes": self.reserved_peak_bytes,
+            "fragmentation_bytes": self.fragmentation_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
+            "pinned_peak_bytes": self.pinned_peak_bytes,
             "makespan_s": self.makespan_s,
             "events": self.n_events,
             "seed": self.seed,
@@ -160,7 +191,7 @@ class SimResult:
         }
 
 
-def _job_result(s: JobState, peak: int) -> JobResult:
+def _job_result(s: JobState, peak: int, dev: tuple[int, int, int]) -> JobResult:
     spans_us = [e - b for b, e in zip(s.iter_start_us, s.iter_end_us, strict=False)]
     if s.oom is not None or not spans_us:
         steady = math.nan
@@ -186,6 +217,10 @@ def _job_result(s: JobState, peak: int) -> JobResult:
         evictions=s.evictions,
         evicted_bytes=s.evicted_bytes,
         remat_s=s.remat_us / 1e6,
+        allocated_peak_bytes=dev[0],
+        reserved_peak_bytes=dev[1],
+        device_peak_bytes=dev[2],
+        pinned_peak_bytes=s.parked_peak,
     )
 
 
@@ -193,7 +228,10 @@ def build_result(model: GpuModel, hardware: str, seed: int) -> SimResult:
     mem = model.mem
     curve = MemoryCurve.from_samples(mem.samples, len(model.jobs))
     job_peaks = curve.by_job.max(axis=0) if len(curve.t_s) else np.zeros(len(model.jobs), np.int64)
-    jobs = tuple(_job_result(s, int(job_peaks[s.c.index])) for s in model.jobs)
+    view = device_view(model, curve)
+    jobs = tuple(
+        _job_result(s, int(job_peaks[s.c.index]), view.jobs[s.c.index]) for s in model.jobs
+    )
     ends = [s.end_us for s in model.jobs if not math.isnan(s.end_us)]
     return SimResult(
         jobs=jobs,
@@ -208,7 +246,112 @@ def build_result(model: GpuModel, hardware: str, seed: int) -> SimResult:
         n_events=model.n_events,
         seed=seed,
         traces=tuple(s.c.trace for s in model.jobs),
+        allocator=model.allocator,
+        context_reserve_bytes=model.context_bytes,
+        allocated_peak_bytes=view.allocated,
+        reserved_peak_bytes=view.reserved,
+        fragmentation_bytes=view.fragmentation,
+        device_peak_bytes=view.device,
+        pinned_peak_bytes=mem.parked_peak,
     )
+
+
+# ---- device memory -------------------------------------------------------------
+# NOTE [ Device peaks ]
+# Per job and for the device, in bytes:
+# - allocated: exact, the buffers and workspaces (the memory curve without
+#   the contexts); caching, the allocator's blocks, counted whole (PyTorch's
+#   `allocated_bytes`); smartpool, the most bytes live at once (a job: its
+#   layout's lower bound; the device: the curve without the contexts);
+# - reserved: exact, as allocated; caching, the segments; smartpool, the
+#   pools' footprints of the jobs running at once;
+# - device: reserved plus the contexts (exact: the memory curve), the
+#   figure the budget is held against and TENSILE's metrics compare;
+# - fragmentation (device only): caching, reserved - allocated at the
+#   reserved peak (the most allocated while reserved stays at its peak);
+#   smartpool, reserved - allocated (the layout over its bound); exact, 0.
+# The device's peaks are peaks over time, not sums of the jobs' peaks.
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """(allocated, reserved, device) peaks per job, and the device's."""
+
+    jobs: tuple[tuple[int, int, int], ...]
+    allocated: int
+    reserved: int
+    fragmentation: int
+    device: int
+
+
+def device_view(model: GpuModel, curve: MemoryCurve) -> DeviceView:
+    """The peaks of NOTE [ Device peaks ]. Under smartpool this admits the
+    jobs' pools too, marking a job whose pool does not fit out of memory
+    (NOTE [ SmartPool in the simulator ] in sim/simulate.py)."""
+    if model.allocator is Allocator.CACHING:
+        return _caching_view(model)
+    tensors, by_job = _without_contexts(model, curve)
+    if model.allocator is Allocator.SMARTPOOL:
+        return _smartpool_view(model, by_job)
+    n = len(model.jobs)
+    dev = curve.by_job.max(axis=0) if len(curve.t_s) else np.zeros(n, np.int64)
+    own = by_job.max(axis=0) if len(curve.t_s) else np.zeros(n, np.int64)
+    jobs = tuple((int(own[j]), int(own[j]), int(dev[j])) for j in range(n))
+    peak = int(tensors.max(initial=0))
+    return DeviceView(jobs, peak, peak, 0, int(curve.bytes.max(initial=0)))
+
+
+def _without_contexts(model: GpuModel, curve: MemoryCurve) -> tuple[np.ndarray, np.ndarray]:
+    """The memory curve, in total and by job, without the jobs' contexts."""
+    rows = model.mem.context_rows
+    if not rows:
+        return curve.bytes, curve.by_job
+    at = np.array(rows, np.int64)
+    delta = np.diff(curve.bytes, prepend=0)
+    ctx = np.zeros_like(delta)
+    ctx[at] = delta[at]
+    by_job = np.zeros_like(curve.by_job)
+    by_job[at, [model.mem.samples[r][1] for r in rows]] = delta[at]
+    return curve.bytes - np.cumsum(ctx), curve.by_job - np.cumsum(by_job, axis=0)
+
+
+def _caching_view(model: GpuModel) -> DeviceView:
+    mem: Any = model.mem
+    total = peak = 0
+    own = [0] * len(model.jobs)
+    own_peak = [0] * len(model.jobs)
+    for _t, j, d in mem.device_samples:
+        total += d
+        own[j] += d
+        peak = max(peak, total)
+        own_peak[j] = max(own_peak[j], own[j])
+    jobs = tuple((a.peak_allocated, a.peak_reserved, own_peak[j]) for j, a in enumerate(mem.backs))
+    frag = mem.reserved_peak - mem.allocated_at_peak
+    return DeviceView(jobs, mem.allocated_peak, mem.reserved_peak, frag, peak)
+
+
+def _smartpool_view(model: GpuModel, by_job: np.ndarray) -> DeviceView:
+    mem: Any = model.mem
+    ctx, budget = model.context_bytes, mem.budget
+    lays = [back.layout() for back in mem.backs]
+    running: list[tuple[float, int]] = []  # (end_us, bytes) of the admitted jobs
+    steps: list[tuple[float, int, int]] = []  # (time_us, +/- device, +/- footprint)
+    for s in sorted(model.jobs, key=lambda s: (s.start_us, s.c.index)):
+        t, fp = s.start_us, lays[s.c.index].footprint
+        running = [(e, x) for e, x in running if e > t]
+        if sum(x for _e, x in running) + fp + ctx > budget:
+            if s.oom is None:  # its pool cannot be made
+                s.oom = (0, -1, -1)
+            continue
+        running.append((s.end_us, fp + ctx))
+        steps += [(t, fp + ctx, fp), (s.end_us, -fp - ctx, -fp)]
+    device = reserved = dev_now = res_now = 0
+    for _t, d, r in sorted(steps):  # at equal times the ends (negative) first
+        dev_now += d
+        res_now += r
+        device, reserved = max(device, dev_now), max(reserved, res_now)
+    admitted = [s.c.index for s in model.jobs if s.oom != (0, -1, -1)]
+    allocated = int(by_job[:, admitted].sum(axis=1).max(initial=0)) if len(by_job) else 0
+    jobs = tuple((lay.live_peak, lay.footprint, lay.footprint + ctx) for lay in lays)
+    return DeviceView(jobs, allocated, reserved, max(0, reserved - allocated), device)
 
 
 # ---- TENSILE's metrics ---------------------------------------------------------
@@ -251,12 +394,14 @@ def savings(vanilla: SimResult, planned: SimResult) -> Savings:
             f"the planned run {len(planned.jobs)}"
         )
     per_job = tuple(
-        Metrics.of(v.peak_bytes, p.peak_bytes, v.time_s, p.time_s, not (v.oom or p.oom))
+        Metrics.of(
+            v.device_peak_bytes, p.device_peak_bytes, v.time_s, p.time_s, not (v.oom or p.oom)
+        )
         for v, p in zip(vanilla.jobs, planned.jobs, strict=True)
     )
     total = Metrics.of(
-        vanilla.peak_bytes,
-        planned.peak_bytes,
+        vanilla.device_peak_bytes,
+        planned.device_peak_bytes,
         vanilla.makespan_s,
         planned.makespan_s,
         not (vanilla.oom or planned.oom),

@@ -17,24 +17,20 @@ from collections.abc import Sequence
 import simpy
 from memplan.hwmodels.device import DeviceModel
 from memplan.sim.copies import CopyEngine
-from memplan.sim.dtr import DtrPool
 from memplan.sim.errors import SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
+from memplan.sim.ledger import POOLS, pool_class
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.memory import MemoryPool, OutOfMemory, PassivePool, StallPool
+from memplan.sim.memory import OutOfMemory
 from memplan.sim.pcie import Pcie
 from memplan.sim.remat import remake
-from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Gen, JobState, OomPolicy
+from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Allocator, Gen, JobState, OomPolicy
 from memplan.sim.stream import ComputeStream
 from simpy.core import EmptySchedule
 
 K = LogKind
-POOLS: dict[OomPolicy, type[MemoryPool]] = {
-    OomPolicy.FAIL: MemoryPool,
-    OomPolicy.STALL: StallPool,
-    OomPolicy.PASSIVE: PassivePool,
-    OomPolicy.DTR: DtrPool,
-}
+__all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledger.py)
+
 
 # NOTE [ Event semantics ]
 # Who does what: the job's process (`_job`) walks the ops, triggers plan
@@ -166,6 +162,8 @@ class GpuModel:
         device: DeviceModel,
         budget_bytes: int,
         oom: OomPolicy,
+        allocator: Allocator = Allocator.EXACT,
+        context_bytes: int = 0,
     ):
         env = self.env = simpy.Environment()
         self.n_events = 0
@@ -175,7 +173,9 @@ class GpuModel:
         self.policy = oom
         self.log: list[LogEntry] = []
         self.jobs = [JobState(c) for c in jobs]
-        self.mem = POOLS[oom](self, budget_bytes)
+        self.allocator = allocator
+        self.context_bytes = context_bytes  # per job (NOTE [ Context reserve ] in sim/simulate.py)
+        self.mem = pool_class(oom, allocator)(self, budget_bytes)
         self.copies = CopyEngine(self)
 
     def run(self) -> None:
@@ -202,10 +202,9 @@ class GpuModel:
             if c.arrival_us:
                 yield env.timeout(c.arrival_us)
             s.start_us = env.now
-            if c.persistent_bytes:
-                yield from self.mem.get(s, c.persistent_bytes, -1, -1, True)
-            for b in c.persistent:
-                self._create(s, b)
+            if self.context_bytes:
+                self.mem.hold_context(s, self.context_bytes)
+            yield from self.mem.make_group(s, c.persistent, c.persistent_bytes, -1, -1)
             for it in range(c.iterations):
                 yield from self._iteration(s, it)
         except OutOfMemory as oom:
@@ -221,16 +220,15 @@ class GpuModel:
         s.iteration = it
         s.iter_start_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_START))
-        if c.input_bytes:
-            yield from mem.get(s, c.input_bytes, -1, c.inputs[0], True)
-        for b in c.inputs:
-            self._create(s, b)
+        if c.inputs:
+            yield from mem.make_group(s, c.inputs, c.input_bytes, -1, c.inputs[0])
         if c.triggers[0]:
             self._trigger(s, c.triggers[0], it)
         accs, need, create, cbytes = c.accs, c.need, c.create, c.create_bytes
         writes, frees, triggers, dur = c.writes, c.frees, c.triggers, s.dur
         where, alive, host, keep = s.where, s.alive, s.host, s.keep
         wcount, deadlines = s.wcount, s.deadlines
+        ledger, scratch = mem.ledger, c.workspace  # NOTE [ Workspaces ] in sim/job.py
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
         touch = mem.touch if mem.dtr else None
         new, start, end = tuple.__new__, K.OP_START, K.OP_END  # LogEntry without its __new__
@@ -244,12 +242,17 @@ class GpuModel:
                 if where[b] != DEV:
                     yield from self._ensure(s, b, i)
             if cbytes[i]:
-                if not mem.fits(cbytes[i]):
-                    yield from mem.get(s, cbytes[i], i, create[i][0], True)
-                for b in create[i]:  # `_create`, inline
-                    alive[b] = True
-                    host[b] = keep[b] = False
-                    take(s, b)
+                if ledger:  # an allocator model: block by block
+                    yield from mem.make_each(s, create[i], i)
+                else:
+                    if not mem.fits(cbytes[i]):
+                        yield from mem.get(s, cbytes[i], i, create[i][0], True)
+                    for b in create[i]:  # `_create`, inline
+                        alive[b] = True
+                        host[b] = keep[b] = False
+                        take(s, b)
+            if scratch is not None and scratch[i]:
+                yield from mem.scratch_for(s, scratch[i], i)
             if passive:  # recency for the LRU eviction, see NOTE [ Out of memory ]
                 lru = mem.lru
                 for b in accs[i]:
@@ -278,6 +281,8 @@ class GpuModel:
                 raise
             if shared:
                 compute.release()
+            if scratch is not None and scratch[i]:
+                mem.drop_scratch(s, scratch[i])
             log(new(LogEntry, (env.now, j, it, end, i, -1, -1)))
             for b in writes[i]:
                 host[b] = False
@@ -353,13 +358,8 @@ class GpuModel:
                 if where[src] != DEV:
                     yield from self._ensure(s, src, i)
             outs = [w for w in c.writes[k] if where[w] == OFF]
-            nbytes = sum(c.nbytes[w] for w in outs)
-            if nbytes and not mem.fits(nbytes):
-                yield from mem.get(s, nbytes, i, target, True)
-            for w in outs:
-                mem.take(s, w)
-                if w != target:
-                    temps.append(w)
+            yield from mem.take_group(s, outs, i, target)
+            temps += [w for w in outs if w != target]
             yield from self._rerun(s, k, target)
         s.pinned = pinned
         alive = s.alive
@@ -417,7 +417,11 @@ class GpuModel:
         # the lane, ahead of this one's queued swap-out) does not own them.
         if w == DEV or (w == LEAVING and s.copying[b] != ep):
             self.mem.drop(s, b)
+        elif w == LEAVING and self.mem.ledger:  # its copy still reads the bytes
+            self.mem.detach(s, b)
         s.where[b] = OFF
+        if s.parked[b]:
+            self.mem.unpark(s, b)
 
     def stop(self, s: JobState, oom: OutOfMemory | None = None) -> None:
         """The job ends, or ran out of memory (NOTE [ Stopping a job ])."""
@@ -433,7 +437,10 @@ class GpuModel:
         for b, w in enumerate(s.where):
             if w == DEV or (w == LEAVING and copying[b] != epoch[b]):
                 self.mem.drop(s, b)
+            elif w == LEAVING and self.mem.ledger:
+                self.mem.detach(s, b)
             epoch[b] += 1  # every life ends with the job
+        self.mem.end_job(s)
         active = env.active_process
         for p in (s.proc, *s.copy_procs):
             if p is not None and p is not active and p.is_alive:

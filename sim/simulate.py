@@ -8,13 +8,14 @@ import math
 from collections.abc import Iterator, Sequence
 
 from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.profile import Hardware
 from memplan.planners.core.check import check as check_plan
 from memplan.planners.core.plan import validate
 from memplan.sim.errors import SimError
 from memplan.sim.job import CompiledJob, Job
 from memplan.sim.metrics import SimResult, build_result
 from memplan.sim.model import GpuModel
-from memplan.sim.state import OomPolicy
+from memplan.sim.state import Allocator, OomPolicy
 from memplan.traces.model import Trace
 
 
@@ -27,6 +28,8 @@ def simulate(
     oom: OomPolicy | str = OomPolicy.FAIL,
     seed: int = 0,
     check: bool = True,
+    allocator: Allocator | str = Allocator.EXACT,
+    context_reserve: int | None = None,
 ) -> SimResult:
     """Run `jobs` (a bare `Trace` is a vanilla job arriving at 0) together on
     `device` and return what happened.
@@ -35,8 +38,8 @@ def simulate(
       is one PCIe lane shared by both directions and all jobs; 2 is one lane
       per direction with the profile's H2D duplex slowdown.
     - `iterations`: per job, unless the job says otherwise.
-    - `budget`: device bytes the jobs may use (default: the profile's
-      `memory_bytes`).
+    - `budget`: device bytes the jobs may use, their CUDA contexts included
+      (default: the profile's `memory_bytes`; NOTE [ Context reserve ]).
     - `oom`: what an allocation that does not fit does -- "fail", "stall",
       "passive" or "dtr" (NOTE [ Out of memory ] in `sim/memory.py`).
     - `seed`: recorded in the result; the model itself is deterministic (ties
@@ -44,10 +47,16 @@ def simulate(
       the same result.
     - `check`: run `planners.core.check` on every plan first (a bad plan is a
       `PlanError`); with False only the cheap structural `validate` runs.
+    - `allocator`: "exact", "caching" or "smartpool" (NOTE [ The memory a
+      GPU really uses ]).
+    - `context_reserve`: bytes of each job's CUDA context; None: the
+      profile's `context_reserve_bytes` with caching or smartpool, 0 with
+      exact (NOTE [ Context reserve ]).
 
     Bad arguments raise `SimError`.
     """
     policy = _policy(oom)
+    alloc = allocator_of(allocator)
     if not jobs:
         raise SimError("simulate: no jobs")
     if not isinstance(iterations, int) or iterations < 1:
@@ -59,8 +68,73 @@ def simulate(
         budget = hw.memory_bytes
     if not isinstance(budget, int) or budget <= 0:
         raise SimError(f"budget={budget!r} must be a positive number of bytes")
+    reserve = context_bytes(hw, alloc, context_reserve)
+    if reserve >= budget:
+        raise SimError(
+            f"context_reserve={reserve} bytes leaves nothing of the budget ({budget} bytes)"
+        )
     with _collector_paused():
-        return _run(jobs, device, iterations, budget, policy, seed, check)
+        return _run(jobs, device, iterations, budget, policy, seed, check, alloc, reserve)
+
+
+# NOTE [ The memory a GPU really uses ]
+# `allocator` picks the model of device memory (`Allocator`):
+# - exact: tensor bytes, each buffer exactly its size, nothing else unless a
+#   context reserve is asked for -- the model planners and papers count in,
+#   and memplan's default, so figures stay comparable.
+# - caching: what a PyTorch process holds on a real GPU: each job's CUDA
+#   context (NOTE [ Context reserve ]), op workspaces (NOTE [ Workspaces ]
+#   in hwmodels/device.py), and every buffer a block of its job's caching
+#   allocator (NOTE [ The caching allocator ] in sim/allocator.py). The
+#   reserved segments and the contexts meet the budget: an allocation whose
+#   new segment does not fit is out of memory (or calls the safety net)
+#   even when the tensor bytes would fit. Outputs of an op are allocated
+#   one by one, as PyTorch does.
+# - smartpool: contexts and workspaces as with caching, each job's buffers
+#   in one pool laid out offline (NOTE [ SmartPool in the simulator ]).
+#
+# NOTE [ Context reserve ]
+# A job is a process of its own (NOTE [ One process per job ] in
+# sim/ledger.py): its CUDA context takes `context_reserve` bytes from its
+# arrival to its end, counted in the memory curve (kind `other`). The
+# budget is the device share of the jobs, their contexts inside it -- what
+# nvidia-smi shows for their processes -- so no budget defaults to the
+# whole device, and a share of the vanilla peak (`--budget 60%`) is of the
+# vanilla peak with the same contexts. A context that does not fit when its
+# job arrives is out of memory at once: no safety net evicts for a process
+# that does not exist yet. Planners plan for the budget less the contexts
+# (memplan/comparison.py `planner_view`).
+#
+# NOTE [ SmartPool in the simulator ]
+# SmartPool lays out lifetimes known in advance, so a run under it has two
+# steps. The run itself counts bytes exactly (contexts and workspaces
+# included; the safety net acts on those counts) and records, per job, the
+# lifetime of every allocation (buffers, copies in flight, workspaces) in
+# the job's order of events. After it, each job's lifetimes are laid out
+# (sim/smartpool.py); its pool, the footprint, is held from its arrival to
+# its end, beside its context. Jobs are then admitted in order of arrival:
+# one whose pool and context do not fit beside those of the jobs still
+# running is out of memory at the start of its first iteration (the other
+# jobs' times stay those of the run it took part in).
+def allocator_of(allocator: Allocator | str) -> Allocator:
+    """`allocator` as an `Allocator`; SimError naming the choices."""
+    if isinstance(allocator, Allocator):
+        return allocator
+    try:
+        return Allocator(allocator)
+    except ValueError:
+        allowed = ", ".join(a.value for a in Allocator)
+        raise SimError(f"allocator={allocator!r} must be one of {allowed}") from None
+
+
+def context_bytes(hw: Hardware, allocator: Allocator | str, reserve: int | None) -> int:
+    """Bytes of one job's CUDA context (NOTE [ Context reserve ]): `reserve`,
+    or by default the profile's with an allocator model, none with exact."""
+    if reserve is None:
+        return 0 if allocator_of(allocator) is Allocator.EXACT else hw.context_reserve_bytes
+    if not isinstance(reserve, int) or isinstance(reserve, bool) or reserve < 0:
+        raise SimError(f"context_reserve={reserve!r} must be a whole number of bytes >= 0")
+    return reserve
 
 
 # NOTE [ Garbage collection in simulate ]
@@ -98,6 +172,8 @@ def _run(
     policy: OomPolicy,
     seed: int,
     check: bool,
+    alloc: Allocator,
+    reserve: int,
 ) -> SimResult:
     compiled = []
     for j, job in enumerate(jobs):
@@ -109,8 +185,9 @@ def _run(
             raise SimError(f"jobs[{j}]: iterations={n_it!r} must be an integer >= 1")
         if job.plan is not None:
             (check_plan if check else validate)(job.plan, job.trace)
-        compiled.append(CompiledJob(j, job, n_it, device))
-    model = GpuModel(compiled, device, budget, policy)
+        workspaces = alloc is not Allocator.EXACT
+        compiled.append(CompiledJob(j, job, n_it, device, workspaces))
+    model = GpuModel(compiled, device, budget, policy, alloc, reserve)
     model.run()
     result = build_result(model, device.hw.name, seed)
     if not math.isfinite(result.makespan_s):  # NOTE [ Trace sanity ranges ]: an error, not a result

@@ -28,6 +28,16 @@ class OomPolicy(enum.Enum):
     DTR = "dtr"
 
 
+class Allocator(enum.Enum):
+    """How device memory is handed out (NOTE [ The memory a GPU really uses ]
+    in sim/simulate.py): tensor bytes exactly, PyTorch's caching allocator,
+    or SmartPool's offline layout."""
+
+    EXACT = "exact"
+    CACHING = "caching"
+    SMARTPOOL = "smartpool"
+
+
 class JobState:
     """The run-time state of one job: per-buffer lists, its processes and
     counters."""
@@ -67,3 +77,8 @@ class JobState:
         self.evictions = self.evicted_bytes = 0
         # NOTE [ DTR ] in sim/remat.py: when each buffer was last used (us)
         self.last_use = [0.0] * nb
+        # NOTE [ Pinned host memory ] in sim/memory.py: off the device, data on the host
+        self.parked = [False] * nb
+        self.parked_bytes = self.parked_peak = 0
+        self.scratch_bytes = 0  # the current op's workspace
+        self.context_bytes = 0  # its CUDA context, while the job runs
