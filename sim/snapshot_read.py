@@ -75,9 +75,11 @@ def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The snapshot in `path`, checked (NOTE [ Reading a snapshot ])."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_SNAPSHOT_BYTES:
+        size = p.stat().st_size
+        if size > MAX_SNAPSHOT_BYTES:
             raise SnapshotError(
-                f"{p}: larger than {MAX_SNAPSHOT_BYTES >> 20} MiB (NOTE [ File sizes ])"
+                f"{p}: {size} bytes, more than a snapshot may have ({MAX_SNAPSHOT_BYTES}; "
+                "NOTE [ File sizes ])"
             )
         raw = p.read_bytes()
     except FileNotFoundError:
