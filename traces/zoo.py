@@ -246,6 +246,19 @@ class TinyTransformer(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class LSTMClassifier(nn.Module):
+    """A 2-layer LSTM (32 features in, 64 hidden) over a sequence, its last
+    step's hidden state classified into 10 classes."""
+
+    def __init__(self, features: int = 32, hidden: int = 64, n_classes: int = 10) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, n_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.lstm(x)[0][:, -1])
+
+
 # ---- loss functions (module level, so workloads stay picklable) ---------------------
 def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Cross-entropy of (batch, seq, vocab) logits against (batch, seq) ids."""
@@ -293,6 +306,13 @@ def tiny_transformer(batch_size: int) -> Workload:
     ids = torch.randint(0, vocab, (batch_size, seq))
     targets = torch.randint(0, vocab, (batch_size, seq))
     return Workload(model.train(), (ids,), (targets,), token_cross_entropy)
+
+
+def lstm(batch_size: int) -> Workload:
+    """`LSTMClassifier` on sequences of 12 steps of 32 features, 10 classes.
+    Captured on cpu (or cuda) only: NOTE [ Recurrent layers on meta ] in
+    traces/capture.py."""
+    return _classification(LSTMClassifier(), torch.randn(batch_size, 12, 32), 10)
 
 
 # ---- the zoo extra: torchvision and transformers -----------------------------------
@@ -383,6 +403,7 @@ ZOO: dict[str, Callable[[int], Workload]] = {
     "linear_chain": linear_chain,
     "tiny_resnet": tiny_resnet,
     "tiny_transformer": tiny_transformer,
+    "lstm": lstm,
     "vgg16": vgg16,
     "resnet50": resnet50,
     "inception_v3": inception_v3,
@@ -391,7 +412,9 @@ ZOO: dict[str, Callable[[int], Workload]] = {
     "gpt2": gpt2,
 }
 BUILTIN: tuple[str, ...] = ("mlp", "small_cnn", "linear_chain", "tiny_resnet", "tiny_transformer")
-NEEDS_EXTRA: tuple[str, ...] = tuple(n for n in ZOO if n not in BUILTIN)
+# Built in too (torch only), but captured on cpu or cuda, never meta.
+RECURRENT: tuple[str, ...] = ("lstm",)
+NEEDS_EXTRA: tuple[str, ...] = tuple(n for n in ZOO if n not in BUILTIN + RECURRENT)
 _LINEAR_CHAIN_N = re.compile(r"linear_chain_(\d+)")
 
 

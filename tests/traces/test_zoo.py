@@ -11,7 +11,16 @@ import textwrap
 import pytest
 import torch
 from memplan.traces.errors import TraceError
-from memplan.traces.zoo import BUILTIN, NEEDS_EXTRA, ZOO, Workload, build, linear_chain, resolve
+from memplan.traces.zoo import (
+    BUILTIN,
+    NEEDS_EXTRA,
+    RECURRENT,
+    ZOO,
+    Workload,
+    build,
+    linear_chain,
+    resolve,
+)
 from torch import nn
 
 # Parameter counts by hand. mlp: 784*512+512 + 512*256+256 + 256*10+10.
@@ -32,6 +41,8 @@ PARAMS = {
     + (18_432 + 36_864 + 2_048 + 384)
     + 650,
     "tiny_transformer": 6_400 + 1_024 + 2 * (256 + 12_480 + 4_160 + 16_640 + 16_448) + 128 + 6_500,
+    # lstm: per layer 4 gates x hidden 64 x (inputs + 64) weights, 2 x 4 x 64 biases
+    "lstm": (4 * 64 * (32 + 64) + 512) + (4 * 64 * (64 + 64) + 512) + 64 * 10 + 10,
     # published counts of the reference models
     "vgg16": 138_357_544,
     "resnet50": 25_557_032,
@@ -69,12 +80,12 @@ def _train_step(name: str, device: str) -> Workload:
 
 
 def test_the_registry():
-    assert set(ZOO) == set(PARAMS) == set(BUILTIN) | set(NEEDS_EXTRA)
+    assert set(ZOO) == set(PARAMS) == set(BUILTIN) | set(RECURRENT) | set(NEEDS_EXTRA)
     assert set(PACKAGE) == set(NEEDS_EXTRA)
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", BUILTIN + RECURRENT)
 def test_builtin_workloads_train_one_step(name, device):
     _train_step(name, device)
 
@@ -195,7 +206,7 @@ def test_resolve_imports_package_module_callable(workloads_module):
     ("spec", "message"),
     [
         ("resnet", "unknown workload 'resnet': known are mlp, small_cnn, linear_chain, "
-         "tiny_resnet, tiny_transformer, vgg16, resnet50, inception_v3, densenet121, "
+         "tiny_resnet, tiny_transformer, lstm, vgg16, resnet50, inception_v3, densenet121, "
          "bert_base, gpt2, linear_chain_N, or package.module:callable"),
         ("linear_chain_0", "unknown workload 'linear_chain_0': known are"),
         ("no_such_package_x.models:make", "workload 'no_such_package_x.models:make': cannot "
