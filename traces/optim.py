@@ -12,7 +12,8 @@ import inspect
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import torch
 from memplan.traces.errors import TraceError
@@ -86,12 +87,16 @@ def resolve_kwargs(
     cls = optimizer_class(name)
     known = keywords(cls)
     label = cls.__name__.lower()
+    params = inspect.signature(cls.__init__).parameters
     for key, value in given.items():
         if key not in known:
             raise TraceError(
                 f"optimizer {label} has no keyword {key!r} (it takes {', '.join(known)})"
             )
         _check_value(label, key, value)
+        ann = params[key].annotation
+        if not _fits(tuple(value) if isinstance(value, list) else value, ann):
+            raise TraceError(f"optimizer {label}: {key}={value!r} must be {_type_text(ann)}")
     kwargs: dict[str, Any] = {"lr": lr} if "lr" in known else {}
     if "foreach" in known and "foreach" not in given and not given.get("fused"):
         kwargs["foreach"] = False
@@ -116,6 +121,38 @@ def _check_value(label: str, key: str, value: Any) -> None:
             )
         if isinstance(x, float) and not math.isfinite(x):
             raise TraceError(f"optimizer {label}: {key}={x!r} is not a finite number")
+
+
+def _fits(value: Any, ann: Any) -> bool:
+    """Whether `value` has the type of the annotation `ann` of a `torch.optim`
+    keyword (bool, int, float, str, None, tensors, tuples of them, unions);
+    True for annotations outside these (the optimizer checks them itself)."""
+    origin = get_origin(ann)
+    if origin in (Union, UnionType):
+        return any(_fits(value, a) for a in get_args(ann))
+    if origin is tuple:
+        args = get_args(ann)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
+        return (
+            isinstance(value, tuple)
+            and len(value) == len(args)
+            and all(_fits(v, a) for v, a in zip(value, args, strict=True))
+        )
+    if ann is bool:
+        return isinstance(value, bool)
+    if ann is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if ann in (str, type(None), torch.Tensor):
+        return isinstance(value, ann)
+    return True
+
+
+def _type_text(ann: Any) -> str:
+    text = ann.__name__ if isinstance(ann, type) else str(ann)
+    return text.replace("torch.Tensor", "Tensor").replace("NoneType", "None")
 
 
 def _try_build(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], label: str) -> None:
@@ -178,8 +215,10 @@ def parse_kwargs(text: str) -> dict[str, Scalar | tuple[Scalar, ...]]:
             raise TraceError(f"optimizer keywords {text!r}: {key!r} is given twice")
         raw = raw.strip()
         if raw[:1] in "([" and raw[-1:] in ")]" and raw:
-            inner = raw[1:-1].strip()
-            out[key] = tuple(_scalar(x.strip()) for x in inner.split(",")) if inner else ()
+            parts = [x.strip() for x in raw[1:-1].split(",")]
+            if parts[-1] == "":  # `(0.9,)` and `()`
+                parts.pop()
+            out[key] = tuple(_scalar(x) for x in parts)
         else:
             out[key] = _scalar(raw)
     return out

@@ -33,6 +33,7 @@ MLP_PARAMS = 401_920 + 131_328 + 2_570  # by hand: see tests/traces/test_capture
         ("momentum=0", {"momentum": 0}),
         (" nesterov = TRUE , dampening=0.5 ", {"nesterov": True, "dampening": 0.5}),
         ("etas=[0.5, 1.2],x=none,y=abc,z=()", {"etas": (0.5, 1.2), "x": None, "y": "abc", "z": ()}),
+        ("betas=(0.9,)", {"betas": (0.9,)}),
         ("lr=-2", {"lr": -2}),
     ],
 )  # fmt: skip
@@ -74,6 +75,9 @@ def test_malformed_keywords_are_one_line(text, message):
                                             "Invalid learning rate: -1"]),
         ({"optimizer_kwargs": {"lr": float("nan")}}, ["lr=nan is not a finite number"]),
         ({"optimizer_kwargs": {"betas": (0.9, [1])}}, ["betas=[1] is not a number"]),
+        ({"optimizer_kwargs": {"foreach": "yes"}}, ["adam: foreach='yes' must be bool | None"]),
+        ({"optimizer_kwargs": {"amsgrad": 1}}, ["amsgrad=1 must be bool"]),
+        ({"optimizer_kwargs": {"betas": (0.9,)}}, ["betas=(0.9,) must be tuple[float | Tensor"]),
         ({"optimizer_kwargs": [("lr", 1.0)]}, ["must be a mapping"]),
         ({"optimizer_kwargs": {"fused": True}}, ["fused kernel runs on cpu and cuda, not on meta",
                                                  "--device cpu"]),

@@ -14,8 +14,10 @@ import math
 import pytest
 import torch
 from memplan.traces.capture import CaptureOptions, capture
+from memplan.traces.errors import TraceError
 from memplan.traces.model import DTYPE_BYTES, Amp, BufferKind, Phase
-from memplan.traces.zoo import ZOO
+from memplan.traces.zoo import ZOO, Workload
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 # Parameters by hand. mlp: 784*512+512 + 512*256+256 + 256*10+10 (6 tensors).
@@ -332,3 +334,49 @@ def test_the_trace_peak_is_the_profilers_within_2_percent(model, case):
     assert int(trace.nbytes[trace.exists_at_start].sum()) == before
     assert abs(peak - profiled) <= 0.02 * profiled, (peak, profiled, full)
     assert full >= profiled
+
+
+# ---- fp16 steps the GradScaler skips -------------------------------------------------------
+def _overflowing(factor: float):
+    """Linear(8, 8) whose loss is factor x the sum of squared outputs: the
+    fp16 grads of large factors overflow at the GradScaler's first scales."""
+
+    def make(batch: int) -> Workload:
+        x = torch.randn(batch, 8)
+        return Workload(nn.Linear(8, 8), (x,), (), lambda out: out.float().pow(2).sum() * factor)
+
+    return make
+
+
+def test_warm_up_goes_on_while_the_grad_scaler_skips_steps():
+    """NOTE [ Warm-up under a GradScaler ]. With factor 1024 the first step
+    overflows (checked here with plain PyTorch), so one warm-up step would
+    leave Adam without state; capture warms up until a step is taken, and
+    records one that updates both parameters, with both moments resident."""
+    torch.manual_seed(0)
+    w = _overflowing(1024.0)(4)
+    opt, scaler = torch.optim.Adam(w.model.parameters()), torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = w.loss()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() < 2.0**16 and not opt.state  # skipped
+
+    trace = capture(_overflowing(1024.0), 4, CaptureOptions("cpu", amp="fp16"))
+    assert [op.target for op in trace.ops].count("aten.addcdiv_.default") == 2
+    state = [b for b in trace.buffers if b.kind is BufferKind.OPTIMIZER_STATE]
+    assert len(state) == 4 and all(b.persistent for b in state)
+
+
+@pytest.mark.parametrize(
+    ("factor", "warmup", "message"),
+    [
+        (1024.0, 0, "the recorded step found inf/NaN grads and the GradScaler skipped"),
+        (math.inf, 1, "after 25 warm-up steps the GradScaler still skips the step"),
+    ],
+)
+def test_a_step_the_grad_scaler_skips_is_not_recorded(factor, warmup, message):
+    opts = CaptureOptions("cpu", amp="fp16", warmup_iterations=warmup)
+    with pytest.raises(TraceError, match=message):
+        capture(_overflowing(factor), 4, opts)
