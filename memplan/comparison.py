@@ -27,7 +27,9 @@ from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
+from memplan.plannerview import planner_view, rebound_result
 from memplan.sim import Job, SimResult, savings, simulate
+from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.traces.errors import MemplanError
 from memplan.traces.model import Trace
 
@@ -77,6 +79,11 @@ class Row:
     evicted_bytes: int = 0
     remat_s: float = 0.0
     bound: str = ""  # the name of the bound `gap` is measured against
+    # NOTE [ Device peaks ] in sim/metrics.py; `peak_bytes` is the device peak
+    allocated_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    fragmentation_bytes: int | None = None
+    pinned_peak_bytes: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -110,6 +117,10 @@ class Row:
             "evictions": self.evictions,
             "evicted_bytes": self.evicted_bytes,
             "remat_s": self.remat_s,
+            "allocated_peak_bytes": self.allocated_peak_bytes,
+            "reserved_peak_bytes": self.reserved_peak_bytes,
+            "fragmentation_bytes": self.fragmentation_bytes,
+            "pinned_peak_bytes": self.pinned_peak_bytes,
         }
 
 
@@ -124,8 +135,13 @@ class Comparison:
             "hardware": v.hardware,
             "lanes": list(v.lanes),
             "jobs": [j.name for j in v.jobs],
+            "allocator": v.allocator.value,
+            "context_reserve_bytes": v.context_reserve_bytes,
             "vanilla": {
-                "peak_bytes": v.peak_bytes,
+                "peak_bytes": v.device_peak_bytes,
+                "allocated_peak_bytes": v.allocated_peak_bytes,
+                "reserved_peak_bytes": v.reserved_peak_bytes,
+                "fragmentation_bytes": v.fragmentation_bytes,
                 "iteration_time_s": _mean_iteration(v),
                 "makespan_s": v.makespan_s,
             },
@@ -138,16 +154,25 @@ def fit_of(sim: SimResult) -> str:
     return Fit.OOM if sim.oom else Fit.NET if any(j.net_used for j in sim.jobs) else Fit.ALONE
 
 
-def vanilla_peak(traces: Sequence[Trace], device: DeviceModel) -> int:
-    """Bytes the jobs peak at with no plan and no budget (simulated)."""
+def vanilla_peak(
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    *,
+    allocator: str = "exact",
+    context_reserve: int | None = None,
+) -> int:
+    """Device bytes the jobs peak at with no plan and no budget (simulated
+    under `allocator`, contexts included: NOTE [ Context reserve ])."""
     run = simulate(
         planned_jobs(traces, [vanilla_plan(t) for t in traces]),
         device,
         iterations=2,
         budget=UNLIMITED_BYTES,
         check=False,
+        allocator=allocator,
+        context_reserve=context_reserve,
     )
-    return run.peak_bytes
+    return run.device_peak_bytes
 
 
 def _mean_iteration(result: SimResult) -> float:
@@ -184,18 +209,28 @@ def run_planner(
     iterations: int = 3,
     options: object = None,
     fallback: str = "none",
+    allocator: str = "exact",
+    context_reserve: int | None = None,
+    view: tuple[list[Trace], int | None] | None = None,
 ) -> Row:
     """Plan with `name`, check, simulate under the budget with the `fallback`
-    net, score against `vanilla` (NOTE [ The safety net ])."""
+    net, score against `vanilla` (NOTE [ The safety net ]). Planners see
+    `view`, by default `planner_view` of the jobs (NOTE [ The planners' view
+    of the caching allocator ]); the simulator runs the jobs themselves."""
+    memory = {"allocator": allocator, "context_reserve": context_reserve}
     if name in WITNESSES:
-        return run_witness(name, traces, device, vanilla, budget=budget, iterations=iterations)
+        return run_witness(
+            name, traces, device, vanilla, budget=budget, iterations=iterations, **memory
+        )
     t0 = time.perf_counter()
     sim_budget = budget if budget is not None else device.hw.memory_bytes
-    evaluator = sim_evaluator(traces, device, sim_budget)
+    evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
     try:
+        seen, plan_budget = view or planner_view(traces, device, budget, **memory)  # type: ignore[arg-type]
         result = registry.run(
-            name, traces, device, budget_bytes=budget, options=options, evaluator=evaluator
+            name, seen, device, budget_bytes=plan_budget, options=options, evaluator=evaluator
         )
+        result = rebound_result(result, traces)
     except MemplanError as e:
         return _failed(name, budget, f"planner error: {e}", time.perf_counter() - t0)
     plan_time = time.perf_counter() - t0
@@ -213,7 +248,7 @@ def run_planner(
     reasons = [] if result.feasible else [result.explain()]
     return _simulated(
         name, traces, device, vanilla, result.plans, budget, iterations, fallback, reasons,
-        plan_time_s=plan_time, events=events, result=result,
+        plan_time_s=plan_time, events=events, result=result, memory=memory,
     )  # fmt: skip
 
 
@@ -225,11 +260,16 @@ def run_witness(
     *,
     budget: int | None,
     iterations: int = 3,
+    allocator: str = "exact",
+    context_reserve: int | None = None,
 ) -> Row:
     """The jobs with no plan under the online `policy` alone (a witness row)."""
     plans = [vanilla_plan(t) for t in traces]
     reasons = [f"no plan: the {policy} policy alone"]
-    return _simulated(policy, traces, device, vanilla, plans, budget, iterations, policy, reasons)
+    memory = {"allocator": allocator, "context_reserve": context_reserve}
+    return _simulated(
+        policy, traces, device, vanilla, plans, budget, iterations, policy, reasons, memory=memory
+    )
 
 
 def _simulated(
@@ -246,6 +286,7 @@ def _simulated(
     plan_time_s: float = 0.0,
     events: dict[str, int] | None = None,
     result: PlanResult | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> Row:
     """Simulate `plans` under `fallback` and score them (NOTE [ The safety net ])."""
     sim_budget = budget if budget is not None else device.hw.memory_bytes
@@ -256,6 +297,7 @@ def _simulated(
         budget=sim_budget,
         oom=FALLBACKS[fallback],
         check=False,
+        **(memory or {}),
     )
     metrics = savings(vanilla, sim).total
     jobs = sim.jobs
@@ -271,7 +313,7 @@ def _simulated(
         feasible=fit == Fit.ALONE,
         reason="; ".join(reasons),
         budget_bytes=budget,
-        peak_bytes=sim.peak_bytes,
+        peak_bytes=sim.device_peak_bytes,
         msr=metrics.msr,
         eor=metrics.eor,
         cbr=metrics.cbr,
@@ -289,6 +331,10 @@ def _simulated(
         plan_time_s=plan_time_s,
         events=events or {},
         result=result,
+        allocated_peak_bytes=sim.allocated_peak_bytes,
+        reserved_peak_bytes=sim.reserved_peak_bytes,
+        fragmentation_bytes=sim.fragmentation_bytes,
+        pinned_peak_bytes=sim.pinned_peak_bytes,
     )
 
 
@@ -296,23 +342,8 @@ def _failed(
     name: str, budget: int | None, reason: str, plan_time: float, result: PlanResult | None = None
 ) -> Row:
     nan = math.nan
-    return Row(
-        name,
-        False,
-        reason,
-        budget,
-        None,
-        nan,
-        nan,
-        nan,
-        nan,
-        0.0,
-        0.0,
-        0,
-        0,
-        plan_time,
-        result=result,
-    )
+    row = (name, False, reason, budget, None, nan, nan, nan, nan, 0.0, 0.0, 0, 0, plan_time)
+    return Row(*row, result=result)
 
 
 # NOTE [ Budgets in a comparison ]
@@ -335,11 +366,14 @@ def compare_planners(
     options: dict[str, Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
     fallback: str = "none",
+    allocator: str = "exact",
+    context_reserve: int | None = None,
 ) -> Comparison:
     """Every planner in `planners` (and witness in `WITNESSES`) on the same
-    jobs, each simulated with the `fallback` net (a share of the vanilla
-    peak is resolved by the caller: `vanilla_peak`). See NOTE [ Budgets in a
-    comparison ] and NOTE [ The safety net ]."""
+    jobs, each simulated with the `fallback` net under `allocator` (a share
+    of the vanilla peak is resolved by the caller: `vanilla_peak`). See NOTE
+    [ Budgets in a comparison ], NOTE [ The safety net ] and NOTE [ The
+    planners' view of the caching allocator ]."""
     if not traces:
         raise MemplanError("compare: no traces given")
     options = options or {}
@@ -351,13 +385,16 @@ def compare_planners(
     for name in options:
         if name not in planners and not (name == "tensile" and set(NEEDS_BUDGET) & set(planners)):
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
+    memory: dict[str, Any] = {"allocator": allocator, "context_reserve": context_reserve}
     vanilla = simulate(
         planned_jobs(traces, [vanilla_plan(t) for t in traces]),
         device,
         iterations=iterations,
         budget=UNLIMITED_BYTES,
         check=False,
+        **memory,
     )
+    seen = planner_view(traces, device, budget, **memory)[0]  # rounded once for every planner
     rows: dict[str, Row] = {}
     order = sorted(planners, key=lambda n: n in NEEDS_BUDGET)  # tensile before capuchin
     for name in order:
@@ -376,10 +413,17 @@ def compare_planners(
                     iterations=iterations,
                     options=options.get("tensile"),
                     fallback=fallback,
+                    view=(seen, None),
+                    **memory,
                 )
             own_budget = tensile.peak_bytes
         if progress:
             progress(f"planning {name}")
+        try:
+            view = (seen, planner_view(traces, device, own_budget, **memory)[1])
+        except MemplanError as e:  # a budget all contexts: no row plans, each says so
+            rows[name] = _failed(name, own_budget, str(e), 0.0)
+            continue
         rows[name] = run_planner(
             name,
             traces,
@@ -389,10 +433,13 @@ def compare_planners(
             iterations=iterations,
             options=options.get(name),
             fallback=fallback,
+            view=view,
+            **memory,
         )
     ordered = [rows[n] for n in planners]
     known: dict[int, tuple[float, str] | None] = {}
-    ordered = [_with_gap(r, traces, device, known) for r in ordered]
+    reserve = context_bytes(device.hw, allocator_of(allocator), context_reserve) * len(traces)
+    ordered = [_with_gap(r, traces, device, known, reserve) for r in ordered]
     return Comparison(vanilla, tuple(ordered))
 
 
@@ -408,12 +455,16 @@ def _with_gap(
     traces: Sequence[Trace],
     device: DeviceModel,
     known: dict[int, tuple[float, str] | None],
+    reserve: int = 0,
 ) -> Row:
     """`row` with its gap to the lower bound (NOTE [ Gap to the bound ]);
-    `known` caches the bound per budget."""
+    `known` caches the bound per budget. The bound is at the budget less the
+    contexts (`reserve` in all): no allocator gives buffers less than their
+    bytes, so a run under it is a run of exact bytes in that budget."""
     if not row.finished:
         return row
     budget = row.budget_bytes if row.budget_bytes is not None else device.hw.memory_bytes
+    budget -= reserve
     if budget not in known:
         known[budget] = best_bound(traces, device, budget)
     bound = known[budget]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove
 from memplan.planners.core.plan import Plan, SwapOut
+from memplan.plannerview import rebound
 from memplan.sim import Job, SimResult, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.model import Trace
@@ -21,16 +22,26 @@ K = LogKind
 
 
 def sim_evaluator(
-    traces: Sequence[Trace], device: DeviceModel, budget: int, *, iterations: int = 2
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    budget: int,
+    *,
+    iterations: int = 2,
+    allocator: str = "exact",
+    context_reserve: int | None = None,
 ) -> Evaluator:
     """An `Evaluator` simulating `traces` (one job each) on `device` under
-    `budget` for `iterations` iterations, plans unchecked (the planner checks
-    what it returns)."""
+    `budget` and `allocator` for `iterations` iterations, plans unchecked
+    (the planner checks what it returns)."""
 
     def evaluate(plans: Sequence[Plan], policy: str = "fail") -> Evaluation:
+        plans = rebound(plans, traces)  # planned for the planners' view of them
         pairs = enumerate(zip(traces, plans, strict=True))
         jobs = [Job(t, p, name=f"job{i}") for i, (t, p) in pairs]
-        sim = simulate(jobs, device, iterations=iterations, budget=budget, oom=policy, check=False)
+        sim = simulate(
+            jobs, device, iterations=iterations, budget=budget, oom=policy, check=False,
+            allocator=allocator, context_reserve=context_reserve,
+        )  # fmt: skip
         return evaluation(sim, plans)
 
     return evaluate
@@ -45,7 +56,7 @@ def evaluation(sim: SimResult, plans: Sequence[Plan] = ()) -> Evaluation:
     return Evaluation(
         fits=finished and not net_used,
         iteration_s=sum(times) / len(times) if finished else math.inf,
-        peak_bytes=sim.peak_bytes,
+        peak_bytes=sim.device_peak_bytes,
         iterations=max(len(j.iteration_times_s) for j in sim.jobs),
         oom_at=oom_at,
         net_used=net_used,

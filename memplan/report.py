@@ -17,6 +17,7 @@ COLUMNS = (
     "planner",
     "fit",
     "peak",
+    "pinned",
     "MSR",
     "EOR",
     "CBR",
@@ -52,10 +53,12 @@ def _fit(row: Row) -> str:
 
 def cells(row: Row) -> tuple[str, ...]:
     moved = row.bytes_h2d + row.bytes_d2h
+    pinned = row.pinned_peak_bytes
     return (
         row.planner,
         _fit(row),
         _peak(row),
+        "-" if pinned is None else format_bytes(pinned),
         _num(row.msr, ".3f"),
         _num(row.eor, ".3f"),
         _num(row.cbr, ".3f"),
@@ -74,9 +77,23 @@ def header(c: Comparison) -> str:
     bound = sorted({r.bound for r in c.rows if r.bound})
     return (
         f"{v.hardware}, {len(v.lanes)} lane(s); jobs: {jobs}; vanilla peak "
-        f"{format_bytes(v.peak_bytes)}, iteration {_ms(_vanilla_iter(c))}; fallback "
+        f"{format_bytes(v.device_peak_bytes)}, iteration {_ms(_vanilla_iter(c))}; fallback "
         f"{', '.join(sorted(net))}"
         + (f"; gap against the {', '.join(bound)} bound" if bound else "")
+        + _memory(c)
+    )
+
+
+def _memory(c: Comparison) -> str:
+    """The allocator model and contexts, when not exact (NOTE [ The memory a
+    GPU really uses ] in sim/simulate.py); peaks are device peaks, `pinned`
+    the most host bytes a plan parks (NOTE [ Pinned host memory ])."""
+    v = c.vanilla
+    if v.allocator.value == "exact" and not v.context_reserve_bytes:
+        return ""
+    return (
+        f"; allocator {v.allocator.value}, {len(v.jobs)} CUDA context(s) of "
+        f"{format_bytes(v.context_reserve_bytes)} in every peak"
     )
 
 
@@ -85,9 +102,27 @@ def _vanilla_iter(c: Comparison) -> float:
     return sum(times) / len(times)
 
 
+def _modelled(c: Comparison) -> bool:
+    return c.vanilla.allocator.value != "exact"
+
+
+def _columns(c: Comparison) -> tuple[str, ...]:
+    """COLUMNS, and with an allocator model its allocated and reserved peaks
+    and fragmentation (NOTE [ Device peaks ] in sim/metrics.py)."""
+    return COLUMNS + (("allocated", "reserved", "frag") if _modelled(c) else ())
+
+
+def _cells(c: Comparison, row: Row) -> tuple[str, ...]:
+    if not _modelled(c):
+        return cells(row)
+    more = (row.allocated_peak_bytes, row.reserved_peak_bytes, row.fragmentation_bytes)
+    return cells(row) + tuple("-" if x is None else format_bytes(x) for x in more)
+
+
 def text_table(c: Comparison) -> str:
-    rows = [COLUMNS, *(cells(r) for r in c.rows)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    columns = _columns(c)
+    rows = [columns, *(_cells(c, r) for r in c.rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = [header(c), ""]
     for r in rows:
         lines.append(
@@ -108,10 +143,10 @@ def markdown(c: Comparison) -> str:
         "",
         header(c),
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "| " + " | ".join(_columns(c)) + " |",
+        "|" + "---|" * len(_columns(c)),
     ]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in c.rows]
+    lines += ["| " + " | ".join(_cells(c, r)) + " |" for r in c.rows]
     lines += [
         "",
         "MSR = (VMP - EMP) / VMP, EOR = ETC / VTC, CBR = MSR / EOR (TENSILE), "

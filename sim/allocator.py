@@ -65,7 +65,7 @@ def segment_size(size: int) -> int:
 def alone_size(nbytes: int) -> int:
     """Device bytes a request of `nbytes` takes with nothing cached to share:
     512-B rounding, and a segment of its own (2 MiB rounding) from 10 MiB
-    (the sizes planners see: memplan/comparison.py `planner_view`)."""
+    (NOTE [ The planners' view of the caching allocator ] in memplan/plannerview.py)."""
     size = round_size(nbytes)
     return size if size < MIN_LARGE_ALLOC else segment_size(size)
 

@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cpsat's time limit in seconds (default 60)",
     )
     machine.add_budget(p, "none; capuchin then gets the peak TENSILE reached")
+    machine.add_allocator(p)
     machine.add_fallback(p)
     machine.add_lanes(p)
     p.add_argument(
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         options=options,
         progress=progress,
         fallback=args.fallback,
+        **machine.memory_options(args),  # type: ignore[arg-type]
     )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)

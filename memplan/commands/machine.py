@@ -55,10 +55,47 @@ def add_lanes(p: argparse.ArgumentParser) -> None:
 def add_budget(p: argparse.ArgumentParser, default: str = "the GPU's memory") -> None:
     p.add_argument(
         "--budget",
-        help="device memory for all jobs: 8GiB, 512MB, whole bytes, or 60%% of the jobs' "
-        "vanilla peak; at most the GPU's memory (a share above it is cut to it, with a "
-        f"warning) (default: {default})",
+        help="device memory for all jobs, their CUDA contexts included (--allocator, "
+        "--context-reserve): 8GiB, 512MB, whole bytes, or 60%% of the jobs' vanilla peak "
+        "with the same allocator; at most the GPU's memory (a share above it is cut to it, "
+        f"with a warning) (default: {default})",
     )
+
+
+ALLOCATORS = ("exact", "caching", "smartpool")
+
+
+def add_allocator(p: argparse.ArgumentParser) -> None:
+    """`--allocator` and `--context-reserve` (NOTE [ The memory a GPU really
+    uses ] in sim/simulate.py)."""
+    p.add_argument(
+        "--allocator",
+        choices=ALLOCATORS,
+        default="exact",
+        help="device memory model: exact (default: tensor bytes only), caching (PyTorch's "
+        "CUDA caching allocator per job: 512 B rounding, 2 MiB / 20 MiB segments, "
+        "fragmentation; plus each job's CUDA context and op workspaces) or smartpool "
+        "(SmartPool's offline best-fit layout per job, with contexts and workspaces)",
+    )
+    p.add_argument(
+        "--context-reserve",
+        metavar="BYTES",
+        help="device memory each job's CUDA context and library handles take, inside the "
+        "budget: 400MiB, 0, ... (default: the profile's estimate, see `memplan hw show`, "
+        "with caching or smartpool; none with exact)",
+    )
+
+
+def memory_options(args: argparse.Namespace) -> dict[str, object]:
+    """`--allocator` and `--context-reserve` as `simulate`'s keywords (the
+    defaults for a command without them)."""
+    text = getattr(args, "context_reserve", None)
+    reserve = None
+    if text is not None:
+        zero = text.strip().lower().rstrip("bikmgt").strip()
+        whole_zero = "0" in zero and set(zero) <= {"0", "."}
+        reserve = 0 if whole_zero else parse_size(text, "--context-reserve")
+    return {"allocator": getattr(args, "allocator", "exact"), "context_reserve": reserve}
 
 
 def add_fallback(p: argparse.ArgumentParser) -> None:
@@ -250,4 +287,5 @@ def resolve_budget(args: argparse.Namespace, traces: list, device: DeviceModel) 
         return check_budget(budget(args), device.hw, args)
     from memplan.comparison import vanilla_peak
 
-    return check_budget(int(vanilla_peak(traces, device) * share), device.hw, args)
+    peak = vanilla_peak(traces, device, **memory_options(args))  # type: ignore[arg-type]
+    return check_budget(int(peak * share), device.hw, args)

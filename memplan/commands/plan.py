@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planner", required=True, help="tensile, capuchin, vdnn, checkpoint, ...")
     machine.add_gpu(p)
     machine.add_budget(p, "none")
+    machine.add_allocator(p)
     machine.add_fallback(p)
     machine.add_latency(p)
     machine.add_lanes(p)
@@ -58,15 +59,20 @@ def run(args: argparse.Namespace) -> int:
     machine.check_measured(args, traces, device.hw)
     budget = machine.resolve_budget(args, traces, device)
     from memplan.evaluator import sim_evaluator
+    from memplan.plannerview import planner_view, rebound_result
 
+    memory = machine.memory_options(args)
     sim_budget = budget if budget is not None else device.hw.memory_bytes
-    evaluator = sim_evaluator(traces, device, sim_budget)
+    evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
+    seen, plan_budget = planner_view(traces, device, budget, **memory)  # type: ignore[arg-type]
     result = registry.run(
-        args.planner, traces, device, budget_bytes=budget, options=args.option, evaluator=evaluator
-    )
+        args.planner, seen, device, budget_bytes=plan_budget, options=args.option,
+        evaluator=evaluator,
+    )  # fmt: skip
+    result = rebound_result(result, traces)
     for p, t in zip(result.plans, traces, strict=False):
         check(p, t)
-    fit = _simulated_fit(result.plans, traces, device, budget, args.fallback)
+    fit = _simulated_fit(result.plans, traces, device, budget, args.fallback, memory)
     if args.out and result.plans:
         with outputs.writing(args.out):
             plan_io.save(result, args.out)
@@ -99,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _simulated_fit(
-    plans: list, traces: list, device: object, budget: int | None, fallback: str
+    plans: list,
+    traces: list,
+    device: object,
+    budget: int | None,
+    fallback: str,
+    memory: dict | None = None,
 ) -> dict | None:
     """The plan simulated for 2 iterations under the budget with the net:
     fit (alone / net / oom), iteration time, evictions (NOTE [ The safety net ])."""
@@ -115,6 +126,7 @@ def _simulated_fit(
         budget=budget if budget is not None else device.hw.memory_bytes,
         oom=FALLBACKS[fallback],
         check=False,
+        **(memory or {}),
     )
     jobs = sim.jobs
     fit = fit_of(sim)
@@ -132,7 +144,12 @@ def _simulated_fit(
         "fallback": fallback,
         "iteration_time_s": None if fit == Fit.OOM else iteration,
         "evictions": evictions,
-        "peak_bytes": sim.peak_bytes,
+        "peak_bytes": sim.device_peak_bytes,
+        "allocator": sim.allocator.value,
+        "allocated_peak_bytes": sim.allocated_peak_bytes,
+        "reserved_peak_bytes": sim.reserved_peak_bytes,
+        "fragmentation_bytes": sim.fragmentation_bytes,
+        "pinned_peak_bytes": sim.pinned_peak_bytes,
         "verdict": verdict,
     }
 

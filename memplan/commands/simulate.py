@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     machine.add_lanes(p)
     machine.add_budget(p)
+    machine.add_allocator(p)
     p.add_argument(
         "--fallback",
         "--oom",
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         budget=budget,
         oom="fail" if args.fallback == "none" else args.fallback,
+        **machine.memory_options(args),  # type: ignore[arg-type]
     )
     summary = result.to_dict()
     summary["latency"] = args.latency
@@ -202,7 +204,7 @@ def print_table(result: SimResult, latency: str) -> None:
             str(j.index),
             printable(j.name),
             _ms(j.iteration_time_s),
-            format_bytes(j.peak_bytes),
+            format_bytes(j.device_peak_bytes),
             _ms(j.stall_s),
             _ms(j.recompute_s),
             format_bytes(j.bytes_h2d),
@@ -222,7 +224,27 @@ def print_table(result: SimResult, latency: str) -> None:
         )
     short = sum(1 for j in result.jobs if j.oom_at is not None)
     end = f"{short} of {len(result.jobs)} job(s) ran out of memory" if short else "makespan"
+    if result.allocator.value != "exact" or result.context_reserve_bytes:
+        print(f"\n{memory_text(result)}")
     print(
-        f"\npeak {format_bytes(result.peak_bytes)} of {format_bytes(result.budget_bytes)}; "
+        f"\npeak {format_bytes(result.device_peak_bytes)} of {format_bytes(result.budget_bytes)}; "
+        f"pinned host {format_bytes(result.pinned_peak_bytes)}; "
         + (end if short else f"{end} {_ms(result.makespan_s)}")
+    )
+
+
+def memory_text(result: SimResult) -> str:
+    """The allocator's peaks in one line (NOTE [ Device peaks ] in sim/metrics.py)."""
+    f, kind = format_bytes, result.allocator.value
+    held = {
+        "exact": f"tensors {f(result.allocated_peak_bytes)}",
+        "caching": f"allocated {f(result.allocated_peak_bytes)}, reserved "
+        f"{f(result.reserved_peak_bytes)}, fragmentation {f(result.fragmentation_bytes)} at the "
+        "reserved peak",
+        "smartpool": f"live {f(result.allocated_peak_bytes)}, footprint "
+        f"{f(result.reserved_peak_bytes)} ({f(result.fragmentation_bytes)} over the live bound)",
+    }[kind]
+    return (
+        f"allocator {kind}: {held}; {len(result.jobs)} CUDA context(s) of "
+        f"{f(result.context_reserve_bytes)}; device peak {f(result.device_peak_bytes)}"
     )

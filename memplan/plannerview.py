@@ -1,0 +1,85 @@
+"""The memory planners plan for: the budget less the CUDA contexts and
+workspaces, and buffers at the sizes the allocator gives them (NOTE [ The
+planners' view of the caching allocator ]). The app shell computes it once
+for every planner; the simulator, which runs the jobs themselves, judges."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from memplan.hwmodels.device import DeviceModel, op_workspace_bytes
+from memplan.planners.core.plan import Plan, PlanResult, fingerprint_of
+from memplan.sim.allocator import alone_size
+from memplan.sim.simulate import allocator_of, context_bytes
+from memplan.sim.state import Allocator
+from memplan.traces.errors import MemplanError
+from memplan.traces.model import Trace
+
+
+# NOTE [ The planners' view of the caching allocator ]
+# Planners count bytes exactly, so the app shell hands them the memory they
+# may plan for (`planner_view`), never each planner on its own: the budget
+# less every job's CUDA context (NOTE [ Context reserve ] in
+# sim/simulate.py) and, with an allocator model, less each job's largest op
+# workspace (one op of a job runs at a time; NOTE [ Workspaces ]); and with
+# `caching`, every buffer at the size the allocator gives it alone
+# (`sim.allocator.alone_size`): rounded up to 512 B, and from 10 MiB, where
+# it gets a segment of its own, to 2 MiB. Requests between 1 and 10 MiB
+# share 20 MiB segments, so their 512-B size is what they take. What
+# rounding cannot show -- the unsplit tails of blocks, segments cached by
+# one pool and wanted by the other or by another job -- only the simulator
+# sees, and it judges: a plan the caching allocator runs out of memory on is
+# a row out of memory (or rescued by the net), never one that fits.
+# SmartPool lays its pool out after the plan, so its planners see exact
+# sizes. With no budget, planners get none, as with exact.
+def planner_view(
+    traces: Sequence[Trace],
+    device: DeviceModel,
+    budget: int | None,
+    *,
+    allocator: str = "exact",
+    context_reserve: int | None = None,
+) -> tuple[list[Trace], int | None]:
+    """(traces, budget) as planners should see them under `allocator` (NOTE
+    [ The planners' view of the caching allocator ])."""
+    alloc = allocator_of(allocator)
+    reserve = context_bytes(device.hw, alloc, context_reserve)
+    views = list(traces)
+    if alloc is Allocator.CACHING:
+        views = [_rounded(t) for t in traces]
+    if budget is None or (alloc is Allocator.EXACT and not reserve):
+        return views, budget
+    scratch = 0
+    if alloc is not Allocator.EXACT:
+        scratch = sum(int(op_workspace_bytes(t, device.hw).max(initial=0)) for t in traces)
+    share = budget - reserve * len(traces) - scratch
+    if share <= 0:
+        raise MemplanError(
+            f"budget {budget} bytes leaves nothing to plan for after {len(traces)} CUDA "
+            f"context(s) of {reserve} bytes and {scratch} bytes of workspace"
+        )
+    return views, share
+
+
+def _rounded(trace: Trace) -> Trace:
+    """`trace` with every buffer at the size the caching allocator gives it alone."""
+    buffers = tuple(dataclasses.replace(b, nbytes=alone_size(b.nbytes)) if b.nbytes else b
+                    for b in trace.buffers)  # fmt: skip
+    return Trace(trace.meta, buffers, trace.views, trace.ops, trace.saved)
+
+
+def rebound(plans: Sequence[Plan], traces: Sequence[Trace]) -> tuple[Plan, ...]:
+    """`plans` made for the planners' view of `traces`, bound to the traces
+    themselves (same buffers and ops: only the fingerprint differs)."""
+    out = []
+    for p, t in zip(plans, traces, strict=False):
+        fp = fingerprint_of(t)
+        out.append(p if p.trace_fingerprint == fp else dataclasses.replace(p, trace_fingerprint=fp))
+    return tuple(out)
+
+
+def rebound_result(result: PlanResult, traces: Sequence[Trace]) -> PlanResult:
+    """`result` with its plans `rebound` to `traces`."""
+    plans = rebound(result.plans, traces)
+    return result if plans == result.plans else dataclasses.replace(result, plans=plans)
