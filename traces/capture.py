@@ -44,7 +44,8 @@ class CaptureOptions:
     """How to capture. `device`: meta (no memory used), cpu, or cuda.
 
     `optimizer` names any `torch.optim` class (any case) and
-    `optimizer_kwargs` its keywords, over memplan's defaults (`lr`,
+    `optimizer_kwargs` its keywords, built over memplan's defaults into
+    `resolved_kwargs` (`lr`,
     `foreach=False`, SGD's momentum 0.9: NOTE [ Optimizer defaults ] in
     traces/optim.py). `amp` runs forward and loss under `torch.autocast`
     (fp16 with a `GradScaler`; needs cpu or cuda: NOTE [ Autocast and the
@@ -62,6 +63,9 @@ class CaptureOptions:
     optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     amp: Amp | str = Amp.NONE
     accumulate: int = 1
+    # what the optimizer is built with: `optimizer_kwargs` over the defaults
+    # (kept apart, so `dataclasses.replace` re-derives it from what was given)
+    resolved_kwargs: Mapping[str, Any] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.device not in ("meta", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -92,8 +96,10 @@ class CaptureOptions:
             )
         if not isinstance(self.lr, int | float) or not math.isfinite(self.lr) or self.lr < 0:
             raise TraceError(f"lr={self.lr!r} must be a finite number >= 0")
-        resolved = optim.resolve_kwargs(self.optimizer, self.optimizer_kwargs, self.lr, self.device)
-        object.__setattr__(self, "optimizer_kwargs", MappingProxyType(resolved))
+        given = MappingProxyType(dict(self.optimizer_kwargs))
+        resolved = optim.resolve_kwargs(self.optimizer, given, self.lr, self.device)
+        object.__setattr__(self, "optimizer_kwargs", given)
+        object.__setattr__(self, "resolved_kwargs", MappingProxyType(resolved))
 
     @property
     def optimizer_name(self) -> str:
@@ -142,7 +148,7 @@ def _make_optimizer(
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise TraceError(f"workload {name}: the model has no trainable parameters to train")
-    return optim.build(opts.optimizer, opts.optimizer_kwargs, params, name)
+    return optim.build(opts.optimizer, opts.resolved_kwargs, params, name)
 
 
 def capture(
@@ -409,7 +415,7 @@ def _build_trace(rec: Recorder, opts: CaptureOptions, model_name: str, batch: in
         torch_version=torch.__version__.split("+")[0],
         extra={"seed": opts.seed, "warmup_iterations": opts.warmup_iterations},
         optimizer_kwargs={
-            k: list(v) if isinstance(v, tuple) else v for k, v in opts.optimizer_kwargs.items()
+            k: list(v) if isinstance(v, tuple) else v for k, v in opts.resolved_kwargs.items()
         },
         amp=opts.amp,
         accumulate=opts.accumulate,

@@ -4,6 +4,7 @@ trace's new meta fields in files old and new; the CLI; recurrent layers."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -107,13 +108,18 @@ def test_bad_options_are_one_line_trace_errors(options, names):
 def test_optimizer_names_and_defaults():
     opts = CaptureOptions(device="cpu", optimizer="RMSprop", optimizer_kwargs={"alpha": 0.9})
     assert opts.optimizer_name == "rmsprop"
-    assert dict(opts.optimizer_kwargs) == {"lr": 1e-3, "foreach": False, "alpha": 0.9}
-    assert CaptureOptions(optimizer="sgd").optimizer_kwargs["momentum"] == 0.9
+    assert dict(opts.resolved_kwargs) == {"lr": 1e-3, "foreach": False, "alpha": 0.9}
+    assert dict(opts.optimizer_kwargs) == {"alpha": 0.9}
+    assert CaptureOptions(optimizer="sgd").resolved_kwargs["momentum"] == 0.9
     fused = CaptureOptions(device="cpu", optimizer="adam", optimizer_kwargs={"fused": True})
-    assert "foreach" not in fused.optimizer_kwargs  # fused is not combined with foreach
+    assert "foreach" not in fused.resolved_kwargs  # fused is not combined with foreach
     assert CaptureOptions(amp="bf16", device="cpu").amp is Amp.BF16
     assert hash(CaptureOptions()) == hash(CaptureOptions())  # still usable as a key
-    assert CaptureOptions(optimizer_kwargs={"lr": 0.5}).optimizer_kwargs["lr"] == 0.5
+    assert CaptureOptions(optimizer_kwargs={"lr": 0.5}).resolved_kwargs["lr"] == 0.5
+    # replace() derives the keywords again from what was given
+    sgd = CaptureOptions(optimizer="sgd", lr=0.1)
+    adam = dataclasses.replace(sgd, optimizer="adam", lr=0.2)
+    assert dict(adam.resolved_kwargs) == {"lr": 0.2, "foreach": False}
 
 
 def test_foreach_on_meta_and_fused_on_cpu_record_multi_tensor_updates():
