@@ -45,6 +45,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "latency",
     "plan",
     "compare",
+    "capacity",
     "bounds",
     "validate",
     "export",

@@ -10,13 +10,21 @@ wherever scaling does not hold (NOTE [ Batch scaling ]).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memplan.traces import io
 from memplan.traces.errors import TraceError
-from memplan.traces.model import Trace, View
+from memplan.traces.model import (
+    DTYPE_BYTES,
+    MAX_OP_FLOPS,
+    MAX_TRACE_BYTES,
+    Trace,
+    View,
+)
+from memplan.traces.schema import _span_bytes
 
 if TYPE_CHECKING:
     from memplan.traces.capture import CaptureOptions
@@ -40,8 +48,11 @@ if TYPE_CHECKING:
 # shapes, strides, offsets and args integers must come out whole -- where
 # one does not, or bytes, flops or a shape come out negative, the fit does
 # not hold at that batch. Measured durations are dropped (`duration_us`
-# None): a measurement belongs to the batch it timed. The scaled trace goes
-# through the loader's validation (`schema.from_dict`), as a file would.
+# None): a measurement belongs to the batch it timed. The scaled trace is
+# valid as a file the loader takes: `fit` runs the base capture, whose
+# structure it copies, through the loader (`schema.from_dict`), and each
+# scaled trace gets the loader's checks of what scaled (bytes and flops
+# within NOTE [ Trace sanity ranges ], every view within its buffer).
 #
 # Where it holds (`BatchTraces`): batch 1 is always captured (a dimension of
 # size 1 is broadcastable and contiguous either way, and PyTorch takes other
@@ -192,14 +203,6 @@ def _set_path(args: Any, path: tuple[Any, ...], value: int) -> None:
     args[path[-1]] = value
 
 
-def _copy_json(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _copy_json(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_copy_json(v) for v in x]
-    return x
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class BatchFit:
     """Two captures that agree in structure, and what differs between them:
@@ -241,7 +244,7 @@ class BatchFit:
                 q1, q2, f"ops[{i}].workspace_bytes"
             )
         for i, path, q1, q2 in d.args:
-            args = changes.setdefault(i, {}).setdefault("args", _copy_json(t1.ops[i].args))
+            args = changes.setdefault(i, {}).setdefault("args", copy.deepcopy(t1.ops[i].args))
             _set_path(args, path, line.whole(q1, q2, f"ops[{i}].args"))
         for i, change in changes.items():
             ops[i] = dataclasses.replace(ops[i], **change)
@@ -249,9 +252,35 @@ class BatchFit:
         meta = dataclasses.replace(t1.meta, batch_size=batch, extra=extra)
         trace = Trace(meta, tuple(buffers), tuple(views), tuple(ops), t1.saved)
         try:
-            return io.from_dict(io.to_dict(trace))
+            _check_scaled(trace, d)
         except TraceError as e:
             raise ScalingError(f"the trace scaled to batch {batch} is not valid: {e}") from None
+        return trace
+
+
+def _check_scaled(t: Trace, d: _Diffs) -> None:
+    """The loader's checks of what scaled (NOTE [ Trace sanity ranges ], view
+    spans); the rest is the base capture's, which `fit` ran through the
+    loader whole (NOTE [ Batch scaling ])."""
+    total = 0
+    for b in t.buffers:
+        total += b.nbytes
+        if b.nbytes > MAX_TRACE_BYTES or total > MAX_TRACE_BYTES:
+            raise TraceError(f"buffers[{b.id}].nbytes: more than {MAX_TRACE_BYTES} bytes (2**62)")
+    for i in d.views:
+        v = t.views[i]
+        span = _span_bytes(v.shape, v.stride, v.offset, DTYPE_BYTES[v.dtype])
+        if span > t.buffers[v.buffer].nbytes:
+            raise TraceError(
+                f"views[{i}]: spans {span} bytes but buffer {v.buffer} has "
+                f"{t.buffers[v.buffer].nbytes} bytes"
+            )
+    for i, _, _ in d.flops:
+        if t.ops[i].flops > MAX_OP_FLOPS:
+            raise TraceError(f"ops[{i}].flops: {t.ops[i].flops} is more than {MAX_OP_FLOPS}")
+    for i, _, _ in d.workspace:
+        if t.ops[i].workspace_bytes > MAX_TRACE_BYTES:
+            raise TraceError(f"ops[{i}].workspace_bytes: more than {MAX_TRACE_BYTES} bytes")
 
 
 def _view_at(v1: View, v2: View, line: _Line) -> View:
@@ -280,6 +309,10 @@ def fit(t1: Trace, t2: Trace) -> BatchFit:
         diffs = _agree(t1, t2)
     except ScalingError as e:
         raise ScalingError(f"the captures at batch {b1} and {b2} disagree: {e}") from None
+    try:
+        io.from_dict(io.to_dict(t1))  # the structure every scaled trace copies
+    except TraceError as e:
+        raise ScalingError(f"the capture at batch {b1} is not a valid trace: {e}") from None
     return BatchFit(t1, t2, diffs)
 
 

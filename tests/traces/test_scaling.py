@@ -4,6 +4,7 @@ traces, and disagreements and failed checks fall back to capturing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 
@@ -35,6 +36,7 @@ def test_scaled_traces_equal_captures_at_other_batches(model):
         assert _whole(scaled.trace) == _whole(real)  # every byte, shape, stride, flop
         assert scaled.trace.peak() == real.peak()
         assert scaled.trace.meta.extra["scaled_from"] == [3, 7]
+        io.from_dict(io.to_dict(scaled.trace))  # the loader takes it
     assert traces.captures == 2 and traces.notes == []
 
 
@@ -127,6 +129,25 @@ def test_a_fit_that_does_not_hold_at_a_batch_says_where():
     f = fit(_hand(2, 100, 0), _hand(4, 10, 0))
     with pytest.raises(ScalingError, match=r"buffers\[1\]\.nbytes would be -"):
         f.at(7)
+
+
+def test_a_scaled_trace_the_loader_would_refuse_is_refused():
+    # the view grows with the batch and its buffer does not: at batch 6 the
+    # view [6, 2] float32 spans 48 bytes of a 40-byte buffer
+    def fixed(batch):
+        t = _hand(batch, 0, 0)
+        return dataclasses.replace(
+            t, buffers=(t.buffers[0], dataclasses.replace(t.buffers[1], nbytes=40))
+        )
+
+    f = fit(fixed(2), fixed(4))
+    f.at(5)
+    with pytest.raises(ScalingError, match=r"views\[1\]: spans 48 bytes but buffer 1 has 40"):
+        f.at(6)
+    # bytes past 2**62 (NOTE [ Trace sanity ranges ])
+    f = fit(_hand(2, 0, 0), _hand(4, 2**61, 0))
+    with pytest.raises(ScalingError, match=r"buffers\[1\]\.nbytes: more than"):
+        f.at(8)
 
 
 def test_a_failed_check_turns_scaling_off_and_later_batches_are_captured():

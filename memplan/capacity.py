@@ -1,0 +1,445 @@
+"""Capacity: the largest batch, or the most jobs, that fits a GPU with each
+planner, and at what slowdown (NOTE [ Capacity search ]).
+
+The fit test is `memplan compare`'s: plan, check and simulate at the budget
+(`comparison.run_planner`), scored against the vanilla run of the same
+jobs. What is searched over -- a batch size, or a number of copies of one
+job -- is a function `jobs_at(x) -> traces` the caller gives.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memplan.comparison import UNLIMITED_BYTES, WITNESSES, Fit, planned_jobs, run_planner
+from memplan.hwmodels.device import DeviceModel
+from memplan.planners.analysis.bounds import peak_lower_bound, start_bytes
+from memplan.planners.heuristics.vanilla import vanilla_plan
+from memplan.sim import SimResult, simulate
+from memplan.traces.errors import MemplanError
+from memplan.traces.model import Trace
+from memplan.traces.scaling import BatchTraces, Check
+from memplan.units import format_bytes
+
+# NOTE [ Capacity search ]
+# The question is the largest x that fits: x is the batch size of every job
+# (the batch search) or the number of copies of one job at its batch (the
+# jobs search, `--jobs auto`). A probe is one planner's fit test at one x:
+# the planner plans, its plan is checked and simulated at the budget with
+# the `fallback` net, as in `memplan compare` (`run_planner`; 2 iterations
+# by default: the first, and one steady one). The probe fits when the run
+# fits alone -- or, with a fallback, finishes with the net; the witnesses
+# passive and dtr, the net alone, fit when their run finishes -- and its
+# EOR, against the vanilla run of the same jobs without a budget, is at
+# most `max_eor`. vanilla, the reference, is always tested without the net:
+# its answer is what fits with nothing planned and nothing evicted.
+# The ceiling comes first: the largest x whose peak lower bound fits the
+# budget (`jobs_bound`: the largest working set of one op of one job, or
+# the persistent bytes and inputs of all the jobs, which arrive together
+# and hold those at their start; NOTE [ Lower bounds ] in
+# planners/analysis/bounds.py). No plan fits above it, so every planner is
+# searched in [lo, ceiling]; when even lo is above it, nothing fits and the
+# search is an error.
+# Each search takes the fit as monotone in x (true up to some x, false
+# after). From a start it steps up while the probes fit, the step doubling
+# from a quarter of the start, or halves down while they do not; then it
+# bisects between the last x that fit and the first that did not: about
+# 2 log2(x) probes, exact under monotonicity. vanilla goes first, from an
+# estimate (the jobs' vanilla trace peaks at two x, extrapolated on a line
+# to the budget); every other planner starts at the largest answer so far.
+# A planner whose fit is not monotone gets an x where it fits next to one
+# where it does not, and its probes are in the result. The probes at one x
+# share its traces, its bound and its vanilla run.
+DEFAULT_ITERATIONS = 2
+BOUND = "peak lower bound"  # what `progress` is told while the ceiling is searched
+
+
+def largest(fits: Callable[[int], bool], lo: int, hi: int, start: int) -> int | None:
+    """The largest x in [lo, hi] with `fits(x)`, for `fits` true up to some
+    x and false after; None when `fits(lo)` is false (NOTE [ Capacity
+    search ]). `fits` is called once per x at most."""
+    if not 1 <= lo <= hi:
+        raise ValueError(f"lo={lo}, hi={hi}: need 1 <= lo <= hi")
+    seen: dict[int, bool] = {}
+
+    def ok(x: int) -> bool:
+        if x not in seen:
+            seen[x] = fits(x)
+        return seen[x]
+
+    x = min(max(start, lo), hi)
+    if ok(x):
+        good, step = x, max(1, x // 4)
+        while True:
+            if good == hi:
+                return good
+            nxt = min(hi, good + step)
+            if not ok(nxt):
+                bad = nxt
+                break
+            good, step = nxt, step * 2
+    else:
+        bad = x
+        while True:
+            if bad == lo:
+                return None
+            nxt = max(lo, bad // 2)
+            if ok(nxt):
+                good = nxt
+                break
+            bad = nxt
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def jobs_bound(traces: Sequence[Trace]) -> int:
+    """Bytes no plan can run `traces` together below (NOTE [ Capacity search ])."""
+    ops = max(peak_lower_bound(t).nbytes for t in traces)
+    return max(ops, sum(start_bytes(t) for t in traces))
+
+
+def vanilla_trace_peak(traces: Sequence[Trace]) -> int:
+    """The jobs' vanilla peaks added up (an estimate: they do not peak at once)."""
+    return sum(t.peak()[0] for t in traces)
+
+
+def estimate(x1: int, p1: int, x2: int, p2: int, budget: int) -> int:
+    """The x where the line through (x1, p1) and (x2, p2) reaches `budget`
+    (x1 when it does not rise)."""
+    if p2 <= p1 or x2 == x1:
+        return x1
+    return max(1, int(x1 + (budget - p1) * (x2 - x1) / (p2 - p1)))
+
+
+# ---- results ---------------------------------------------------------------------------
+def _num(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One fit test. `fit` is a `comparison.Fit` value or "bound" (the peak
+    lower bound is above the budget: not planned); times in seconds."""
+
+    x: int
+    fits: bool
+    fit: str
+    peak_bytes: int | None
+    iteration_time_s: float
+    eor: float
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "x": self.x,
+            "fits": self.fits,
+            "fit": self.fit,
+            "peak_bytes": self.peak_bytes,
+            "iteration_time_s": _num(self.iteration_time_s),
+            "eor": _num(self.eor),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One planner: the largest x that fits (None: none in the range) and the
+    probe there, with every probe it took."""
+
+    planner: str
+    largest: int | None
+    at: Probe | None
+    probes: tuple[Probe, ...]
+    search_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        at = self.at
+        return {
+            "planner": self.planner,
+            "largest": self.largest,
+            "peak_bytes": at.peak_bytes if at else None,
+            "eor": _num(at.eor) if at else None,
+            "iteration_time_s": _num(at.iteration_time_s) if at else None,
+            "fit": at.fit if at else None,
+            "search_s": self.search_s,
+            "probes": [p.to_dict() for p in sorted(self.probes, key=lambda p: p.x)],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How to test a fit: `budget_bytes` for all jobs together, the safety
+    net (`comparison.FALLBACKS` names), the EOR cap (None: any), simulated
+    iterations and planner options (`PLANNER -> ["key=value", ...]`)."""
+
+    planners: tuple[str, ...]
+    budget_bytes: int
+    fallback: str = "none"
+    max_eor: float | None = None
+    iterations: int = DEFAULT_ITERATIONS
+    options: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Capacity:
+    """The answers of every planner on one axis ("batch" or "jobs")."""
+
+    axis: str
+    jobs: str  # what runs: "resnet50 x2, bert_base" at a batch, or one job
+    batch: int | None  # the batch of every job in a jobs search
+    hardware: str
+    memory_bytes: int
+    settings: Settings
+    lo: int
+    hi: int
+    answers: tuple[Answer, ...]
+    ceiling: int  # the largest x whose peak lower bound fits the budget
+    notes: tuple[str, ...] = ()
+    checks: tuple[tuple[str, Check], ...] = ()  # (model, check of its batch scaling)
+    captures: int = 0  # traces captured (the rest were scaled)
+
+    def answer(self, planner: str) -> Answer:
+        return next(a for a in self.answers if a.planner == planner)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "axis": self.axis,
+            "jobs": self.jobs,
+            "batch": self.batch,
+            "hardware": self.hardware,
+            "memory_bytes": self.memory_bytes,
+            "budget_bytes": s.budget_bytes,
+            "fallback": s.fallback,
+            "max_eor": s.max_eor,
+            "iterations": s.iterations,
+            "range": [self.lo, self.hi],
+            "ceiling": self.ceiling,
+            "answers": [a.to_dict() for a in self.answers],
+            "notes": list(self.notes),
+            "captures": self.captures,
+            "scaling_checks": [
+                {"model": m, **c._asdict(), "max_rel_error": _num(c.max_rel_error)}
+                for m, c in self.checks
+            ],
+        }
+
+
+# ---- the search ------------------------------------------------------------------------
+class Search:
+    """Probes of every planner over one axis; traces, bounds and vanilla runs
+    are kept per x (NOTE [ Capacity search ])."""
+
+    def __init__(
+        self,
+        jobs_at: Callable[[int], list[Trace]],
+        device: DeviceModel,
+        settings: Settings,
+        progress: Callable[[str, int], None] | None = None,
+        *,
+        axis: str = "batch",
+    ) -> None:
+        self.jobs_at = jobs_at
+        self.axis = axis
+        self.device = device
+        self.settings = settings
+        self.progress = progress
+        self._traces: dict[int, list[Trace]] = {}
+        self._bound: dict[int, int] = {}
+        self._vanilla: dict[int, SimResult] = {}
+
+    def traces(self, x: int) -> list[Trace]:
+        if x not in self._traces:
+            self._traces[x] = self.jobs_at(x)
+        return self._traces[x]
+
+    def bound(self, x: int) -> int:
+        if x not in self._bound:
+            self._bound[x] = jobs_bound(self.traces(x))
+        return self._bound[x]
+
+    def vanilla(self, x: int) -> SimResult:
+        if x not in self._vanilla:
+            traces = self.traces(x)
+            self._vanilla[x] = simulate(
+                planned_jobs(traces, [vanilla_plan(t) for t in traces]),
+                self.device,
+                iterations=self.settings.iterations,
+                budget=UNLIMITED_BYTES,
+                check=False,
+            )
+        return self._vanilla[x]
+
+    def probe(self, planner: str, x: int) -> Probe:
+        """`planner`'s fit test at `x` (NOTE [ Capacity search ])."""
+        if self.progress is not None:
+            self.progress(planner, x)
+        s = self.settings
+        need = self.bound(x)
+        if need > s.budget_bytes:
+            why = f"needs at least {need} bytes (peak lower bound), budget {s.budget_bytes}"
+            return Probe(x, False, "bound", None, math.nan, math.nan, why)
+        fallback = "none" if planner == "vanilla" else s.fallback
+        row = run_planner(
+            planner,
+            self.traces(x),
+            self.device,
+            self.vanilla(x),
+            budget=s.budget_bytes,
+            iterations=s.iterations,
+            options=s.options.get(planner),
+            fallback=fallback,
+        )
+        net_ok = fallback != "none" or planner in WITNESSES
+        fits = row.fit == Fit.ALONE or (row.fit == Fit.NET and net_ok)
+        reason = row.reason
+        if fits and s.max_eor is not None and not row.eor <= s.max_eor:
+            fits, reason = False, f"EOR {row.eor:.3f} > {s.max_eor}"
+        return Probe(x, fits, row.fit, row.peak_bytes, row.iteration_time_s, row.eor, reason)
+
+    def answer(self, planner: str, lo: int, hi: int, start: int) -> Answer:
+        t0 = time.perf_counter()
+        probes: dict[int, Probe] = {}
+
+        def fits(x: int) -> bool:
+            probes[x] = self.probe(planner, x)
+            return probes[x].fits
+
+        best = largest(fits, lo, hi, start)
+        at = probes[best] if best is not None else None
+        return Answer(planner, best, at, tuple(probes.values()), time.perf_counter() - t0)
+
+    def start(self, anchors: tuple[int, int]) -> int:
+        """Where vanilla's search starts: the jobs' vanilla trace peaks at
+        the two `anchors`, extrapolated to the budget."""
+        (x1, x2), budget = anchors, self.settings.budget_bytes
+        p1, p2 = (vanilla_trace_peak(self.traces(x)) for x in anchors)
+        return estimate(x1, p1, x2, p2, budget)
+
+    def ceiling(self, lo: int, hi: int, start: int) -> int:
+        """The largest x in [lo, hi] whose peak lower bound fits the budget:
+        no plan fits above it. MemplanError when not even `lo` can fit."""
+        budget = self.settings.budget_bytes
+
+        def under(x: int) -> bool:
+            if self.progress is not None:
+                self.progress(BOUND, x)
+            return self.bound(x) <= budget
+
+        top = largest(under, lo, hi, start)
+        if top is None:
+            at = f"batch {lo}" if self.axis == "batch" else f"{lo} job(s)"
+            raise MemplanError(
+                f"nothing fits: at {at} the jobs need at least {format_bytes(self.bound(lo))} "
+                f"({self.bound(lo)} B, their peak lower bound), more than the budget of "
+                f"{format_bytes(budget)} ({budget} B)"
+            )
+        return top
+
+    def run(self, lo: int, hi: int, start: int) -> tuple[int, list[Answer]]:
+        """(the ceiling, every planner's answer in [lo, ceiling]): each
+        search starts at the largest answer so far (vanilla, first, at
+        `start`; NOTE [ Capacity search ])."""
+        top = self.ceiling(lo, hi, start)
+        answers: list[Answer] = []
+        for planner in self.settings.planners:
+            found = [a.largest for a in answers if a.largest is not None]
+            answers.append(self.answer(planner, lo, top, max(found, default=start)))
+        return top, answers
+
+
+# ---- the two searches ------------------------------------------------------------------
+def check_batch(start: int, bases: tuple[int, int], lo: int, hi: int) -> int | None:
+    """Where to check batch scaling against a capture: at the start of the
+    search (where the answers are likely), else past the bases; None when
+    the range has no batch for it."""
+    for b in (start, 2 * bases[1]):
+        b = min(max(b, lo, 2), hi)
+        if b not in bases and b >= 2:
+            return b
+    return None
+
+
+def batch_capacity(
+    models: Sequence[tuple[str, BatchTraces, int]],
+    device: DeviceModel,
+    settings: Settings,
+    lo: int,
+    hi: int,
+    progress: Callable[[str, int], None] | None = None,
+) -> Capacity:
+    """The largest batch of every job, per planner: `models` are (name, its
+    traces, copies), all at one batch. Each model's scaling is checked
+    against a capture where the search starts (NOTE [ Batch scaling ])."""
+
+    def jobs_at(batch: int) -> list[Trace]:
+        out: list[Trace] = []
+        for _, traces, copies in models:
+            out += [traces.trace(batch).trace] * copies
+        return out
+
+    search = Search(jobs_at, device, settings, progress)
+    start = search.start(models[0][1].bases)
+    checks = []
+    for name, traces, _ in models:
+        b = check_batch(start, traces.bases, lo, hi)
+        if b is not None and traces.scaling:
+            checks.append((name, traces.check(b)))
+    top, answers = search.run(lo, hi, start)
+    notes = [f"{name}: {line}" for name, traces, _ in models for line in traces.notes]
+    return Capacity(
+        axis="batch",
+        jobs=_describe((name, n) for name, _, n in models),
+        batch=None,
+        hardware=device.hw.name,
+        memory_bytes=device.hw.memory_bytes,
+        settings=settings,
+        lo=lo,
+        hi=hi,
+        answers=tuple(answers),
+        ceiling=top,
+        notes=tuple(notes),
+        checks=tuple(checks),
+        captures=sum(t.captures for _, t, _ in models),
+    )
+
+
+def jobs_capacity(
+    trace: Trace,
+    name: str,
+    device: DeviceModel,
+    settings: Settings,
+    lo: int,
+    hi: int,
+    progress: Callable[[str, int], None] | None = None,
+) -> Capacity:
+    """The most copies of the job `trace` (at its batch) that fit together,
+    per planner, in [lo, hi]."""
+    search = Search(lambda n: [trace] * n, device, settings, progress, axis="jobs")
+    start = search.start((1, 2))
+    top, answers = search.run(lo, hi, start)
+    return Capacity(
+        axis="jobs",
+        jobs=name,
+        batch=trace.meta.batch_size,
+        hardware=device.hw.name,
+        memory_bytes=device.hw.memory_bytes,
+        settings=settings,
+        lo=lo,
+        hi=hi,
+        answers=tuple(answers),
+        ceiling=top,
+    )
+
+
+def _describe(jobs: Any) -> str:
+    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in jobs)

@@ -1,0 +1,340 @@
+"""`memplan capacity --model M --gpu G`: the largest batch (or the most jobs)
+that fits a GPU with each planner, and at what slowdown."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memplan.commands import machine
+from memplan.traces.errors import MemplanError
+from memplan.traces.fields import printable
+from memplan.units import integer, number, parse_size
+
+if TYPE_CHECKING:
+    from memplan.capacity import Capacity, Settings
+    from memplan.hwmodels.device import DeviceModel
+
+MAX_BATCH = 1_000_000
+DEFAULT_HI = 65_536
+
+# NOTE [ Capacity time limits ]
+# Every probe of the search plans once (NOTE [ Capacity search ] in
+# memplan/capacity.py), and a search takes about 10 probes per planner, so a
+# planner that searches until a limit sets the time of the whole answer. In
+# `memplan capacity`, `all` is vanilla, every heuristic planner and the
+# witnesses passive and dtr; the two searching planners, squeeze and cpsat,
+# run only when named, with limits per probe: squeeze 20 simulated
+# candidates (it is then deterministic, NOTE [ Squeeze ]; about 3 s a probe
+# on bert_base, 27 s for its search, where the heuristics take 1-6 s each),
+# cpsat 5 s. `--option` overrides them (squeeze.max_evaluations=3000
+# searches as `compare` does). A searching planner's answer is what it finds
+# within these limits: a larger limit may fit a larger batch.
+SEARCHING = ("squeeze", "cpsat")
+PROBE_OPTIONS = {
+    "squeeze": ["max_evaluations=20", "time_limit_s=60"],
+    "cpsat": ["time_limit_s=5"],
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "capacity",
+        help="the largest batch (or the most jobs) that fits a GPU, per planner",
+        description=(
+            "For each planner, the largest batch that fits the GPU -- or, with --jobs auto, "
+            "the most concurrent jobs -- and the peak, EOR and iteration time there. A batch "
+            "fits a planner when its plan, simulated at the budget, fits alone (with "
+            "--fallback: or with the net) and its EOR is at most --max-eor. The search "
+            "bisects on the batch; traces at every batch are scaled from captures at two "
+            "(meta device), checked against a third, and captured where scaling does not "
+            "hold (said on stderr)."
+        ),
+    )
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--model",
+        help="a zoo name (resnet50, bert_base, mlp, ...) or package.module:callable: captured "
+        "on the meta device at the batches the search needs",
+    )
+    what.add_argument(
+        "--trace",
+        metavar="T",
+        help="a trace file: one job at its own batch (a trace cannot change its batch). "
+        "With --jobs auto the most copies that fit are searched; with --jobs N, whether N "
+        "copies fit. The batch search needs --model",
+    )
+    machine.add_gpu(p)
+    p.add_argument(
+        "--planners",
+        default="all",
+        help="'all' (default: vanilla, every heuristic planner and the passive and dtr "
+        "witnesses) or a comma-separated list, e.g. all,squeeze; squeeze and cpsat search "
+        "until a limit and run only when named, with 20 candidates (squeeze) or 5 s (cpsat) "
+        "per probe; vanilla is always searched first",
+    )
+    p.add_argument(
+        "--jobs",
+        default="1",
+        metavar="N|auto|M1:C1,M2:C2",
+        help="N copies of the job run together (default 1); auto: the most copies that fit "
+        "(at --batch, or the trace's batch); or a mix of models with counts, resnet50:2,"
+        "bert_base:1, all at one batch (instead of --model)",
+    )
+    p.add_argument(
+        "--batch",
+        type=integer(1, MAX_BATCH),
+        help="the batch of every job, not searched: with --jobs auto, or to test one batch",
+    )
+    p.add_argument(
+        "--batches",
+        metavar="LO:HI",
+        help=f"the range of the batch search (default 1:{DEFAULT_HI}, at most {MAX_BATCH})",
+    )
+    p.add_argument(
+        "--max-eor",
+        type=number(0, 1e6, lo_open=True),
+        metavar="X",
+        help="the most slowdown a fit may cost: EOR (planned time / vanilla time, TENSILE) "
+        "at most X (default: any)",
+    )
+    machine.add_fallback(p)
+    p.add_argument(
+        "--budget",
+        help="device memory for all jobs: 8GiB, 512MB or whole bytes, at most the GPU's "
+        "(default: the GPU's memory); not a share (the vanilla peak changes with the batch)",
+    )
+    machine.add_lanes(p)
+    machine.add_latency(p)
+    p.add_argument(
+        "--iterations",
+        type=integer(1, 100),
+        default=2,
+        help="simulated iterations per probe (default 2: the first and one steady)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="PLANNER.KEY=VALUE",
+        help="a planner option (repeatable); squeeze gets max_evaluations=20 and cpsat "
+        "time_limit_s=5 per probe unless given here",
+    )
+    p.add_argument(
+        "--optimizer",
+        help="with --model: the optimizer of the captured step (default: capture's, adam)",
+    )
+    p.add_argument("--out", metavar="DIR", help="write report.md, report.json and memory.png")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+# ---- arguments -------------------------------------------------------------------------
+def parse_jobs(text: str) -> int | str | list[tuple[str, int]]:
+    """`--jobs`: a count, "auto", or [(model, count), ...]."""
+    text = text.strip()
+    if text == "auto":
+        return "auto"
+    if text.isascii() and text.isdigit():
+        if len(text) > 6 or not 1 <= int(text) <= machine.MAX_JOBS:
+            raise MemplanError(f"--jobs={text!r}: from 1 to {machine.MAX_JOBS} jobs on one GPU")
+        return int(text)
+    mix: list[tuple[str, int]] = []
+    for item in text.split(","):
+        model, sep, count = item.strip().rpartition(":")
+        if not sep or not (count.isascii() and count.isdigit()):
+            model, count = item.strip(), "1"
+        if not model or len(count) > 6 or int(count) < 1:
+            raise MemplanError(
+                f"--jobs: {item.strip()!r}: expected MODEL or MODEL:COUNT with COUNT >= 1 "
+                "(or a number of jobs, or auto)"
+            )
+        mix.append((model, int(count)))
+    total = sum(n for _, n in mix)
+    if total > machine.MAX_JOBS:
+        raise MemplanError(f"--jobs: {total} jobs; at most {machine.MAX_JOBS} run on one GPU")
+    return mix
+
+
+def parse_range(text: str | None) -> tuple[int, int]:
+    """`--batches LO:HI`."""
+    if text is None:
+        return 1, DEFAULT_HI
+    lo, sep, hi = text.partition(":")
+    if not (sep and all(s.strip().isascii() and s.strip().isdigit() for s in (lo, hi))):
+        raise MemplanError(f"--batches={text!r}: expected LO:HI, two whole numbers")
+    a, b = (int(x) if len(x.strip()) <= 8 else MAX_BATCH + 1 for x in (lo, hi))
+    if not 1 <= a <= b <= MAX_BATCH:
+        raise MemplanError(f"--batches={text!r}: need 1 <= LO <= HI <= {MAX_BATCH}")
+    return a, b
+
+
+def planner_list(text: str) -> tuple[str, ...]:
+    """vanilla first, then `compare`'s reading of --planners without the
+    searching planners in `all` (NOTE [ Capacity time limits ])."""
+    from memplan.commands.compare import planner_names
+
+    names: list[str] = ["vanilla"]
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        found = planner_names(item)
+        if item == "all":
+            found = [n for n in found if n not in SEARCHING]
+        names += [n for n in found if n not in names]
+    if len(names) == 1 and "vanilla" not in text.split(","):
+        raise MemplanError("--planners: give 'all' or planner names separated by commas")
+    return tuple(names)
+
+
+def settings(args: argparse.Namespace, device: DeviceModel) -> Settings:
+    from memplan.capacity import Settings
+    from memplan.commands.compare import parse_options
+    from memplan.comparison import FALLBACKS
+    from memplan.planners import registry
+
+    planners = planner_list(args.planners)
+    options = {k: list(v) for k, v in PROBE_OPTIONS.items() if k in planners}
+    for name, items in parse_options(args.option).items():
+        if name not in planners:
+            raise MemplanError(f"--option {name}.*: planner {name!r} is not being searched")
+        options[name] = options.get(name, []) + items
+    for name in planners:  # bad options fail before any capture
+        if name not in ("passive", "dtr"):
+            registry.make_options(name, options.get(name))
+    if (args.budget or "").strip().endswith("%"):
+        raise MemplanError(
+            f"--budget={args.budget!r}: give bytes (8GiB); a share of the vanilla peak has "
+            "no fixed size when the batch changes"
+        )
+    budget = device.hw.memory_bytes
+    if args.budget is not None:
+        budget = machine.check_budget(parse_size(args.budget, "--budget"), device.hw, args)
+    assert args.fallback in FALLBACKS
+    return Settings(
+        planners=planners,
+        budget_bytes=budget,
+        fallback=args.fallback,
+        max_eor=args.max_eor,
+        iterations=args.iterations,
+        options=options,
+    )
+
+
+# ---- running ---------------------------------------------------------------------------
+class _Bar:
+    """A tqdm bar over the planners on stderr (off when stderr is no terminal)."""
+
+    def __init__(self, planners: tuple[str, ...], disable: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=len(planners), unit="planner", desc="capacity", disable=True if disable else None
+        )
+        self.planners = planners
+        self.current = ""
+        self.probes = 0
+
+    def __call__(self, planner: str, x: int) -> None:
+        if planner != self.current and planner in self.planners:
+            if self.current:
+                self.bar.update(1)
+            self.current = planner
+        self.probes += 1
+        self.bar.set_postfix_str(f"{planner} at {x}", refresh=True)
+
+    def close(self) -> None:
+        if self.current:
+            self.bar.update(1)
+        self.bar.close()
+
+
+def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
+    mix = isinstance(jobs, list)
+    if mix and (args.model or args.trace):
+        raise MemplanError("--jobs names the models (M1:C1,M2:C2): drop --model and --trace")
+    if not (mix or args.model or args.trace):
+        raise MemplanError("give --model M, --trace T, or --jobs M1:C1,M2:C2 naming the models")
+    if jobs == "auto" and args.model and args.batch is None:
+        raise MemplanError(
+            "--jobs auto searches the number of jobs at one batch: give --batch B (or --trace T)"
+        )
+    if args.trace:
+        for opt in ("batch", "batches", "optimizer"):
+            if getattr(args, opt) is not None:
+                raise MemplanError(
+                    f"--{opt} with --trace: a trace is one captured step at its own batch; "
+                    "use --model to search batches"
+                )
+    if args.batches is not None and (args.batch is not None or jobs == "auto"):
+        raise MemplanError(
+            "--batches is the range of the batch search: not with --batch or --jobs auto"
+        )
+
+
+def _scaler(model: str, args: argparse.Namespace):  # noqa: ANN202
+    from memplan.traces.capture import CaptureOptions
+    from memplan.traces.scaling import BatchTraces, model_captures
+
+    try:
+        opts = (
+            CaptureOptions() if args.optimizer is None else CaptureOptions(optimizer=args.optimizer)
+        )
+    except MemplanError as e:
+        raise MemplanError(f"--optimizer={args.optimizer!r}: {e}") from None
+    return BatchTraces(model_captures(model, opts))
+
+
+def search(args: argparse.Namespace) -> Capacity:
+    """The capacity the arguments ask for (the search of memplan/capacity.py)."""
+    from memplan.capacity import batch_capacity, jobs_capacity
+    from memplan.traces.zoo import resolve
+
+    jobs = parse_jobs(args.jobs)
+    _check_modes(args, jobs)
+    lo, hi = parse_range(args.batches)
+    models = jobs if isinstance(jobs, list) else [(args.model, jobs)] if args.model else []
+    for name, _ in models:
+        resolve(name)  # an unknown model fails before any work
+    device = machine.device(args)
+    s = settings(args, device)
+    bar = _Bar(s.planners, args.no_progress)
+    try:
+        if args.trace:
+            trace = machine.one_trace(args.trace, "capacity")
+            machine.check_measured(args, [trace], device.hw)
+            n_lo, n_hi = (1, machine.MAX_JOBS) if jobs == "auto" else (jobs, jobs)
+            name = trace.meta.model or Path(args.trace).name
+            return jobs_capacity(trace, name, device, s, n_lo, n_hi, bar)
+        scalers = [(name, _scaler(name, args), n) for name, n in models]
+        if jobs == "auto":
+            trace = scalers[0][1].trace(args.batch).trace
+            return jobs_capacity(trace, models[0][0], device, s, 1, machine.MAX_JOBS, bar)
+        if args.batch is not None:
+            lo = hi = args.batch
+        return batch_capacity(scalers, device, s, lo, hi, bar)
+    finally:
+        bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from memplan import capacity_report
+    from memplan.outputs import check_dir
+
+    if args.out is not None:
+        check_dir(args.out)  # before any work: NOTE [ Output paths ]
+    c = search(args)
+    for line in c.notes:
+        print(f"note: {printable(line)}", file=sys.stderr)
+    written = capacity_report.write(c, Path(args.out)) if args.out else []
+    if args.json:
+        print(json.dumps(c.to_dict(), indent=2))
+    else:
+        print(printable(capacity_report.text(c)))
+        if written:
+            print(f"\nwrote {Path(args.out)}/: {', '.join(written)}")
+    return 0
