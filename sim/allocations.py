@@ -15,9 +15,10 @@ import numpy as np
 from memplan.planners.core.semantics import OpTable
 from memplan.sim.log import LogKind
 from memplan.sim.metrics import SimResult
-from memplan.traces.model import Trace
+from memplan.traces.model import BUFFER_KINDS, BufferKind, Trace
 
 K = LogKind
+OTHER = BUFFER_KINDS.index(BufferKind.OTHER)  # workspaces and contexts count as this kind
 
 # NOTE [ Snapshot time ]
 # A real snapshot is taken while the program runs, usually after some
@@ -46,13 +47,15 @@ class Allocation(NamedTuple):
 
 
 class MemEvent(NamedTuple):
-    """An allocation (`alloc`) or its free, at `t_us`; `oom` events carry the
-    bytes still free on the device in `free_bytes`."""
+    """At `t_us`: an allocation (`alloc`) or its free (`free`; `leaving`: its
+    job has ended and leaves, NOTE [ Snapshot time ]); an `oom`; a job's CUDA
+    context taken (`context`) or given back (`context_end`), `alloc.nbytes`
+    its bytes."""
 
     t_us: float
-    action: str  # "alloc", "free", "oom"
+    action: str
     alloc: Allocation
-    free_bytes: int = 0
+    leaving: bool = False
 
 
 # ---- which buffer a memory change is ---------------------------------------------
@@ -70,21 +73,25 @@ class MemEvent(NamedTuple):
 #   recompute logged before the next op names (a recompute takes its
 #   outputs before it queues for compute); else an input or persistent
 #   buffer; else one a later copy names (a copy that had to make room took
-#   its bytes before it queued for its lane); else any; bytes that match no
-#   buffer are a workspace of the next op;
+#   its bytes before it queued for its lane); bytes that match none of these
+#   are a workspace of the next op (the simulator's op workspaces, kind
+#   `other`, NOTE [ Workspaces ] in hwmodels/device.py);
 # - a giving back: a buffer the log names at that instant (release,
 #   discard, drop, the end of a swap-out or eviction, the temporaries of a
 #   recompute chain that ends), else one the framework frees after the op
-#   that ended last, else the most recent allocation of that kind and size.
+#   that ended last, else a workspace, else the most recent allocation of
+#   that kind and size.
+# A job's CUDA context (its first bytes, kind `other`, and its last) is no
+# allocation: PyTorch's allocator never sees it, so it is a `context` event.
 # Every change becomes exactly one allocation or free of its bytes, so the
 # snapshot's totals are the simulation's at every instant whatever the
 # labels; only among buffers of one job, kind and size can a label name the
-# wrong one, and at one instant those are interchangeable. Checked against
-# the buffers the pool itself took and dropped (tests/sim/test_snapshot.py),
-# and measured: bert_base and resnet50 x 2 with six planners at 50% of the
-# vanilla peak, 20 of about 73,000 changes named a wrong buffer. Were the
-# simulator to record the buffer of each change, the labels would be exact
-# and this would go.
+# wrong one. Checked against the buffers the pool itself took and dropped
+# (tests/sim/test_snapshot.py), and measured: bert_base (x 1 at 50% and x 2
+# at 50% and 60% of the vanilla peak), resnet50 x 2 and gpt2 at 50%, six
+# planners each (exact and caching), no wrong buffer among about 300,000
+# takes and drops. Were the simulator to record the buffer of each change,
+# the labels would be exact by construction and this would go.
 _EPS_US = 1e-6  # the curve holds seconds: times match within rounding
 
 _ALLOC_HINTS = {K.SWAP_IN_START: "swap_in", K.FETCH_START: "fetch"}
@@ -135,23 +142,46 @@ class _JobLabels:
         self.hints = hints
         self.free_t: list[float] = []  # buffers the log names as freed then
         self.free_b: list[int] = []
-        chains: dict[int, list[int]] = {}  # recompute target -> the chain's ops so far
         for e in entries:
             if e.kind in _FREE_HINTS:
                 self.free_t.append(e.t_us)
                 self.free_b.append(e.buffer)
-            elif e.kind is K.OP_START:
-                chains.clear()
-            elif e.kind is K.RECOMPUTE_START:
-                chains.setdefault(e.buffer, []).append(e.op)
-            elif e.kind is K.RECOMPUTE_END:  # the chain's temporaries go when it ends
-                temps = {w for k in chains.get(e.buffer, ()) for w in table.writes[k]}
-                temps.discard(e.buffer)
-                self.free_t += [e.t_us] * len(temps)
-                self.free_b += sorted(temps)
+        self.remat_t, self.remat_b = self._remade_temporaries(entries, trace)
         self.iter_t = [e.t_us for e in entries if e.kind is K.ITER_START]
         self.live: dict[tuple[int, int], list[Allocation]] = {}
         self.live_b: set[int] = set()
+
+    def _remade_temporaries(self, entries: list, trace: Trace) -> tuple[list, list]:
+        """(time, buffer) of what recomputes made for themselves only: when a
+        recompute ends, what the ops re-run since the job's last op wrote,
+        but the buffers still alive for the op they serve (sim/model.py NOTE
+        [ Incarnations ]; sim/remat.py NOTE [ DTR ])."""
+        writes, freed = self.table.writes, trace.freed_after.tolist()
+        times: list[float] = []
+        bufs: list[int] = []
+        rerun: list[int] = []  # ops re-run since the last op started
+        targets: list[int] = []
+        ends: list[tuple[float, int]] = []  # (time, how many ops had re-run)
+
+        def resolve(i: int) -> None:
+            for t, n in ends:
+                alive = {x for x in targets if freed[x] >= i}
+                temps = {w for k in rerun[:n] for w in writes[k]} - alive
+                times.extend([t] * len(temps))
+                bufs.extend(sorted(temps))
+            rerun.clear(), targets.clear(), ends.clear()
+
+        for e in entries:
+            if e.kind is K.RECOMPUTE_START:
+                rerun.append(e.op)
+                targets.append(e.buffer)
+            elif e.kind is K.RECOMPUTE_END:
+                ends.append((e.t_us, len(rerun)))
+            elif e.kind is K.OP_START:
+                resolve(e.op)
+        resolve(trace.n_ops)
+        order = sorted(range(len(times)), key=times.__getitem__)
+        return [times[k] for k in order], [bufs[k] for k in order]
 
     def _iteration(self, t: float) -> int:
         return max(bisect.bisect_right(self.iter_t, t + _eps(t)) - 1, 0)
@@ -192,10 +222,6 @@ class _JobLabels:
         if found is None:
             later = self.hints[hi : hi + 64]
             found = next(((b, op, why) for _t, b, op, why in later if free(b)), None)
-        if found is None:
-            found = next(
-                ((b, self.created[b], "create") for b in self.by_key.get(key, ()) if free(b)), None
-            )
         b, op, why = found if found is not None else (-1, nxt, "workspace")
         if why == "persistent":
             it = 0
@@ -229,10 +255,25 @@ class _JobLabels:
                 bisect.bisect_left(self.free_t, t - eps) : bisect.bisect_right(self.free_t, t + eps)
             ]
         )
-        q = bisect.bisect_right(self.end_t, t + eps) - 1
-        if q >= 0:
-            named.update(self.table.frees[self.end_op[q]])
-        pick = next((i for i in range(len(live) - 1, -1, -1) if live[i].buffer in named), None)
+        # the ops that ended now (zero-length ops end at the same instant), or the last before
+        hi = bisect.bisect_right(self.end_t, t + eps)
+        lo = min(bisect.bisect_left(self.end_t, t - eps), max(hi - 1, 0))
+        for op in self.end_op[lo:hi]:
+            named.update(self.table.frees[op])
+        remade = set(
+            self.remat_b[
+                bisect.bisect_left(self.remat_t, t - eps) : bisect.bisect_right(
+                    self.remat_t, t + eps
+                )
+            ]
+        )
+
+        def ok(a: Allocation) -> bool:
+            return a.buffer in named or (a.why == "recompute" and a.buffer in remade)
+
+        pick = next((i for i in range(len(live) - 1, -1, -1) if ok(live[i])), None)
+        if pick is None:  # an op's workspace goes when the op ends
+            pick = next((i for i in range(len(live)) if live[i].why == "workspace"), None)
         a = live.pop(len(live) - 1 if pick is None else pick)
         self.live_b.discard(a.buffer)
         return a
@@ -254,22 +295,24 @@ def _changes(result: SimResult) -> Iterator[tuple[float, int, int, int]]:
 
 
 def allocations(result: SimResult, at_end: bool = True) -> list[MemEvent]:
-    """Every allocation, free and OOM of the simulation, in time order,
-    labelled as NOTE [ Which buffer a memory change is ] says; with `at_end`
-    up to the snapshot's time (NOTE [ Snapshot time ]), else to the end."""
+    """Every allocation, free and OOM of the simulation, and the jobs'
+    contexts, in time order, labelled as NOTE [ Which buffer a memory change
+    is ] says; with `at_end` up to the snapshot's time (NOTE [ Snapshot
+    time ]), else to the end."""
     by_job: list[list] = [[] for _ in result.jobs]
     for e in result.log:
         by_job[e.job].append(e)
     labels = [_JobLabels(j, t, by_job[j]) for j, t in enumerate(result.traces)]
     makespan_us = result.makespan_s * 1e6
+    ends = [j.end_s * 1e6 for j in result.jobs]
     stays = {
         j.index
         for j in result.jobs
-        if at_end and not j.oom and abs(j.end_s * 1e6 - makespan_us) <= _eps(makespan_us)
+        if at_end and not j.oom and abs(ends[j.index] - makespan_us) <= _eps(makespan_us)
     }
     ooms = sorted((e.t_us, e.job, e.buffer) for e in result.log if e.kind is K.OOM)
+    ctx, held, seen = result.context_reserve_bytes, set(), set()
     events: list[MemEvent] = []
-    used = 0
     token = 0
     for t, j, kind, delta in _changes(result):
         # an OOM goes before the frees of its job's end (NOTE [ Snapshot format ])
@@ -277,8 +320,17 @@ def allocations(result: SimResult, at_end: bool = True) -> list[MemEvent]:
             ooms[0][0] < t - _eps(t)
             or (ooms[0][0] <= t + _eps(t) and delta < 0 and j == ooms[0][1])
         ):
-            events.append(_oom(ooms.pop(0), result, used))
-        used += delta
+            events.append(_oom(ooms.pop(0), result))
+        first, leaving = j not in seen, t >= ends[j] - _eps(t) and j not in stays
+        seen.add(j)
+        if ctx and kind == OTHER and abs(delta) == ctx and (first if delta > 0 else j in held):
+            # the job's CUDA context: its first bytes and its last (sim/memory.py)
+            if delta < 0 and not leaving:
+                continue  # still held when the snapshot is taken
+            held.symmetric_difference_update({j})
+            a = Allocation(-1, t, j, ctx, -1, -1, 0, "context")
+            events.append(MemEvent(t, "context" if delta > 0 else "context_end", a))
+            continue
         lab = labels[j]
         if delta > 0:
             events.append(MemEvent(t, "alloc", lab.take(token, t, kind, delta)))
@@ -289,13 +341,12 @@ def allocations(result: SimResult, at_end: bool = True) -> list[MemEvent]:
             raise RuntimeError(f"job {j} gives back {-delta} bytes of kind {kind} it never took")
         if j in stays and a.buffer in lab.persistent and t >= makespan_us - _eps(t):
             continue  # still allocated when the snapshot is taken
-        events.append(MemEvent(t, "free", a))
-    events += [_oom(o, result, used) for o in ooms]
+        events.append(MemEvent(t, "free", a, leaving))
+    events += [_oom(o, result) for o in ooms]
     return events
 
 
-def _oom(o: tuple[float, int, int], result: SimResult, used: int) -> MemEvent:
+def _oom(o: tuple[float, int, int], result: SimResult) -> MemEvent:
     t, j, b = o
     n = int(result.traces[j].nbytes[b]) if b >= 0 else 0
-    a = Allocation(-1, t, j, n, b, -1, 0, "oom")
-    return MemEvent(t, "oom", a, max(result.budget_bytes - used, 0))
+    return MemEvent(t, "oom", Allocation(-1, t, j, n, b, -1, 0, "oom"))

@@ -14,6 +14,7 @@ from memplan.sim import Job, simulate
 from memplan.sim.allocations import allocations
 from memplan.sim.memory import MemoryPool
 from memplan.sim.snapshot import BASE_ADDRESS, snapshot
+from memplan.sim.snapshot_read import device_peaks
 from memplan.traces import synthetic
 
 from tests.sim.handtraces import B, Call, MiB, gpu, make
@@ -213,3 +214,70 @@ def test_labels_name_the_buffer_the_simulator_moved(monkeypatch, planner, policy
             assert b in left, (key, bufs, labelled.get(key))
             left.remove(b)
     assert sum(map(len, moved.values())) > 100
+
+
+# ---- the caching allocator and SmartPool (NOTE [ Snapshot layout ]) ---------------------
+def test_caching_allocator_every_entry():
+    # The swap run again under PyTorch's caching allocator: b0 (4 MiB) takes
+    # a 20 MiB large segment at 0 [b0 | 16 free]; b1 (2 MiB) is the front of
+    # the 16 free MiB; b2 (1 MiB: the small pool) a 2 MiB small segment at
+    # 20 MiB [b2 | 1 free]; b1's free (3 ms) coalesces [b0 | 16 free]; b3 the
+    # small segment's free half; b1 again at 4 MiB; frees return blocks, never
+    # segments: 22 MiB reserved from 1 ms to the end.
+    t, lat = hand()
+    r = simulate(
+        [Job(t, plan(t, SwapOut(1, 0), SwapIn(1, 1, 3)))],
+        DeviceModel(gpu(), lat),
+        iterations=1,
+        allocator="caching",
+    )
+    s = snapshot(r)
+    got = [(a, at, mib, ms, f.split(":", 2)[2].split(" #")[1]) for a, at, mib, ms, f in rows(s)]
+    assert [g for g in got if g[0] != "free_requested"] == [
+        ("segment_alloc", 0, 20, 0, "0 b0"), ("alloc", 0, 4, 0, "0 b0"),
+        ("alloc", 4, 2, 0, "1 b1"),
+        ("segment_alloc", 20, 2, 1, "2 b2"), ("alloc", 20, 1, 1, "2 b2"),
+        ("free_completed", 4, 2, 3, "1 b1"),
+        ("alloc", 21, 1, 4, "3 b3"),
+        ("alloc", 4, 2, 4, "1 b1"),
+        ("free_completed", 20, 1, 7, "2 b2"),
+        ("free_completed", 4, 2, 8, "1 b1"),
+        ("free_completed", 21, 1, 8, "3 b3"),
+    ]  # fmt: skip
+    segs = [(g["address"] - BASE_ADDRESS, g["total_size"], g["segment_type"],
+             [(b["size"], b["state"]) for b in g["blocks"]]) for g in s["segments"]]  # fmt: skip
+    assert segs == [
+        (0, 20 * MiB, "large", [(4 * MiB, "active_allocated"), (16 * MiB, "inactive")]),
+        (20 * MiB, 2 * MiB, "small", [(2 * MiB, "inactive")]),
+    ]
+    (d,) = device_peaks(s)
+    assert (d.reserved_peak, d.allocated_peak) == (r.reserved_peak_bytes, r.peak_bytes)
+    assert (d.reserved_peak, d.allocated_peak) == (22 * MiB, 8 * MiB)
+
+
+def test_smartpool_every_entry():
+    # SmartPool's lifetimes, in the job's event count: b0 [1, 10) (open at the
+    # end), b1 [2, 4), b2 [3, 7), b3 [5, 9), b1 again [6, 8). Largest first:
+    # b0 at 0; b1 and b1' above it at 4 (they do not overlap in time); b2
+    # overlaps b0, b1 and b1': 6; b3 overlaps b0, b1' and b2: 7. One 8 MiB
+    # pool (the live-bytes bound), mapped at the first allocation.
+    t, lat = hand()
+    r = simulate(
+        [Job(t, plan(t, SwapOut(1, 0), SwapIn(1, 1, 3)))],
+        DeviceModel(gpu(), lat),
+        iterations=1,
+        allocator="smartpool",
+    )
+    s = snapshot(r)
+    got = [(a, at, mib, ms) for a, at, mib, ms, _ in rows(s) if a in ("segment_alloc", "alloc")]
+    assert got == [
+        ("segment_alloc", 0, 8, 0), ("alloc", 0, 4, 0), ("alloc", 4, 2, 0), ("alloc", 6, 1, 1),
+        ("alloc", 7, 1, 4), ("alloc", 4, 2, 4),
+    ]  # fmt: skip
+    (seg,) = s["segments"]
+    assert [(b["size"], b["state"]) for b in seg["blocks"]] == [
+        (4 * MiB, "active_allocated"), (4 * MiB, "inactive")
+    ]  # fmt: skip
+    (d,) = device_peaks(s)
+    assert (d.reserved_peak, d.allocated_peak) == (r.reserved_peak_bytes, r.peak_bytes)
+    assert d.reserved_peak == 8 * MiB
