@@ -298,8 +298,11 @@ def search(args: argparse.Namespace) -> Capacity:
     _check_modes(args, jobs)
     lo, hi = parse_range(args.batches)
     models = jobs if isinstance(jobs, list) else [(args.model, jobs)] if args.model else []
-    for name, _ in models:
-        resolve(name)  # an unknown model fails before any work
+    for name, _ in models:  # an unknown model fails before any work
+        try:
+            resolve(name)
+        except MemplanError as e:
+            raise MemplanError(f"--jobs: {e}" if isinstance(jobs, list) else str(e)) from None
     device = machine.device(args)
     s = settings(args, device)
     bar = _Bar(s.planners, args.no_progress)

@@ -121,6 +121,11 @@ ISSUE_CASES = [
         ["capture", "--model", "mlp", "--batch", "2", "--device", "tpu", "--out", "DIR/o.json"],
         ["tpu"],
     ),  # fmt: skip
+    # capacity (issue 18; more in tests/app/test_capacity.py)
+    (["capacity", "--model", "mlp", *GPU, "--jobs", "0"], ["--jobs"]),
+    (["capacity", "--model", "mlp", *GPU, "--max-eor", "-1"], ["--max-eor"]),
+    (["capacity", "--model", "resnet51", *GPU], ["resnet51"]),
+    (["capacity", "--model", "mlp", *GPU, "--budget", "1MiB"], ["nothing fits"]),
 ]
 
 
@@ -151,7 +156,7 @@ def test_good_arguments_run(files, argv, expect):
 @pytest.mark.parametrize(
     "command",
     ["capture", "inspect", "simulate", "hw", "microbench", "latency", "plan", "compare",
-     "bounds", "validate", "export"],
+     "capacity", "bounds", "validate", "export"],
 )  # fmt: skip
 def test_every_command_has_help(command):
     o = run_cli([command, "--help"], TIMEOUT_S)
@@ -239,6 +244,12 @@ OPTIONS = [
     (["microbench", "--out", "DIR/d.json.gz"], "--threads", BAD_INT + ["0"]),
     (["microbench", "--out", "DIR/d.json.gz"], "--usage", BAD_FRACTIONS),
     (["latency", "train", "DIR/none.json.gz", "--out", "DIR/m.pt"], "--hidden", BAD_HIDDEN),
+    (["capacity", "--model", "mlp", *GPU], "--max-eor", BAD_FLOAT + ["0", "-1"]),
+    (["capacity", "--model", "mlp", *GPU], "--iterations", BAD_INT + ["0", "101"]),
+    (["capacity", "--model", "mlp", *GPU, "--jobs", "auto"], "--batch", BAD_INT + ["0"]),
+    (["capacity", "--model", "mlp", *GPU], "--budget", BAD_SIZE + ["49GiB", "50%"]),
+    (["capacity", "--gpu", "rtx-a6000"], "--jobs", ["0", "-1", "65", "", "nan", ":3", "x:0"]),
+    (["capacity", "--model", "mlp", *GPU], "--batches", ["", "0:4", "4:2", "a", "1:2:3"]),
 ]
 
 
