@@ -77,10 +77,11 @@ class MemEvent(NamedTuple):
 #   are a workspace of the next op (the simulator's op workspaces, kind
 #   `other`, NOTE [ Workspaces ] in hwmodels/device.py);
 # - a giving back: a buffer the log names at that instant (release,
-#   discard, drop, the end of a swap-out or eviction, the temporaries of a
-#   recompute chain that ends), else one the framework frees after the op
-#   that ended last, else a workspace, else the most recent allocation of
-#   that kind and size.
+#   discard, drop, the end of a swap-out or eviction) or one the framework
+#   frees after the ops that ended then (or last), else what a recompute
+#   that ends then made for itself only (its temporaries, dead buffers made
+#   again), else a workspace, else the most recent allocation of that kind
+#   and size.
 # A job's CUDA context (its first bytes, kind `other`, and its last) is no
 # allocation: PyTorch's allocator never sees it, so it is a `context` event.
 # Every change becomes exactly one allocation or free of its bytes, so the
@@ -268,10 +269,16 @@ class _JobLabels:
             ]
         )
 
-        def ok(a: Allocation) -> bool:
-            return a.buffer in named or (a.why == "recompute" and a.buffer in remade)
-
-        pick = next((i for i in range(len(live) - 1, -1, -1) if ok(live[i])), None)
+        pick = next((i for i in range(len(live) - 1, -1, -1) if live[i].buffer in named), None)
+        if pick is None:  # what a recompute made for itself only
+            pick = next(
+                (
+                    i
+                    for i in range(len(live) - 1, -1, -1)
+                    if live[i].why == "recompute" and live[i].buffer in remade
+                ),
+                None,
+            )
         if pick is None:  # an op's workspace goes when the op ends
             pick = next((i for i in range(len(live)) if live[i].why == "workspace"), None)
         a = live.pop(len(live) - 1 if pick is None else pick)
