@@ -190,6 +190,7 @@ class CachingAllocator:
         """Give `b` back to its pool, merged with its free neighbours."""
         if b.free:
             raise RuntimeError(f"{b!r} freed twice")
+        b.free = True  # also when it merges away: a second free is caught
         self.allocated -= b.size
         prev, nxt = b.prev, b.next
         if prev is not None and prev.free:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit, op_workspace_bytes
 from memplan.planners.analysis.gaps import gap_table, recompute_costs
 from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
@@ -121,8 +121,8 @@ def working_sets(trace: Trace, workspace: bool = True) -> np.ndarray:
     op_of = np.repeat(np.arange(trace.n_ops, dtype=np.int64), np.diff(p))
     ws = np.zeros(trace.n_ops, np.int64)
     np.add.at(ws, op_of, trace.nbytes[bufs])  # reduceat breaks on ops that touch nothing
-    if workspace:
-        ws += np.fromiter((op.workspace_bytes for op in trace.ops), np.int64, trace.n_ops)
+    if workspace:  # the trace's own (NOTE [ Workspaces ] in hwmodels/device.py)
+        ws += op_workspace_bytes(trace)
     return ws
 
 
