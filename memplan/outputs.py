@@ -25,15 +25,18 @@ from memplan.traces.errors import MemplanError
 # folder name is an error, not a new tree). A report directory's parent must
 # exist and be writable; the directory itself may be new, empty, or an old
 # report -- one holding only names memplan writes into reports
-# (`REPORT_NAMES`; `plans/` holding only `.json` files). Anything else is
+# (`REPORT_NAMES`; `plans/` holding only `.json` files, `snapshots/` only
+# `.pickle` files). Anything else is
 # refused rather than replaced: `--out .` or `--out ~` must never delete a
 # user's files. Writability is `os.access`, which root passes everywhere but
 # on a read-only file system; a write that fails anyway is still one line.
 
 # What `memplan compare` and `memplan simulate` write into a report directory.
 REPORT_NAMES = frozenset(
-    {"plans", "report.md", "report.json", "memory.png", "result.json", "timeline.json", "gantt.png"}
-)
+    {"plans", "report.md", "report.json", "memory.png", "result.json", "timeline.json", "gantt.png",
+     "snapshot.pickle", "snapshots"}
+)  # fmt: skip
+REPORT_FOLDERS = {"plans": ".json", "snapshots": ".pickle"}  # and what they hold
 
 # Temporary directories made by report_dir and not yet renamed into place or
 # removed (NOTE [ Report directories ]).
@@ -72,10 +75,10 @@ def _foreign(d: Path) -> list[str]:
     for e in sorted(d.iterdir()):
         if e.name not in REPORT_NAMES:
             out.append(e.name)
-        elif e.name == "plans" and (
-            not e.is_dir() or any(not f.name.endswith(".json") for f in e.iterdir())
+        elif e.name in REPORT_FOLDERS and (
+            not e.is_dir() or any(not f.name.endswith(REPORT_FOLDERS[e.name]) for f in e.iterdir())
         ):
-            out.append("plans/")
+            out.append(f"{e.name}/")
     return out
 
 

@@ -198,10 +198,13 @@ def memory_figure(c: Comparison):  # noqa: ANN201
 
 
 def write(c: Comparison, out: Path) -> list[str]:
-    """Plans, report.md, report.json and memory.png in the directory `out`,
-    which appears whole or not at all (NOTE [ Report directories ] in
+    """Plans, report.md, report.json, memory.png and a PyTorch memory
+    snapshot per simulation (snapshots/vanilla.pickle, snapshots/PLANNER.pickle:
+    NOTE [ Snapshot format ] in sim/snapshot.py) in the directory `out`, which
+    appears whole or not at all (NOTE [ Report directories ] in
     memplan/outputs.py); returns the names."""
     from memplan.sim.exports import save_figure
+    from memplan.sim.snapshot import write_snapshot
 
     figure = memory_figure(c)  # drawn before the directory exists
     written = []
@@ -213,4 +216,8 @@ def write(c: Comparison, out: Path) -> list[str]:
         atomic_write_bytes(tmp / "report.md", markdown(c).encode())
         atomic_write_bytes(tmp / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
         save_figure(figure, tmp / "memory.png")
-    return [*written, "report.md", "report.json", "memory.png"]
+        sims = [("vanilla", c.vanilla)] + [(r.planner, r.sim) for r in c.rows if r.sim is not None]
+        for name, sim in sims:
+            write_snapshot(sim, tmp / "snapshots" / f"{name}.pickle")
+    snapshots = [f"snapshots/{name}.pickle" for name, _ in sims]
+    return [*written, "report.md", "report.json", "memory.png", *snapshots]

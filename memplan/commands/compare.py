@@ -66,7 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a planner option, e.g. checkpoint.segments=4 (repeatable)",
     )
     p.add_argument(
-        "--out", metavar="DIR", help="write the plans, report.md, report.json and memory.png to DIR"
+        "--out",
+        metavar="DIR",
+        help="write the plans, report.md, report.json, memory.png and snapshots/ (a PyTorch "
+        "memory snapshot per simulation, vanilla.pickle and PLANNER.pickle: `python -m "
+        "torch.cuda._memory_viz trace_plot`, pytorch.org/memory_viz, `memplan inspect`) to DIR",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)

@@ -1,11 +1,16 @@
-"""`memplan inspect TRACE`: what a captured iteration holds and where its peak is."""
+"""`memplan inspect TRACE`: what a captured iteration holds and where its peak is;
+`memplan inspect SNAPSHOT.pickle [--trace TRACE]`: the allocated and reserved
+peaks of a PyTorch memory snapshot, beside a trace's prediction."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+import numpy as np
+
 from memplan.commands.machine import one_trace
+from memplan.traces.errors import MemplanError
 from memplan.traces.fields import printable
 from memplan.traces.io import fingerprint
 from memplan.traces.model import BUFFER_KINDS, Phase, Trace
@@ -16,13 +21,28 @@ from memplan.units import format_bytes, integer
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
-        help="summarise a trace: ops per phase, bytes per buffer kind, vanilla peak",
+        help="summarise a trace (ops, bytes per kind, vanilla peak) or a PyTorch memory snapshot",
         description=(
             "Summarise a captured trace: ops per phase, buffers and bytes per kind, "
-            "the vanilla (framework) peak and the op where it happens, the largest buffers."
+            "the vanilla (framework) peak and the op where it happens, the largest buffers. "
+            "Given a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot() "
+            "writes after _record_memory_history(), or snapshot.pickle of `memplan simulate "
+            "--out`): the allocated and reserved peaks over its trace and at its end, and with "
+            "--trace the trace's predicted peak beside them."
         ),
     )
-    p.add_argument("trace", help="trace file (.json or .json.gz), or zoo:NAME for a shipped trace")
+    p.add_argument(
+        "trace",
+        help="trace file (.json or .json.gz), zoo:NAME for a shipped trace, or a memory "
+        "snapshot (.pickle)",
+    )
+    p.add_argument(
+        "--trace",
+        dest="against",
+        metavar="TRACE",
+        help="with a snapshot: a trace whose vanilla peak and persistent bytes are printed "
+        "beside the snapshot's",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(
         "--top",
@@ -69,6 +89,13 @@ def summary(trace: Trace, top: int = 10) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_snapshot(args.trace):
+        return run_snapshot(args)
+    if args.against is not None:
+        raise MemplanError(
+            f"--trace {args.against!r}: for a snapshot (memplan inspect SNAPSHOT.pickle --trace "
+            f"TRACE); {args.trace!r} is a trace"
+        )
     trace = one_trace(args.trace, "inspect")
     s = summary(trace, args.top)
     if args.json:
@@ -104,4 +131,96 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  #{b['id']:<6}{format_bytes(b['nbytes']):>12}  {b['kind']:<16}{printable(b['name'])}"
         )
+    return 0
+
+
+# ---- PyTorch memory snapshots (sim/snapshot_read.py) ----------------------------------
+def is_snapshot(spec: str) -> bool:
+    """A memory snapshot, not a trace: named .pickle / .pkl, or a file that
+    starts as a pickle does."""
+    if spec.startswith("zoo:"):
+        return False
+    if spec.lower().endswith((".pickle", ".pkl")):
+        return True
+    try:
+        with open(spec, "rb") as f:
+            return f.read(1) == b"\x80"  # pickle protocol 2 and later
+    except OSError:
+        return False
+
+
+def snapshot_summary(path: str, doc: dict, trace: Trace | None) -> dict:
+    from memplan.sim.snapshot_read import device_peaks
+
+    meta = doc.get("memplan")
+    written = None
+    if isinstance(meta, dict) and all(
+        isinstance(meta.get(k), str) for k in ("hardware", "allocator")
+    ):
+        written = {"hardware": meta["hardware"], "allocator": meta["allocator"]}
+    s: dict = {"snapshot": path, "memplan": written, "devices": []}
+    for d in device_peaks(doc):
+        row = d.to_dict()
+        times = d.time_us[np.isfinite(d.time_us)]
+        k = d.allocated_peak_entry
+        at = d.time_us[k] if k >= 0 else np.nan
+        row["allocated_peak_ms"] = float(at - times[0]) / 1e3 if len(times) and at == at else None
+        s["devices"].append(row)
+    if trace is not None:
+        s["trace"] = {
+            "model": trace.meta.model,
+            "batch_size": trace.meta.batch_size,
+            "fingerprint": fingerprint(trace),
+            "vanilla_peak_bytes": trace.peak("framework")[0],
+            "persistent_bytes": int(trace.nbytes[trace.persistent].sum()),
+        }
+    return s
+
+
+def run_snapshot(args: argparse.Namespace) -> int:
+    """`memplan inspect SNAPSHOT [--trace TRACE]`."""
+    from memplan.sim.snapshot_read import read_snapshot
+
+    trace = one_trace(args.against, "inspect") if args.against is not None else None
+    s = snapshot_summary(args.trace, read_snapshot(args.trace), trace)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    devs = s["devices"]
+    entries = sum(d["entries"] for d in devs)
+    by = s["memplan"]
+    print(
+        f"{printable(args.trace)}: PyTorch memory snapshot, {len(devs)} device(s), {entries} "
+        "trace entries"
+        + (f" (memplan simulate on {printable(by['hardware'])}, allocator "
+           f"{printable(by['allocator'])}: simulated time)" if by else "")
+    )  # fmt: skip
+    for d in devs:
+        when = f"entry {d['allocated_peak_entry']}" if d["allocated_peak_entry"] >= 0 else "start"
+        if d["allocated_peak_ms"] is not None:
+            when += f", {d['allocated_peak_ms']:.3f} ms into the trace"
+        print(f"\ndevice {d['device']}       {'allocated':>12}  {'reserved':>12}")
+        print(f"  peak         {format_bytes(d['allocated_peak_bytes']):>12}  "
+              f"{format_bytes(d['reserved_peak_bytes']):>12}   (allocated: {when})")  # fmt: skip
+        print(f"  at the end   {format_bytes(d['allocated_end_bytes']):>12}  "
+              f"{format_bytes(d['reserved_end_bytes']):>12}   ({d['segments']} segments)")  # fmt: skip
+        acts = ", ".join(f"{n} {printable(str(a))}" for a, n in sorted(d["actions"].items()))
+        print(f"  entries      {acts or 'none (no history recorded: the peaks are the end)'}")
+        if not d["consistent"]:
+            print("  note: the trace frees more than the end state can have held; "
+                  "the levels before those frees are too low")  # fmt: skip
+    t = s.get("trace")
+    if t is not None and devs:
+        d = max(devs, key=lambda d: d["allocated_peak_bytes"])
+        print(f"\nagainst {printable(t['model'])} batch {t['batch_size']} "
+              f"({t['fingerprint'][:12]}), device {d['device']}:")  # fmt: skip
+        print(f"  {'':<16}{'snapshot':>12}  {'trace':>12}  snapshot / trace")
+        for what, got, want in (
+            ("allocated peak", d["allocated_peak_bytes"], t["vanilla_peak_bytes"]),
+            ("at the end", d["allocated_end_bytes"], t["persistent_bytes"]),
+        ):
+            ratio = f"{got / want:.3f}" if want else "-"
+            print(f"  {what:<16}{format_bytes(got):>12}  {format_bytes(want):>12}  {ratio}")
+        print("  (trace: the vanilla peak and the persistent bytes -- params, optimizer "
+              "state -- it predicts)")  # fmt: skip
     return 0

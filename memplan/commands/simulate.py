@@ -72,7 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="write result.json, timeline.json, memory.png and gantt.png to DIR",
+        help="write result.json, timeline.json, memory.png, gantt.png and snapshot.pickle (a "
+        "PyTorch memory snapshot: `python -m torch.cuda._memory_viz trace_plot`, "
+        "pytorch.org/memory_viz, `memplan inspect`) to DIR",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
@@ -142,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(result, args.latency)
         if args.out:
-            print(f"\nwrote {Path(args.out)}/result.json, timeline.json, memory.png, gantt.png")
+            print(
+                f"\nwrote {Path(args.out)}/result.json, timeline.json, memory.png, gantt.png, "
+                "snapshot.pickle"
+            )
     return 0
 
 
@@ -151,16 +156,20 @@ def _job_name(path: str, trace: Trace) -> str:
 
 
 def write_report(result: SimResult, summary: dict, out: Path) -> None:
-    """result.json, timeline.json (Perfetto), memory.png and gantt.png in `out`,
-    which appears whole or not at all (NOTE [ Report directories ] in memplan/outputs.py)."""
+    """result.json, timeline.json (Perfetto), memory.png, gantt.png and
+    snapshot.pickle (PyTorch's memory snapshot, NOTE [ Snapshot format ] in
+    sim/snapshot.py) in `out`, which appears whole or not at all (NOTE [
+    Report directories ] in memplan/outputs.py)."""
     from memplan.outputs import report_dir
     from memplan.sim.exports import gantt_figure, memory_figure, save_figure, write_chrome_trace
+    from memplan.sim.snapshot import write_snapshot
 
     with report_dir(out) as tmp:
         atomic_write_bytes(tmp / "result.json", (json.dumps(summary, indent=2) + "\n").encode())
         write_chrome_trace(result, tmp / "timeline.json")
         save_figure(memory_figure(result), tmp / "memory.png")
         save_figure(gantt_figure(result), tmp / "gantt.png")
+        write_snapshot(result, tmp / "snapshot.pickle")
 
 
 def _ms(x: float) -> str:

@@ -98,7 +98,7 @@ def test_table_and_report_folder(files, capsys):
         "ms",
     ]  # two jobs: 16 ms of kernels, interleaved
     assert sorted(p.name for p in out_dir.iterdir()) == [
-        "gantt.png", "memory.png", "result.json", "timeline.json"
+        "gantt.png", "memory.png", "result.json", "snapshot.pickle", "timeline.json"
     ]  # fmt: skip
     result = json.loads((out_dir / "result.json").read_text())
     assert (
