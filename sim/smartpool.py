@@ -52,7 +52,9 @@ def live_peak(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
 
 def layout(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Layout:
     """SmartPool's best-fit layout of lifetimes [starts, ends) of `sizes`
-    bytes (NOTE [ SmartPool layout ])."""
+    bytes (NOTE [ SmartPool layout ]). Each lifetime scans those placed
+    before it: time grows with n times its neighbours (0.1-0.9 s for the zoo
+    traces run three times, about 30 s for a 30k-op step)."""
     sizes = np.asarray(sizes, np.int64)
     starts = np.asarray(starts, np.int64)
     ends = np.asarray(ends, np.int64)
@@ -61,7 +63,7 @@ def layout(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Layout:
     order = np.lexsort((np.arange(n), starts, -sizes))
     ps, pe, po, pt = (np.empty(n, np.int64) for _ in range(4))  # placed: start, end, offset, top
     m, footprint = 0, 0
-    for k in order:
+    for k in order.tolist():
         z, s, e = int(sizes[k]), starts[k], ends[k]
         if z <= 0:
             continue
@@ -73,12 +75,11 @@ def layout(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Layout:
             lo, hi = lo[by], hi[by]
             reach = np.maximum.accumulate(hi)
             hole_lo = np.concatenate(([0], reach))
-            hole_hi = np.concatenate((lo, [max(footprint, reach[-1])]))
+            hole_hi = np.concatenate((lo, [max(footprint, int(reach[-1]))]))
             gap = hole_hi - hole_lo
             fits = np.flatnonzero(gap >= z)
             if len(fits):
-                best = fits[np.argmin(gap[fits])]  # the first of the least: lowest address
-                offset = int(hole_lo[best])
+                offset = int(hole_lo[fits[np.argmin(gap[fits])]])  # least gap, lowest address
             else:
                 offset = int(reach[-1])
         offsets[k] = offset
