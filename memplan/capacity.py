@@ -20,6 +20,7 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.planners.analysis.bounds import peak_lower_bound, start_bytes
 from memplan.planners.heuristics.vanilla import vanilla_plan
 from memplan.sim import SimResult, simulate
+from memplan.sim.simulate import context_bytes
 from memplan.traces.errors import MemplanError
 from memplan.traces.model import Trace
 from memplan.traces.scaling import BatchTraces, Check
@@ -187,6 +188,13 @@ class Settings:
     max_eor: float | None = None
     iterations: int = DEFAULT_ITERATIONS
     options: dict[str, list[str]] = field(default_factory=dict)
+    allocator: str = "exact"  # the simulator's memory model (NOTE [ Context reserve ])
+    context_reserve: int | None = None  # bytes per job; None: the profile's with an allocator
+
+    @property
+    def memory(self) -> dict[str, Any]:
+        """`simulate`'s and `run_planner`'s keywords for the memory model."""
+        return {"allocator": self.allocator, "context_reserve": self.context_reserve}
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,6 +214,7 @@ class Capacity:
     notes: tuple[str, ...] = ()
     checks: tuple[tuple[str, Check], ...] = ()  # (model, check of its batch scaling)
     captures: int = 0  # traces captured (the rest were scaled)
+    context_bytes: int = 0  # one job's CUDA context in the runs (NOTE [ Context reserve ])
 
     def answer(self, planner: str) -> Answer:
         return next(a for a in self.answers if a.planner == planner)
@@ -222,6 +231,8 @@ class Capacity:
             "fallback": s.fallback,
             "max_eor": s.max_eor,
             "iterations": s.iterations,
+            "allocator": s.allocator,
+            "context_reserve_bytes": self.context_bytes,
             "range": [self.lo, self.hi],
             "ceiling": self.ceiling,
             "answers": [a.to_dict() for a in self.answers],
@@ -263,8 +274,11 @@ class Search:
         return self._traces[x]
 
     def bound(self, x: int) -> int:
+        """The jobs' peak lower bound at `x`, with their CUDA contexts."""
         if x not in self._bound:
-            self._bound[x] = jobs_bound(self.traces(x))
+            s, traces = self.settings, self.traces(x)
+            context = context_bytes(self.device.hw, s.allocator, s.context_reserve)
+            self._bound[x] = jobs_bound(traces) + context * len(traces)
         return self._bound[x]
 
     def vanilla(self, x: int) -> SimResult:
@@ -276,6 +290,7 @@ class Search:
                 iterations=self.settings.iterations,
                 budget=UNLIMITED_BYTES,
                 check=False,
+                **self.settings.memory,
             )
         return self._vanilla[x]
 
@@ -298,6 +313,7 @@ class Search:
             iterations=s.iterations,
             options=s.options.get(planner),
             fallback=fallback,
+            **s.memory,
         )
         net_ok = fallback != "none" or planner in WITNESSES
         fits = row.fit == Fit.ALONE or (row.fit == Fit.NET and net_ok)
@@ -407,6 +423,7 @@ def batch_capacity(
         hi=hi,
         answers=tuple(answers),
         ceiling=top,
+        context_bytes=context_bytes(device.hw, settings.allocator, settings.context_reserve),
         notes=tuple(notes),
         checks=tuple(checks),
         captures=sum(t.captures for _, t, _ in models),
@@ -438,6 +455,7 @@ def jobs_capacity(
         hi=hi,
         answers=tuple(answers),
         ceiling=top,
+        context_bytes=context_bytes(device.hw, settings.allocator, settings.context_reserve),
     )
 
 

@@ -48,6 +48,8 @@ def header(c: Capacity) -> str:
         else f"most jobs of {c.jobs} at batch {c.batch}"
     )
     eor = f", EOR <= {s.max_eor:g}" if s.max_eor is not None else ""
+    if s.allocator != "exact" or c.context_bytes:
+        eor += f", {s.allocator} allocator, {format_bytes(c.context_bytes)} context per job"
     return (
         f"{what} on {c.hardware} ({format_bytes(c.memory_bytes)}): budget "
         f"{format_bytes(s.budget_bytes)}, fallback {s.fallback}{eor}, range {c.lo}..{c.hi}"

@@ -104,9 +104,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     machine.add_fallback(p)
     p.add_argument(
         "--budget",
-        help="device memory for all jobs: 8GiB, 512MB or whole bytes, at most the GPU's "
-        "(default: the GPU's memory); not a share (the vanilla peak changes with the batch)",
+        help="device memory for all jobs, their CUDA contexts included (--allocator, "
+        "--context-reserve): 8GiB, 512MB or whole bytes, at most the GPU's (default: the "
+        "GPU's memory); not a share (the vanilla peak changes with the batch)",
     )
+    machine.add_allocator(p)
     machine.add_lanes(p)
     machine.add_latency(p)
     p.add_argument(
@@ -222,6 +224,7 @@ def settings(args: argparse.Namespace, device: DeviceModel) -> Settings:
         max_eor=args.max_eor,
         iterations=args.iterations,
         options=options,
+        **machine.memory_options(args),  # type: ignore[arg-type]
     )
 
 

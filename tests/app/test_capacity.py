@@ -109,6 +109,14 @@ def test_the_most_jobs_of_a_synthetic_chain_by_hand(tmp_path):
     doc = _json([*common, "--budget", str(3 * 13 * MiB - 1)])
     assert _answers(doc)["vanilla"]["largest"] == 2
     assert doc["axis"] == "jobs" and doc["batch"] == 1 and doc["captures"] == 0
+    # each job's CUDA context is inside the budget: 14 MiB a job with 1 MiB each
+    reserve = [*common, "--context-reserve", "1MiB"]
+    doc = _json([*reserve, "--budget", f"{3 * 14}MiB"])
+    assert _answers(doc)["vanilla"]["largest"] == 3 and doc["context_reserve_bytes"] == MiB
+    assert _answers(_json([*reserve, "--budget", str(3 * 14 * MiB - 1)]))["vanilla"]["largest"] == 2
+    doc = _json([*common, "--budget", "1GiB", "--allocator", "caching"])  # the profile context
+    assert doc["allocator"] == "caching" and doc["context_reserve_bytes"] > 0
+    assert _answers(doc)["vanilla"]["largest"] >= 1
     # --jobs N is one fit test: two copies fit in 26 MiB, three do not
     fixed = ["--trace", str(trace), *GPU, "--planners", "vanilla", "--budget", "26MiB"]
     assert _answers(_json([*fixed, "--jobs", "2"]))["vanilla"]["largest"] == 2
