@@ -185,6 +185,11 @@ def memory_figure(result: SimResult) -> Figure:
         t_ms = mem.t_s * 1e3
         ys = [mem.by_kind[:, k] / scale for k in used]
         ax.stackplot(t_ms, ys, labels=[BUFFER_KINDS[k].value for k in used], step="post")
+    if result.device_curve is not None:  # an allocator model: what the device holds
+        t_s, held = result.device_curve
+        ax.step(t_s * 1e3, held / scale, where="post", color="black", lw=1.2,
+                label=f"{result.allocator.value}: reserved + contexts")  # fmt: skip
+        peak = max(peak, result.device_peak_bytes)
     # The budget is drawn where it is; a budget far above the peak would
     # squash the curve, so then the axis stops above the peak and the legend
     # says where the budget is.

@@ -164,6 +164,9 @@ class SimResult:
     fragmentation_bytes: int = 0
     device_peak_bytes: int = 0
     pinned_peak_bytes: int = 0
+    # (seconds, bytes) after each change of the device bytes under an
+    # allocator model: reserved (or pools) plus contexts; None with exact
+    device_curve: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def oom(self) -> bool:
@@ -253,6 +256,7 @@ def build_result(model: GpuModel, hardware: str, seed: int) -> SimResult:
         fragmentation_bytes=view.fragmentation,
         device_peak_bytes=view.device,
         pinned_peak_bytes=mem.parked_peak,
+        device_curve=view.curve,
     )
 
 
@@ -273,13 +277,15 @@ def build_result(model: GpuModel, hardware: str, seed: int) -> SimResult:
 # The device's peaks are peaks over time, not sums of the jobs' peaks.
 @dataclass(frozen=True, slots=True)
 class DeviceView:
-    """(allocated, reserved, device) peaks per job, and the device's."""
+    """(allocated, reserved, device) peaks per job, and the device's, with
+    its curve (seconds, bytes) under an allocator model."""
 
     jobs: tuple[tuple[int, int, int], ...]
     allocated: int
     reserved: int
     fragmentation: int
     device: int
+    curve: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def device_view(model: GpuModel, curve: MemoryCurve) -> DeviceView:
@@ -325,7 +331,15 @@ def _caching_view(model: GpuModel) -> DeviceView:
         own_peak[j] = max(own_peak[j], own[j])
     jobs = tuple((a.peak_allocated, a.peak_reserved, own_peak[j]) for j, a in enumerate(mem.backs))
     frag = mem.reserved_peak - mem.allocated_at_peak
-    return DeviceView(jobs, mem.allocated_peak, mem.reserved_peak, frag, peak)
+    curve = _curve([(t, d) for t, _j, d in mem.device_samples])
+    return DeviceView(jobs, mem.allocated_peak, mem.reserved_peak, frag, peak, curve)
+
+
+def _curve(changes: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, bytes after each change) from (time_us, +/- bytes) in order."""
+    t = np.fromiter((x[0] for x in changes), np.float64, len(changes)) / 1e6
+    d = np.fromiter((x[1] for x in changes), np.int64, len(changes))
+    return t, np.cumsum(d)
 
 
 def _smartpool_view(model: GpuModel, by_job: np.ndarray) -> DeviceView:
@@ -344,14 +358,16 @@ def _smartpool_view(model: GpuModel, by_job: np.ndarray) -> DeviceView:
         running.append((s.end_us, fp + ctx))
         steps += [(t, fp + ctx, fp), (s.end_us, -fp - ctx, -fp)]
     device = reserved = dev_now = res_now = 0
-    for _t, d, r in sorted(steps):  # at equal times the ends (negative) first
+    steps.sort()  # at equal times the ends (negative) first
+    for _t, d, r in steps:
         dev_now += d
         res_now += r
         device, reserved = max(device, dev_now), max(reserved, res_now)
     admitted = [s.c.index for s in model.jobs if s.oom != (0, -1, -1)]
     allocated = int(by_job[:, admitted].sum(axis=1).max(initial=0)) if len(by_job) else 0
     jobs = tuple((lay.live_peak, lay.footprint, lay.footprint + ctx) for lay in lays)
-    return DeviceView(jobs, allocated, reserved, max(0, reserved - allocated), device)
+    curve = _curve([(t, d) for t, d, _r in steps])
+    return DeviceView(jobs, allocated, reserved, max(0, reserved - allocated), device, curve)
 
 
 # ---- TENSILE's metrics ---------------------------------------------------------
