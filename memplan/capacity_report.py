@@ -64,7 +64,10 @@ def _scaling_lines(c: Capacity) -> list[str]:
         for m, k in c.checks
     ]
     above = f"batch {c.ceiling}" if c.axis == "batch" else f"{c.ceiling} jobs"
-    lines.append(f"no plan fits above {above} (the jobs' peak lower bound)")
+    if c.ceiling < c.hi:
+        lines.append(f"no plan fits above {above} (the jobs' peak lower bound)")
+    else:
+        lines.append(f"the jobs' peak lower bound leaves the whole range open (up to {above})")
     if c.axis == "batch":
         lines.append(f"{c.captures} captures; every other batch scaled (NOTE [ Batch scaling ])")
     return lines

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from memplan.commands import machine
 from memplan.traces.errors import MemplanError
 from memplan.traces.fields import printable
+from memplan.traces.model import MAX_ACCUMULATE
 from memplan.units import integer, number, parse_size
 
 if TYPE_CHECKING:
@@ -127,12 +128,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--optimizer",
-        help="with --model: the optimizer of the captured step (default: capture's, adam)",
+        metavar="NAME",
+        help="with --model: the captured step's torch.optim optimizer, as `memplan capture "
+        "--optimizer` (default adam)",
+    )
+    p.add_argument(
+        "--opt",
+        type=_keywords,
+        action="append",
+        metavar="K=V,...",
+        help="with --model: the optimizer's keyword arguments, as `memplan capture --opt`",
+    )
+    p.add_argument(
+        "--accumulate",
+        type=integer(1, MAX_ACCUMULATE),
+        metavar="K",
+        help="with --model: K forward/backward passes of the batch per step (default 1); "
+        "the batch searched is each pass's",
     )
     p.add_argument("--out", metavar="DIR", help="write report.md, report.json and memory.png")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
+
+
+def _keywords(text: str) -> dict:
+    """An argparse `type`: `--opt` as a dict (`traces.optim.parse_kwargs`)."""
+    from memplan.traces.optim import parse_kwargs
+
+    try:
+        return parse_kwargs(text)
+    except MemplanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -267,7 +294,7 @@ def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
             "--jobs auto searches the number of jobs at one batch: give --batch B (or --trace T)"
         )
     if args.trace:
-        for opt in ("batch", "batches", "optimizer"):
+        for opt in ("batch", "batches", "optimizer", "opt", "accumulate"):
             if getattr(args, opt) is not None:
                 raise MemplanError(
                     f"--{opt} with --trace: a trace is one captured step at its own batch; "
@@ -283,12 +310,20 @@ def _scaler(model: str, args: argparse.Namespace):  # noqa: ANN202
     from memplan.traces.capture import CaptureOptions
     from memplan.traces.scaling import BatchTraces, model_captures
 
+    kwargs: dict = {}
+    for given in args.opt or []:
+        for key, value in given.items():
+            if key in kwargs:
+                raise MemplanError(f"--opt: {key!r} is given twice")
+            kwargs[key] = value
     try:
-        opts = (
-            CaptureOptions() if args.optimizer is None else CaptureOptions(optimizer=args.optimizer)
+        opts = CaptureOptions(
+            optimizer=args.optimizer or "adam",
+            optimizer_kwargs=kwargs,
+            accumulate=args.accumulate or 1,
         )
     except MemplanError as e:
-        raise MemplanError(f"--optimizer={args.optimizer!r}: {e}") from None
+        raise MemplanError(f"--optimizer, --opt or --accumulate: {e}") from None
     return BatchTraces(model_captures(model, opts))
 
 
