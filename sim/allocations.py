@@ -48,7 +48,8 @@ class Allocation(NamedTuple):
 
 class MemEvent(NamedTuple):
     """At `t_us`: an allocation (`alloc`) or its free (`free`; `leaving`: its
-    job has ended and leaves, NOTE [ Snapshot time ]); an `oom`; a job's CUDA
+    job has ended and leaves, NOTE [ Snapshot time ]); the end of a copy's
+    transfer (`arrive`, NOTE [ Copies in flight ]); an `oom`; a job's CUDA
     context taken (`context`) or given back (`context_end`), `alloc.nbytes`
     its bytes."""
 
@@ -78,10 +79,16 @@ class MemEvent(NamedTuple):
 #   `other`, NOTE [ Workspaces ] in hwmodels/device.py);
 # - a giving back: a buffer the log names at that instant (release,
 #   discard, drop, the end of a swap-out or eviction) or one the framework
-#   frees after the ops that ended then (or last), else what a recompute
-#   that ends then made for itself only (its temporaries, dead buffers made
-#   again), else a workspace, else the most recent allocation of that kind
-#   and size.
+#   frees after the ops that ended then, else what a recompute that ends
+#   then made for itself only (its temporaries, dead buffers made again; not
+#   one a copy out still reads: that copy's end frees it),
+#   else one the framework freed after the op that ended last (put off while
+#   a copy read it), else a workspace, else at the job's end the lowest
+#   buffer (it returns them in order), else the most recent allocation of
+#   that kind and size. Among several freed at one instant, the one the simulator
+#   frees first (an allocator model's blocks depend on the order): the
+#   workspace of the op that ended, the framework's frees in order, then
+#   what the log names.
 # A job's CUDA context (its first bytes, kind `other`, and its last) is no
 # allocation: PyTorch's allocator never sees it, so it is a `context` event.
 # Every change becomes exactly one allocation or free of its bytes, so the
@@ -107,8 +114,8 @@ def _eps(t: float) -> float:
 class _JobLabels:
     """Labels the memory changes of one job (NOTE [ Which buffer a memory change is ])."""
 
-    def __init__(self, job: int, trace: Trace, entries: list):
-        self.job = job
+    def __init__(self, job: int, trace: Trace, entries: list, end_us: float):
+        self.job, self.end_us = job, end_us
         self.table = table = OpTable.of(trace)
         self.key = list(zip(trace.kind_index.tolist(), trace.nbytes.tolist(), strict=True))
         self.by_key: dict[tuple[int, int], list[int]] = {}
@@ -148,6 +155,14 @@ class _JobLabels:
                 self.free_t.append(e.t_us)
                 self.free_b.append(e.buffer)
         self.remat_t, self.remat_b = self._remade_temporaries(entries, trace)
+        # copies out that read a buffer, (start, end): its bytes go at the end
+        self.copying: dict[int, list[tuple[float, float]]] = {}
+        started: dict[int, float] = {}
+        for e in entries:
+            if e.kind in (K.SWAP_OUT_START, K.EVICT_START):
+                started[e.buffer] = e.t_us
+            elif e.kind in (K.SWAP_OUT_END, K.EVICT_END) and e.buffer in started:
+                self.copying.setdefault(e.buffer, []).append((started.pop(e.buffer), e.t_us))
         self.iter_t = [e.t_us for e in entries if e.kind is K.ITER_START]
         self.live: dict[tuple[int, int], list[Allocation]] = {}
         self.live_b: set[int] = set()
@@ -183,6 +198,10 @@ class _JobLabels:
         resolve(trace.n_ops)
         order = sorted(range(len(times)), key=times.__getitem__)
         return [times[k] for k in order], [bufs[k] for k in order]
+
+    def _copied(self, b: int, t: float) -> bool:
+        """A copy out of `b` is running at `t` (it frees the bytes when it ends)."""
+        return any(t0 <= t < t1 - _eps(t) for t0, t1 in self.copying.get(b, ()))
 
     def _iteration(self, t: float) -> int:
         return max(bisect.bisect_right(self.iter_t, t + _eps(t)) - 1, 0)
@@ -246,41 +265,52 @@ class _JobLabels:
         return lambda b: b >= 0 and key_of[b] == key and b not in live_b
 
     def give_back(self, t: float, kind: int, n: int) -> Allocation | None:
-        """The allocation the change frees; None if none of that kind and size is live."""
+        """The allocation the change frees; None if none of that kind and size
+        is live. Among several the simulator frees at one instant, the one it
+        frees first: an allocator model's blocks depend on the order."""
         live = self.live.get((kind, n))
         if not live:
             return None
         eps = _eps(t)
-        named = set(
-            self.free_b[
-                bisect.bisect_left(self.free_t, t - eps) : bisect.bisect_right(self.free_t, t + eps)
-            ]
-        )
-        # the ops that ended now (zero-length ops end at the same instant), or the last before
+        # ops that ended now (zero-length ops end at the same instant): their
+        # workspaces, then the framework's frees, in order; then what the log
+        # names; then what a recompute made for itself; then the frees of the
+        # op that ended last before
         hi = bisect.bisect_right(self.end_t, t + eps)
-        lo = min(bisect.bisect_left(self.end_t, t - eps), max(hi - 1, 0))
-        for op in self.end_op[lo:hi]:
-            named.update(self.table.frees[op])
-        remade = set(
-            self.remat_b[
-                bisect.bisect_left(self.remat_t, t - eps) : bisect.bisect_right(
-                    self.remat_t, t + eps
-                )
-            ]
-        )
-
-        pick = next((i for i in range(len(live) - 1, -1, -1) if live[i].buffer in named), None)
-        if pick is None:  # what a recompute made for itself only
+        lo = bisect.bisect_left(self.end_t, t - eps)
+        ended = self.end_op[lo:hi]
+        order = [b for op in ended for b in self.table.frees[op]]
+        order += self.free_b[
+            bisect.bisect_left(self.free_t, t - eps) : bisect.bisect_right(self.free_t, t + eps)
+        ]
+        where = {a.buffer: i for i, a in enumerate(live)}
+        pick = next((i for i, a in enumerate(live) if a.why == "workspace" and a.op in ended), None)
+        if pick is None:  # (a copy out still reading a buffer frees it when it ends)
+            pick = next((where[b] for b in order if b in where and not self._copied(b, t)), None)
+        if pick is None:  # what a recompute ending now made for itself, oldest first
+            remade = set(
+                self.remat_b[
+                    bisect.bisect_left(self.remat_t, t - eps) : bisect.bisect_right(
+                        self.remat_t, t + eps
+                    )
+                ]
+            )
             pick = next(
                 (
                     i
-                    for i in range(len(live) - 1, -1, -1)
-                    if live[i].why == "recompute" and live[i].buffer in remade
+                    for i, a in enumerate(live)
+                    if a.why == "recompute" and a.buffer in remade and not self._copied(a.buffer, t)
                 ),
                 None,
             )
+        if pick is None and not ended and hi:  # a free the framework put off (a copy ran)
+            pick = next(
+                (where[b] for b in self.table.frees[self.end_op[hi - 1]] if b in where), None
+            )
         if pick is None:  # an op's workspace goes when the op ends
-            pick = next((i for i in range(len(live)) if live[i].why == "workspace"), None)
+            pick = next((i for i, a in enumerate(live) if a.why == "workspace"), None)
+        if pick is None and t >= self.end_us - eps:  # the job ends: buffer by buffer
+            pick = min(range(len(live)), key=lambda i: (live[i].buffer < 0, live[i].buffer))
         a = live.pop(len(live) - 1 if pick is None else pick)
         self.live_b.discard(a.buffer)
         return a
@@ -303,15 +333,15 @@ def _changes(result: SimResult) -> Iterator[tuple[float, int, int, int]]:
 
 def allocations(result: SimResult, at_end: bool = True) -> list[MemEvent]:
     """Every allocation, free and OOM of the simulation, and the jobs'
-    contexts, in time order, labelled as NOTE [ Which buffer a memory change
-    is ] says; with `at_end` up to the snapshot's time (NOTE [ Snapshot
-    time ]), else to the end."""
+    contexts, in time order, labelled as
+    NOTE [ Which buffer a memory change is ] says; with `at_end` up to the
+    snapshot's time (NOTE [ Snapshot time ]), else to the end."""
     by_job: list[list] = [[] for _ in result.jobs]
     for e in result.log:
         by_job[e.job].append(e)
-    labels = [_JobLabels(j, t, by_job[j]) for j, t in enumerate(result.traces)]
-    makespan_us = result.makespan_s * 1e6
     ends = [j.end_s * 1e6 for j in result.jobs]
+    labels = [_JobLabels(j, t, by_job[j], ends[j]) for j, t in enumerate(result.traces)]
+    makespan_us = result.makespan_s * 1e6
     stays = {
         j.index
         for j in result.jobs
@@ -350,7 +380,73 @@ def allocations(result: SimResult, at_end: bool = True) -> list[MemEvent]:
             continue  # still allocated when the snapshot is taken
         events.append(MemEvent(t, "free", a, leaving))
     events += [_oom(o, result) for o in ooms]
-    return events
+    return _with_arrivals(events, result)
+
+
+# NOTE [ Copies in flight ]
+# The bytes a swap-in or fetch takes belong to no buffer until its copy
+# ends and the buffer stays: the simulator's allocator models (sim/ledger.py
+# NOTE [ One process per job ]) hold them as a loose block of the job and
+# hand the buffer the job's most recent loose block of that size when it
+# arrives (an `arrive` event, at the end of its copy), and a copy that ends
+# with no buffer to stay frees the most recent one. Among several copies of
+# one size in flight, that may be another copy's block: a snapshot follows
+# the same blocks, so its addresses and segments are the simulation's.
+_ARRIVES = (K.SWAP_IN_END, K.FETCH_END)
+
+
+def _with_arrivals(events: list[MemEvent], result: SimResult) -> list[MemEvent]:
+    """`events` with an `arrive` at the end of each copy's transfer, before
+    what happens at that instant (NOTE [ Copies in flight ])."""
+    ends: dict[tuple[int, int], list[float]] = {}
+    for e in result.log:
+        if e.kind in _ARRIVES:
+            ends.setdefault((e.job, e.buffer), []).append(e.t_us)
+    arrivals = []
+    for ev in events:
+        a = ev.alloc
+        if ev.action == "alloc" and a.why in ("swap_in", "fetch"):
+            times = ends.get((a.job, a.buffer), [])
+            k = bisect.bisect_left(times, a.t_us - _eps(a.t_us))
+            if k < len(times):
+                arrivals.append(MemEvent(times[k], "arrive", a))
+    if not arrivals:
+        return events
+    arrivals.sort(key=lambda ev: ev.t_us)
+    out, k = [], 0
+    for ev in events:
+        while k < len(arrivals) and arrivals[k].t_us <= ev.t_us + _eps(ev.t_us):
+            out.append(arrivals[k])
+            k += 1
+        out.append(ev)
+    return out + arrivals[k:]
+
+
+def as_blocks(events: list[MemEvent]) -> list[MemEvent]:
+    """`events` as the allocator models see them (NOTE [ Copies in flight ]):
+    each free names the allocation whose bytes it gives back -- its own, or
+    the copy's block its buffer was handed -- and `arrive` events are gone."""
+    loose: dict[tuple[int, int], list[Allocation]] = {}
+    holds: dict[int, Allocation | None] = {}  # token -> the block it holds (None: loose)
+    out = []
+    for ev in events:
+        a = ev.alloc
+        if ev.action == "alloc":
+            copy = a.why in ("swap_in", "fetch")
+            if copy:
+                loose.setdefault((a.job, a.nbytes), []).append(a)
+            holds[a.token] = None if copy else a
+        elif ev.action == "arrive":
+            if a.token in holds and holds[a.token] is None:
+                holds[a.token] = loose[(a.job, a.nbytes)].pop()
+            continue
+        elif ev.action == "free":
+            block = holds.pop(a.token)
+            if block is None:  # its copy never arrived: the job's last loose block
+                block = loose[(a.job, a.nbytes)].pop()
+            ev = ev._replace(alloc=block)
+        out.append(ev)
+    return out
 
 
 def _oom(o: tuple[float, int, int], result: SimResult) -> MemEvent:

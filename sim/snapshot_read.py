@@ -191,8 +191,8 @@ class DevicePeaks:
 
 
 def device_peaks(doc: dict[str, Any]) -> list[DevicePeaks]:
-    """Per device with segments or trace entries, in device order (NOTE [
-    Reading a snapshot ]); `doc` as `check_snapshot` returns it."""
+    """Per device with segments or trace entries, in device order
+    (NOTE [ Reading a snapshot ]); `doc` as `check_snapshot` returns it."""
     traces = doc.get("device_traces", [])
     ends: dict[int, list[int]] = {}  # device -> [allocated, reserved, segments]
     for seg in doc["segments"]:

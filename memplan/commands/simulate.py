@@ -158,8 +158,8 @@ def _job_name(path: str, trace: Trace) -> str:
 def write_report(result: SimResult, summary: dict, out: Path) -> None:
     """result.json, timeline.json (Perfetto), memory.png, gantt.png and
     snapshot.pickle (PyTorch's memory snapshot, NOTE [ Snapshot format ] in
-    sim/snapshot.py) in `out`, which appears whole or not at all (NOTE [
-    Report directories ] in memplan/outputs.py)."""
+    sim/snapshot.py) in `out`, which appears whole or not at all
+    (NOTE [ Report directories ] in memplan/outputs.py)."""
     from memplan.outputs import report_dir
     from memplan.sim.exports import gantt_figure, memory_figure, save_figure, write_chrome_trace
     from memplan.sim.snapshot import write_snapshot

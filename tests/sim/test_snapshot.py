@@ -12,8 +12,9 @@ from memplan.planners import registry
 from memplan.planners.core.plan import Recompute, Release, SwapIn, SwapOut
 from memplan.sim import Job, simulate
 from memplan.sim.allocations import allocations
+from memplan.sim.allocator import CachingAllocator
 from memplan.sim.memory import MemoryPool
-from memplan.sim.snapshot import BASE_ADDRESS, snapshot
+from memplan.sim.snapshot import BASE_ADDRESS, JOB_RANGE, snapshot
 from memplan.sim.snapshot_read import device_peaks
 from memplan.traces import synthetic
 
@@ -281,3 +282,45 @@ def test_smartpool_every_entry():
     (d,) = device_peaks(s)
     assert (d.reserved_peak, d.allocated_peak) == (r.reserved_peak_bytes, r.peak_bytes)
     assert d.reserved_peak == 8 * MiB
+
+
+def test_caching_snapshot_is_the_simulators_blocks(monkeypatch):
+    # Two residual(4) jobs at half their vanilla peak under the caching
+    # allocator and the passive net: evictions, fetches (copies in flight,
+    # NOTE [ Copies in flight ]), and segments returned mid-run to make room. The
+    # snapshot's mallocs and frees are the simulator's own allocators' calls,
+    # block for block, in order (less the frees of the job still there when
+    # the snapshot is taken, NOTE [ Snapshot time ]).
+    calls: dict[int, list[tuple[str, int]]] = {}
+    malloc, free = CachingAllocator.malloc, CachingAllocator.free
+
+    def rec_malloc(self, n):
+        block = malloc(self, n)
+        calls.setdefault(id(self), []).append(("alloc", block.addr))
+        return block
+
+    def rec_free(self, block):
+        calls.setdefault(id(self), []).append(("free_completed", block.addr))
+        return free(self, block)
+
+    monkeypatch.setattr(CachingAllocator, "malloc", rec_malloc)
+    monkeypatch.setattr(CachingAllocator, "free", rec_free)
+    t = synthetic.residual(4, act_mib=4)
+    device = DeviceModel(load_hardware("a100-pcie-40gb"), Roofline())
+    budget = int(0.5 * 2 * t.peak()[0]) + 2 * device.hw.context_reserve_bytes
+    r = simulate([t, t], device, iterations=2, budget=budget, oom="passive", allocator="caching")
+    sim_calls = list(calls.values())  # per job, in the order the jobs' allocators were made
+    calls.clear()
+    s = snapshot(r)
+    entries = s["device_traces"][0]
+    assert not r.oom and "fetch" in {e.alloc.why for e in allocations(r)}
+    first_end = min(j.end_s for j in r.jobs) * 1e6
+    assert any(e["action"] == "segment_free" and e["time_us"] < first_end for e in entries)
+    for j, sim in enumerate(sim_calls):
+        at = [(a, BASE_ADDRESS + j * JOB_RANGE + addr % JOB_RANGE) for a, addr in sim]
+        got = [(e["action"], e["addr"]) for e in entries
+               if e["stream"] == j and e["action"] in ("alloc", "free_completed")]  # fmt: skip
+        assert got == at[: len(got)]
+        assert all(a == "free_completed" for a, _ in at[len(got) :])
+    (d,) = device_peaks(s)
+    assert d.reserved_peak == r.reserved_peak_bytes
