@@ -71,7 +71,8 @@ def simulate(
     reserve = context_bytes(hw, alloc, context_reserve)
     if reserve >= budget:
         raise SimError(
-            f"context_reserve={reserve} bytes leaves nothing of the budget ({budget} bytes)"
+            f"a job's CUDA context ({reserve} bytes: context_reserve, by default the profile's "
+            f"estimate; --context-reserve) leaves nothing of the budget ({budget} bytes)"
         )
     with _collector_paused():
         return _run(jobs, device, iterations, budget, policy, seed, check, alloc, reserve)
