@@ -126,6 +126,10 @@ def _num(x: float) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One fit test. `fit` is a `comparison.Fit` value or "bound" (the peak
@@ -239,7 +243,7 @@ class Capacity:
             "notes": list(self.notes),
             "captures": self.captures,
             "scaling_checks": [
-                {"model": m, **c._asdict(), "max_rel_error": _num(c.max_rel_error)}
+                {"model": m, **c._asdict(), "max_rel_error": _finite(c.max_rel_error)}
                 for m, c in self.checks
             ],
         }

@@ -60,7 +60,7 @@ def _scaling_lines(c: Capacity) -> list[str]:
     lines = [
         f"{m}: scaled trace checked against a capture at batch {k.batch}: peak "
         f"{format_bytes(k.scaled_peak_bytes)} scaled, {format_bytes(k.captured_peak_bytes)} "
-        f"captured ({'ok' if k.ok else 'mismatch'}, largest error {k.max_rel_error:.2%})"
+        f"captured ({f'ok, largest error {k.max_rel_error:.2%}' if k.ok else k.reason})"
         for m, k in c.checks
     ]
     above = f"batch {c.ceiling}" if c.axis == "batch" else f"{c.ceiling} jobs"

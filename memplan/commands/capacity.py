@@ -126,6 +126,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a planner option (repeatable); squeeze gets max_evaluations=20 and cpsat "
         "time_limit_s=5 per probe unless given here",
     )
+    _add_capture_options(p)
+    p.add_argument("--out", metavar="DIR", help="write report.md, report.json and memory.png")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+def _add_capture_options(p: argparse.ArgumentParser) -> None:
+    """How the step is captured with --model (`memplan capture`'s options)."""
     p.add_argument(
         "--optimizer",
         metavar="NAME",
@@ -146,10 +155,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --model: K forward/backward passes of the batch per step (default 1); "
         "the batch searched is each pass's",
     )
-    p.add_argument("--out", metavar="DIR", help="write report.md, report.json and memory.png")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(func=run)
 
 
 def _keywords(text: str) -> dict:

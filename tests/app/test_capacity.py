@@ -148,7 +148,10 @@ def test_a_failed_scaling_check_is_said_and_every_batch_is_captured():
     assert o.code == 0, o.describe()
     assert "note: tests.app.test_capacity:grows: scaling off, every batch is captured" in o.stderr
     assert "number of buffers" in o.stderr
-    assert "mismatch" in o.stdout  # the check line of the table
+    assert "structure: number of buffers" in o.stdout  # the check line of the table
+    doc = json.loads(run_cli([*argv, "--json"], 60).stdout)  # valid JSON: no Infinity
+    assert doc["scaling_checks"][0]["ok"] is False
+    assert doc["scaling_checks"][0]["max_rel_error"] is None
     # the copy of the batch adds B x 784 x 4 bytes before the step; the peak
     # at the Adam step is unchanged (the copy is dead by then)
     assert "vanilla       300" in o.stdout or "vanilla  300" in o.stdout, o.stdout

@@ -250,6 +250,7 @@ OPTIONS = [
     (["capacity", "--model", "mlp", *GPU], "--budget", BAD_SIZE + ["49GiB", "50%"]),
     (["capacity", "--gpu", "rtx-a6000"], "--jobs", ["0", "-1", "65", "", "nan", ":3", "x:0"]),
     (["capacity", "--model", "mlp", *GPU], "--batches", ["", "0:4", "4:2", "a", "1:2:3"]),
+    (["capacity", "--model", "mlp", *GPU], "--accumulate", BAD_INT + ["0", "1025"]),
 ]
 
 
