@@ -11,7 +11,8 @@
 
 Built from the event log and memory curve only. Figures use matplotlib's
 object API (no pyplot state); `save_figure` and `write_chrome_trace` write
-atomically.
+atomically. The third export, a PyTorch memory snapshot that memory_viz
+opens, is sim/snapshot.py.
 """
 
 from __future__ import annotations
