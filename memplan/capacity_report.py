@@ -139,7 +139,7 @@ def figure(c: Capacity):  # noqa: ANN201
 
 
 def write(c: Capacity, out: Path) -> list[str]:
-    """report.md, report.json and memory.png in `out`, whole or not at all
+    """report.md, report.json and capacity.png in `out`, whole or not at all
     (NOTE [ Report directories ] in memplan/outputs.py)."""
     from memplan.sim.exports import save_figure
 
@@ -147,5 +147,5 @@ def write(c: Capacity, out: Path) -> list[str]:
     with report_dir(out) as tmp:
         atomic_write_bytes(tmp / "report.md", markdown(c).encode())
         atomic_write_bytes(tmp / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
-        save_figure(fig, tmp / "memory.png")
-    return ["report.md", "report.json", "memory.png"]
+        save_figure(fig, tmp / "capacity.png")
+    return ["report.md", "report.json", "capacity.png"]

@@ -31,10 +31,10 @@ from memplan.traces.errors import MemplanError
 # user's files. Writability is `os.access`, which root passes everywhere but
 # on a read-only file system; a write that fails anyway is still one line.
 
-# What `memplan compare` and `memplan simulate` write into a report directory.
+# What `memplan compare`, `simulate` and `capacity` write into a report directory.
 REPORT_NAMES = frozenset(
     {"plans", "report.md", "report.json", "memory.png", "result.json", "timeline.json", "gantt.png",
-     "snapshot.pickle", "snapshots"}
+     "snapshot.pickle", "snapshots", "capacity.png"}
 )  # fmt: skip
 REPORT_FOLDERS = {"plans": ".json", "snapshots": ".pickle"}  # and what they hold
 

@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "time_limit_s=5 per probe unless given here",
     )
     _add_capture_options(p)
-    p.add_argument("--out", metavar="DIR", help="write report.md, report.json and memory.png")
+    p.add_argument("--out", metavar="DIR", help="write report.md, report.json and capacity.png")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)

@@ -164,13 +164,13 @@ def test_out_writes_a_report_directory(tmp_path):
             "--batches", "2:600", "--out", str(out), "--max-eor", "3"]  # fmt: skip
     o = run_cli(argv, 60)
     assert o.code == 0, o.describe()
-    assert sorted(p.name for p in out.iterdir()) == ["memory.png", "report.json", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["capacity.png", "report.json", "report.md"]
     doc = json.loads((out / "report.json").read_text())
     assert doc["max_eor"] == 3.0 and {a["planner"] for a in doc["answers"]} == {"vanilla", "vdnn"}
     for a in doc["answers"]:
         assert a["eor"] is None or a["eor"] <= 3.0
     assert "# memplan capacity" in (out / "report.md").read_text()
-    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "capacity.png").read_bytes()[:4] == b"\x89PNG"
     assert run_cli(argv, 60).code == 0  # an old report is replaced whole
 
 

@@ -34,6 +34,7 @@ FILE_OUTPUTS = {
 DIR_OUTPUTS = {
     ("simulate", "--out"): ["simulate", "{missing}", "--gpu", "rtx-a6000"],
     ("compare", "--out"): ["compare", "{missing}", "--gpu", "rtx-a6000"],
+    ("capacity", "--out"): ["capacity", "--trace", "{missing}", "--gpu", "rtx-a6000"],
 }
 
 
