@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from memplan.sim.snapshot_read import read_snapshot
 from memplan.traces import io, synthetic
 
 pytestmark = pytest.mark.skipif(
@@ -28,7 +29,16 @@ _SCRIPT = Path(sys.executable).with_name("memplan")
 MEMPLAN = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "memplan"]
 
 OLD = {"report.md": "the old report\n", "memory.png": "old png", "plans/old.json": "{}"}
-NEW = {"report.md", "report.json", "memory.png", "plans/tensile.json", "plans/checkpoint.json"}
+NEW = {
+    "report.md",
+    "report.json",
+    "memory.png",
+    "plans/tensile.json",
+    "plans/checkpoint.json",
+    "snapshots/vanilla.pickle",
+    "snapshots/tensile.pickle",
+    "snapshots/checkpoint.pickle",
+}
 SAID = {signal.SIGINT: (130, "memplan: interrupted"),
         signal.SIGTERM: (143, "memplan: terminated (SIGTERM)")}  # fmt: skip
 
@@ -54,7 +64,10 @@ def _state(out: Path) -> str:
     assert names == NEW, f"a mix of reports: {sorted(names)}"
     assert (out / "report.md").read_text().startswith("# memplan compare")
     for name in NEW - {"report.md", "memory.png"}:
-        json.loads((out / name).read_text())
+        if name.endswith(".pickle"):
+            read_snapshot(out / name)  # whole: a truncated pickle is a SimError
+        else:
+            json.loads((out / name).read_text())
     png = (out / "memory.png").read_bytes()
     assert png.startswith(b"\x89PNG") and png[-12:-4] == b"\x00\x00\x00\x00IEND"
     return "new"

@@ -100,16 +100,24 @@ def test_a_stuck_lane_is_an_error_not_a_hang(monkeypatch, deadline):
     # the swap-out's copy never ends (held by the test): with a deadline the
     # compute thread gives up waiting for it after the slack; without one the
     # replay ends and gives up waiting for the lane
+    # the compute thread waits after op `out` until the copy has started, so a
+    # busy machine cannot reach the buffer's next use first (which cancels a
+    # swap-out not yet started, and the replay would end without the lane)
     monkeypatch.setattr(executor, "WAIT_SLACK_S", 0.25)
-    release = threading.Event()
-
-    class Hold(_KillLane):
-        def copy_started(self, t: Transfer) -> None:
-            release.wait()
-
+    release, started = threading.Event(), threading.Event()
     trace = trace_of("small_cnn")
     a = output_of(trace, 4)
     out = last_forward_use(trace, a)
+
+    class Hold(_KillLane):
+        def copy_started(self, t: Transfer) -> None:
+            started.set()
+            release.wait()
+
+        def op_done(self, iteration: int, op: int) -> None:
+            if op == out:
+                assert started.wait(BOUND_S), "the swap-out never started"
+
     plan = plan_of(trace, SwapOut(a, out, 0.0, out + 1 if deadline else -1))
     try:
         err = _bounded(lambda: replay(trace, plan=plan, iterations=1, sync=Hold()))

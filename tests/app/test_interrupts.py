@@ -1,0 +1,49 @@
+"""NOTE [ Signals in memplan ]: a signal that lands in a callback whose
+exceptions Python only reports (here a `__del__`) is not printed as an
+ignored traceback, and `fired()` still has it for `main`."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+import types
+
+from memplan import interrupts
+
+
+class _SignalsOnDeath:
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGTERM)  # the handler runs inside __del__
+
+
+def test_an_interrupt_a_callback_drops_is_quiet_and_kept(capsys):
+    old = interrupts.install()
+    try:
+        _SignalsOnDeath()  # dies at once, by reference count: Interrupted is dropped
+        swallowed = interrupts.fired()
+    finally:
+        interrupts.restore(old)
+    assert swallowed is not None and swallowed.exit_code == 143
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_other_unraisable_exceptions_still_reach_the_old_hook():
+    seen = []
+    before, sys.unraisablehook = sys.unraisablehook, seen.append
+    try:
+        old = interrupts.install()
+        sys.unraisablehook(types.SimpleNamespace(exc_value=ValueError("x")))
+        interrupts.restore(old)
+    finally:
+        sys.unraisablehook = before
+    assert [str(u.exc_value) for u in seen] == ["x"]
+
+
+def test_restore_puts_the_unraisable_hook_back():
+    before = sys.unraisablehook
+    old = interrupts.install()
+    assert sys.unraisablehook is not before
+    interrupts.restore(old)
+    assert sys.unraisablehook is before
+    gc.collect()
