@@ -174,18 +174,16 @@ class _Line(NamedTuple):
         return q1 * den + (q2 - q1) * (self.batch - self.b1), den
 
     def up(self, q1: int, q2: int, what: str) -> int:
-        num, den = self.frac(q1, q2)
-        value = -(-num // den)
-        if value < 0:
-            raise ScalingError(f"{what} would be {value} at batch {self.batch}")
-        return value
+        num, den = self.frac(q1, q2)  # den > 0: b2 > b1
+        if num < 0:  # negative before rounding: -1/3 must not round up to 0
+            raise ScalingError(f"{what} would be {num / den:.4g} at batch {self.batch}")
+        return -(-num // den)
 
     def nearest(self, q1: int, q2: int, what: str) -> int:
         num, den = self.frac(q1, q2)
-        value = (2 * num + den) // (2 * den)
-        if value < 0:
-            raise ScalingError(f"{what} would be {value} at batch {self.batch}")
-        return value
+        if num < 0:
+            raise ScalingError(f"{what} would be {num / den:.4g} at batch {self.batch}")
+        return (2 * num + den) // (2 * den)
 
     def whole(self, q1: int, q2: int, what: str) -> int:
         num, den = self.frac(q1, q2)

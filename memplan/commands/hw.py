@@ -73,10 +73,15 @@ def run_show(args: argparse.Namespace) -> int:
         ("mem_bw_bytes_per_s", _gbs(hw.mem_bw_bytes_per_s)),
         ("launch_overhead_s", f"{hw.launch_overhead_s * 1e6:.2f} us"),
     ]
+    # counted with --allocator caching|smartpool (NOTE [ Context reserve ] in
+    # sim/simulate.py, NOTE [ Workspaces ] in hwmodels/device.py)
+    for key in ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_bytes"):
+        n = getattr(hw, key)
+        rows.append((key, f"{n} ({format_bytes(n)})"))
     if hw.roofline_efficiency:
         eff = ", ".join(f"{k} {v:.3g}" for k, v in hw.roofline_efficiency.items())
         rows.append(("roofline_efficiency", eff))
     for key, value in rows:
-        print(f"  {key:<20}{value}")
-        print(f"  {'':<20}source: {hw.source.get(key, '-')}")
+        print(f"  {key:<24}{value}")
+        print(f"  {'':<24}source: {hw.source.get(key, '-')}")
     return 0

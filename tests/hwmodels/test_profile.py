@@ -155,6 +155,10 @@ def test_cli_hw_list_and_show(capsys, tmp_path):
     assert main(["hw", "show", "l4"]) == 0
     out = capsys.readouterr().out
     assert "300.0 GB/s" in out and "source: NVIDIA L4 datasheet" in out
+    hw = load_hardware("l4")  # the allocator's figures too, with their sources
+    for key in ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_bytes"):
+        assert f"  {key:<24}{getattr(hw, key)} (" in out
+        assert hw.source[key][:40] in out
     assert main(["hw", "show", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("memplan hw: error: unknown hardware 'nope'") and err.count("\n") == 1
