@@ -32,6 +32,7 @@ from memplan.planners.analysis import (
     msps,
     predict_timelines,
 )
+from memplan.planners.core.errors import PlanError
 from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
     Event,
@@ -319,9 +320,12 @@ def capuchin(
     *,
     budget_bytes: int | None = None,
     options: CapuchinOptions | None = None,
+    timelines: Sequence[Timeline] | None = None,
 ) -> PlanResult:
     """Capuchin on every job alone, saving what `budget_bytes` needs. Without
-    a budget it stops with `Reason.NO_BUDGET` and no plans."""
+    a budget it stops with `Reason.NO_BUDGET` and no plans. `timelines`: one
+    per job, the access times to plan from (Capuchin's measured iteration:
+    `capuchin_measured.measured_timeline`); None: predicted from `device`."""
     t0 = time.perf_counter()
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)
@@ -336,7 +340,12 @@ def capuchin(
             solve_time_s=time.perf_counter() - t0,
             options=options_dict(opts),
         )
-    timelines = predict_timelines(jobs, device)
+    if timelines is None:
+        timelines = predict_timelines(jobs, device)
+    elif len(timelines) != len(jobs) or any(
+        tl.n_ops != t.n_ops for tl, t in zip(timelines, jobs, strict=True)
+    ):
+        raise PlanError("capuchin: timelines must be one per job, one time per op")
     vanilla = [t.peak("framework")[0] for t in jobs]
     total = sum(vanilla)
     plans, stats, peaks = [], [], []
