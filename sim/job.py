@@ -33,6 +33,7 @@ class Job:
     arrival_s: float = 0.0
     iterations: int | None = None
     name: str = ""
+    departure_s: float | None = None  # NOTE [ Departures ] in sim/dynamics.py
 
 
 class CompiledJob:
@@ -51,6 +52,7 @@ class CompiledJob:
         "trace",
         "plan",
         "arrival_us",
+        "departure_us",
         "iterations",
         "n_ops",
         "nbytes",
@@ -69,6 +71,8 @@ class CompiledJob:
         "recompute",
         "durations",
         "workspace",
+        "table",
+        "kernels",
     )
 
     def __init__(
@@ -78,6 +82,7 @@ class CompiledJob:
         iterations: int,
         device: DeviceModel,
         workspaces: bool = False,
+        usage: float = 0.0,
     ):
         t = job.trace
         plan = job.plan if job.plan is not None else empty_plan(t)
@@ -88,13 +93,14 @@ class CompiledJob:
         self.trace = t
         self.plan = plan
         self.arrival_us = float(job.arrival_s) * 1e6
+        dep = job.departure_s
+        self.departure_us = None if dep is None else float(dep) * 1e6
         self.iterations = iterations
         self.n_ops = n
         self.nbytes: list[int] = t.nbytes.tolist()
         self.kind: list[int] = t.kind_index.tolist()
 
-        table = OpTable.of(t)
-        ip = IndexedPlan.of(plan, t, table)
+        table = self.table = OpTable.of(t)
         self.accs = table.accesses
         self.need = table.need
         self.create = table.creates
@@ -103,6 +109,16 @@ class CompiledJob:
         self.frees = table.frees
         self.persistent = table.persistent
         self.persistent_bytes = sum(self.nbytes[b] for b in self.persistent)
+        self.kernels = self._kernels(device, usage)
+        self.use_plan(plan, device)
+        ws = op_workspace_bytes(t, device.hw) if workspaces else None
+        self.workspace: list[int] | None = ws.tolist() if ws is not None and ws.any() else None
+
+    def use_plan(self, plan: Plan, device: DeviceModel) -> None:
+        """Compile `plan`'s events and durations for this job (at the start,
+        and at a plan change: NOTE [ Plan changes at a boundary ] in sim/boundary.py)."""
+        ip = IndexedPlan.of(plan, self.trace, self.table)
+        self.plan = plan
         # Plan events by trigger, in plan order; inputs released at the start
         # are never loaded (NOTE [ Duplicate events ] in planners/core/semantics.py).
         self.triggers = tuple(tuple(_compiled(e, ev) for e, ev in g) for g in ip.triggered)
@@ -112,23 +128,26 @@ class CompiledJob:
         self.inputs = ip.inputs
         self.input_bytes = sum(self.nbytes[b] for b in self.inputs)
         self.durations = self._durations(device, plan)
-        ws = op_workspace_bytes(t, device.hw) if workspaces else None
-        self.workspace: list[int] | None = ws.tolist() if ws is not None and ws.any() else None
 
-    def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
-        """Op durations in microseconds (NOTE [ Op durations ] in sim/model.py), each
-        op that triggers planned copies longer by the device's compute-stream
-        cost per copy (the iteration's start charges op 0)."""
+    def _kernels(self, device: DeviceModel, usage: float) -> list[float]:
+        """Op durations in microseconds at outside load `usage` (NOTE [ Op
+        durations ] in sim/model.py, NOTE [ Usage and jitter ] in sim/dynamics.py)."""
         try:
-            d = device.op_durations(self.trace, TimeUnit.US)
+            return device.op_durations(self.trace, TimeUnit.US, usage=usage).tolist()
         except LatencyError as e:
             raise SimError(f"job {self.index} ({self.name}): {e}") from None
+
+    def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
+        """The kernels' durations, each op that triggers planned copies longer
+        by the device's compute-stream cost per copy (the iteration's start
+        charges op 0)."""
+        d = list(self.kernels)
         extra = device.transfer_cost(TimeUnit.US)
         if extra and self.n_ops:
             for ev in plan.events:
                 if isinstance(ev, SwapOut | SwapIn):
                     d[max(ev.after_op, 0)] += extra
-        return d.tolist()
+        return d
 
 
 def _compiled(e: int, ev: Triggered) -> tuple:

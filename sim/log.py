@@ -32,6 +32,8 @@ class LogKind(enum.Enum):
     STALL_END = "stall_end"
     SKIP = "skip"  # a plan event found nothing to do (see NOTE [ Event semantics ])
     OOM = "oom"
+    DEPART = "depart"  # the job leaves at its departure_s (NOTE [ Departures ] in sim/dynamics.py)
+    PLAN = "plan"  # a plan change takes effect; buffer = the plan's version (sim/boundary.py)
 
 
 class LogEntry(NamedTuple):

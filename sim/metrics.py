@@ -71,6 +71,12 @@ class JobResult:
     reserved_peak_bytes: int = 0
     device_peak_bytes: int = 0
     pinned_peak_bytes: int = 0
+    # NOTE [ Plan changes at a boundary ] in sim/boundary.py: per iteration
+    # completed, the plan in force (0: the job's own); (iteration, ready_s,
+    # reason) of each change applied
+    plan_versions: tuple[int, ...] = ()
+    plan_changes: tuple[tuple[int, float, str], ...] = ()
+    departed: bool = False  # left at its departure_s (NOTE [ Departures ] in sim/dynamics.py)
 
     @property
     def time_s(self) -> float:
@@ -109,6 +115,9 @@ class JobResult:
             "oom_at": list(self.oom_at) if self.oom_at else None,
             "start_s": self.start_s,
             "end_s": num(self.end_s),
+            "departed": self.departed,
+            "plan_versions": list(self.plan_versions),
+            "plan_changes": [list(x) for x in self.plan_changes],
         }
 
 
@@ -224,6 +233,9 @@ def _job_result(s: JobState, peak: int, dev: tuple[int, int, int]) -> JobResult:
         reserved_peak_bytes=dev[1],
         device_peak_bytes=dev[2],
         pinned_peak_bytes=s.parked_peak,
+        plan_versions=tuple(s.plan_versions[: len(spans_us)]) or (0,) * len(spans_us),
+        plan_changes=tuple(s.plan_changes),
+        departed=s.departed,
     )
 
 

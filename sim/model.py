@@ -17,12 +17,14 @@ from collections.abc import Sequence
 import simpy
 from memplan.hwmodels.device import DeviceModel
 from memplan.sim.copies import CopyEngine
+from memplan.sim.dynamics import Dynamics, SlowLanes
 from memplan.sim.errors import SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
 from memplan.sim.ledger import POOLS, pool_class
 from memplan.sim.log import LogEntry, LogKind
 from memplan.sim.memory import OutOfMemory
 from memplan.sim.pcie import Pcie
+from memplan.sim.recompute import recompute
 from memplan.sim.remat import remake
 from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Allocator, Gen, JobState, OomPolicy
 from memplan.sim.stream import ComputeStream
@@ -164,12 +166,13 @@ class GpuModel:
         oom: OomPolicy,
         allocator: Allocator = Allocator.EXACT,
         context_bytes: int = 0,
+        lanes: SlowLanes | None = None,
     ):
         env = self.env = simpy.Environment()
         self.n_events = 0
         self.compute = ComputeStream(env)
         self.shared = len(jobs) > 1  # alone, a job never queues for compute
-        self.pcie = Pcie(env, device)
+        self.pcie = Pcie(env, device, lanes)
         self.policy = oom
         self.log: list[LogEntry] = []
         self.jobs = [JobState(c) for c in jobs]
@@ -177,11 +180,14 @@ class GpuModel:
         self.context_bytes = context_bytes  # per job (NOTE [ Context reserve ] in sim/simulate.py)
         self.mem = pool_class(oom, allocator)(self, budget_bytes)
         self.copies = CopyEngine(self)
+        self.dyn: Dynamics | None = None  # set by `simulate` when anything moves (sim/dynamics.py)
 
     def run(self) -> None:
         env = self.env
         for s in self.jobs:
             s.proc = env.process(self._job(s))
+        if self.dyn is not None:
+            self.dyn.start()
         # SimPy's `Environment.run()` to the end, counting the events it steps
         step, n = env.step, 0
         try:
@@ -202,11 +208,18 @@ class GpuModel:
             if c.arrival_us:
                 yield env.timeout(c.arrival_us)
             s.start_us = env.now
+            dyn = self.dyn
+            if dyn is not None:
+                dyn.arrived(s)
             if self.context_bytes:
                 self.mem.hold_context(s, self.context_bytes)
             yield from self.mem.make_group(s, c.persistent, c.persistent_bytes, -1, -1)
             for it in range(c.iterations):
+                if dyn is not None:
+                    dyn.iteration_starts(s, it)
                 yield from self._iteration(s, it)
+                if dyn is not None:
+                    dyn.iteration_ended(s, it)
         except OutOfMemory as oom:
             self.stop(s, oom)
             return
@@ -333,7 +346,7 @@ class GpuModel:
             c = s.c
             rc = c.recompute.get((b, i))
             if rc is not None:
-                yield from self._recompute(s, rc, i)
+                yield from recompute(self, s, rc, i)
             elif s.host[b]:
                 yield from self.copies.fetch(s, b, i)
             elif self.mem.dtr and self.mem.remakeable(s, b, i):  # NOTE [ DTR ]
@@ -346,58 +359,6 @@ class GpuModel:
                 )
             if s.where[b] == OFF:  # a model bug: every branch delivers `b` or stops
                 raise RuntimeError(f"buffer {b} still absent after being made present")
-
-    def _recompute(self, s: JobState, rc: tuple, i: int) -> Gen:
-        target, chain, _e = rc
-        c, mem = s.c, self.mem
-        where, pinned = s.where, s.pinned
-        temps: list[int] = []
-        for k, srcs in chain:
-            s.pinned = pinned + c.accs[k]
-            for src in srcs:
-                if where[src] != DEV:
-                    yield from self._ensure(s, src, i)
-            outs = [w for w in c.writes[k] if where[w] == OFF]
-            yield from mem.take_group(s, outs, i, target)
-            temps += [w for w in outs if w != target]
-            yield from self._rerun(s, k, target)
-        s.pinned = pinned
-        alive = s.alive
-        for w in temps:
-            if not alive[w]:  # freed earlier and made again for the chain: that
-                self._framework_free(s, w)  # life ends here (NOTE [ Incarnations ])
-            elif where[w] == DEV:
-                self.mem.drop(s, w)
-        for _k, srcs in chain:  # a freed source, made again by its own Recompute
-            for src in srcs:
-                if not alive[src]:
-                    self._framework_free(s, src)
-
-    def _rerun(self, s: JobState, k: int, target: int) -> Gen:
-        """Re-run op `k` on the compute stream to make `target` again (its
-        absent outputs already taken); returns its duration in us."""
-        env, j = self.env, s.c.index
-        req = None
-        if self.shared:
-            req = self.compute.request()
-            try:
-                yield req
-            except simpy.Interrupt:
-                self.compute.cancel(req)
-                raise
-        self.mem.touch(s, s.c.accs[k])
-        self.log.append(LogEntry(env.now, j, s.iteration, K.RECOMPUTE_START, k, target))
-        kernel = env.timeout(s.dur[k])
-        try:
-            yield kernel
-        except simpy.Interrupt:
-            yield from self._hold(kernel, req)
-            raise
-        if req is not None:
-            self.compute.release()
-        self.log.append(LogEntry(env.now, j, s.iteration, K.RECOMPUTE_END, k, target))
-        s.recompute_us += s.dur[k]
-        return s.dur[k]
 
     # ---- buffers ---------------------------------------------------------------------
     def _create(self, s: JobState, b: int) -> None:
@@ -442,7 +403,9 @@ class GpuModel:
             epoch[b] += 1  # every life ends with the job
         self.mem.end_job(s)
         active = env.active_process
-        for p in (s.proc, *s.copy_procs):
+        if self.dyn is not None:
+            self.dyn.left(s)
+        for p in (s.proc, s.depart_proc, *s.copy_procs):
             if p is not None and p is not active and p.is_alive:
                 p.interrupt()
 

@@ -5,23 +5,28 @@ shared by both directions and all jobs, FIFO. `lanes=2` is one lane per
 direction (two copy engines, full duplex) with the profile's H2D slowdown:
 while a D2H copy holds its lane, H2D bytes move at `h2d_duplex_factor` times
 the H2D bandwidth. A copy holds its lane for `fixed cost + nbytes / bandwidth`
-(the fixed cost is latency, not bandwidth, and is never slowed).
+(the fixed cost is latency, not bandwidth, and is never slowed). Slowdown
+windows (NOTE [ Lane slowdowns ] in sim/dynamics.py) stretch the bytes' part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
+
+if TYPE_CHECKING:
+    from memplan.sim.dynamics import SlowLanes
 
 
 class Pcie:
     """The lanes of one GPU. Times are microseconds of simulated time."""
 
-    def __init__(self, env: simpy.Environment, device: DeviceModel):
+    def __init__(self, env: simpy.Environment, device: DeviceModel, slow: SlowLanes | None = None):
         self.env = env
+        self.slow = slow
         self.device = device
         lanes = device.lanes
         self.fixed_us = device.fixed_s * TimeUnit.US.value
@@ -39,6 +44,14 @@ class Pcie:
         """Microseconds a copy holds its lane when nothing slows it."""
         return self.device.copy_time(nbytes, direction, TimeUnit.US)
 
+    def _copy_us(self, nbytes: int, direction: Direction) -> float:
+        """How long a copy starting now holds its lane."""
+        if self.slow is None:
+            return self.full_speed_us(nbytes, direction)
+        start = self.env.now + self.fixed_us
+        work = nbytes * 1e6 / self.device.bandwidth(direction)
+        return self.slow.finish_us(start, work) - self.env.now
+
     def transfer(
         self, nbytes: int, direction: Direction
     ) -> Generator[simpy.Event, Any, simpy.Interrupt | None]:
@@ -53,7 +66,7 @@ class Pcie:
             busy = direction is Direction.D2H and self.duplex_factor != 1.0
             if busy:
                 self._set_d2h_busy(True)
-            done = env.timeout(self.full_speed_us(nbytes, direction))
+            done = env.timeout(self._copy_us(nbytes, direction))
             try:
                 yield done
             except simpy.Interrupt as stop:
@@ -82,13 +95,20 @@ class Pcie:
                 self._d2h_changed = env.event()
             changed = self._d2h_changed
             t0 = env.now
-            either = env.timeout(left / factor) | changed
+            slow = self.slow
+            until = left / factor if slow is None else slow.finish_us(t0, left, factor) - t0
+            either = env.timeout(until) | changed
             try:
                 yield either
             except simpy.Interrupt as e:
                 stop = e
                 yield either
-            left = 0.0 if not changed.triggered else left - (env.now - t0) * factor
+            if not changed.triggered:
+                left = 0.0
+            elif slow is None:
+                left -= (env.now - t0) * factor
+            else:
+                left -= slow.work_us(t0, env.now, factor)
         return stop
 
     def _set_d2h_busy(self, busy: bool) -> None:

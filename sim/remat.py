@@ -15,6 +15,7 @@ from memplan.hwmodels.device import Direction, TimeUnit
 from memplan.planners.core.semantics import OpTable
 from memplan.sim.errors import SimError
 from memplan.sim.job import REL, CompiledJob
+from memplan.sim.recompute import rerun
 from memplan.sim.state import ARRIVING, DEV, OFF, Gen, JobState
 from memplan.traces.model import Trace
 
@@ -280,7 +281,7 @@ def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
                     done[w] = None
             elif not (alive[w] and not host[w] and limit[w] >= i):
                 done[w] = None
-        s.remat_us += yield from model._rerun(s, p, x)
+        s.remat_us += yield from rerun(model, s, p, x)
         s.pinned = s.pinned[: marks.pop()]
     s.pinned = base
     for w in done:

@@ -6,11 +6,16 @@ import contextlib
 import gc
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.errors import LatencyError
+from memplan.hwmodels.latency import check_usage
 from memplan.hwmodels.profile import Hardware
 from memplan.planners.core.check import check as check_plan
 from memplan.planners.core.plan import validate
+from memplan.sim.control import Controller
+from memplan.sim.dynamics import UNBOUNDED, Dynamics, LaneSlowdown, SlowLanes, check_jitter
 from memplan.sim.errors import SimError
 from memplan.sim.job import CompiledJob, Job
 from memplan.sim.metrics import SimResult, build_result
@@ -30,6 +35,10 @@ def simulate(
     check: bool = True,
     allocator: Allocator | str = Allocator.EXACT,
     context_reserve: int | None = None,
+    controller: Controller | None = None,
+    jitter: float = 0.0,
+    usage: float = 0.0,
+    lane_slowdowns: Sequence[LaneSlowdown] = (),
 ) -> SimResult:
     """Run `jobs` (a bare `Trace` is a vanilla job arriving at 0) together on
     `device` and return what happened.
@@ -42,9 +51,9 @@ def simulate(
       (default: the profile's `memory_bytes`; NOTE [ Context reserve ]).
     - `oom`: what an allocation that does not fit does -- "fail", "stall",
       "passive" or "dtr" (NOTE [ Out of memory ] in `sim/memory.py`).
-    - `seed`: recorded in the result; the model itself is deterministic (ties
-      are broken by job index and plan order), so the same inputs always give
-      the same result.
+    - `seed`: seeds the jitter (NOTE [ Usage and jitter ] in sim/dynamics.py);
+      the model is otherwise deterministic (ties are broken by job index and
+      plan order), so the same inputs and seed always give the same result.
     - `check`: run `planners.core.check` on every plan first (a bad plan is a
       `PlanError`); with False only the cheap structural `validate` runs.
     - `allocator`: "exact", "caching" or "smartpool" (NOTE [ The memory a
@@ -52,6 +61,14 @@ def simulate(
     - `context_reserve`: bytes of each job's CUDA context; None: the
       profile's `context_reserve_bytes` with caching or smartpool, 0 with
       exact (NOTE [ Context reserve ]).
+    - `controller`: the scheduler (sim/control.py), told of arrivals,
+      departures and every iteration's end; its `PlanChange`s take effect at
+      iteration boundaries (NOTE [ Plan changes at a boundary ] in sim/boundary.py).
+    - `jitter`: sigma of a log-normal factor on every kernel; `usage`: load
+      from outside the jobs, a fraction of the device (NOTE [ Usage and jitter ]).
+    - `lane_slowdowns`: windows in which the lanes move bytes slower
+      (NOTE [ Lane slowdowns ]).
+    A job leaves at its `departure_s` (NOTE [ Departures ]).
 
     Bad arguments raise `SimError`.
     """
@@ -74,8 +91,39 @@ def simulate(
             f"a job's CUDA context ({reserve} bytes: context_reserve, by default the profile's "
             f"estimate; --context-reserve) leaves nothing of the budget ({budget} bytes)"
         )
+    moves = Moves(controller, check_jitter(jitter), _usage(usage), _windows(lane_slowdowns), seed)
     with _collector_paused():
-        return _run(jobs, device, iterations, budget, policy, seed, check, alloc, reserve)
+        return _run(jobs, device, iterations, budget, policy, check, alloc, reserve, moves)
+
+
+@dataclass(frozen=True, slots=True)
+class Moves:
+    """What moves during a run (sim/dynamics.py); `static` when nothing does."""
+
+    controller: Controller | None
+    jitter: float
+    usage: float
+    lanes: tuple[LaneSlowdown, ...]
+    seed: int
+
+    def dynamic(self, jobs: Sequence[Job]) -> bool:
+        departs = any(j.departure_s is not None for j in jobs)
+        return departs or self.controller is not None or bool(self.jitter)
+
+
+def _usage(usage: float) -> float:
+    try:
+        return check_usage(usage)
+    except LatencyError as e:
+        raise SimError(str(e)) from None
+
+
+def _windows(windows: Sequence[LaneSlowdown]) -> tuple[LaneSlowdown, ...]:
+    out = tuple(windows)
+    for w in out:
+        if not isinstance(w, LaneSlowdown):
+            raise SimError(f"lane_slowdowns: {w!r} is not a LaneSlowdown")
+    return out
 
 
 # NOTE [ The memory a GPU really uses ]
@@ -171,26 +219,27 @@ def _run(
     iterations: int,
     budget: int,
     policy: OomPolicy,
-    seed: int,
     check: bool,
     alloc: Allocator,
     reserve: int,
+    moves: Moves,
 ) -> SimResult:
     compiled = []
-    for j, job in enumerate(jobs):
-        job = job if isinstance(job, Job) else Job(job)
+    given = [job if isinstance(job, Job) else Job(job) for job in jobs]
+    for j, job in enumerate(given):
         if not math.isfinite(job.arrival_s) or job.arrival_s < 0:
             raise SimError(f"jobs[{j}]: arrival_s={job.arrival_s!r} must be >= 0")
-        n_it = iterations if job.iterations is None else job.iterations
-        if not isinstance(n_it, int) or n_it < 1:
-            raise SimError(f"jobs[{j}]: iterations={n_it!r} must be an integer >= 1")
+        n_it = _iterations(j, job, iterations)
         if job.plan is not None:
             (check_plan if check else validate)(job.plan, job.trace)
         workspaces = alloc is not Allocator.EXACT
-        compiled.append(CompiledJob(j, job, n_it, device, workspaces))
-    model = GpuModel(compiled, device, budget, policy, alloc, reserve)
+        compiled.append(CompiledJob(j, job, n_it, device, workspaces, moves.usage))
+    slow = SlowLanes(moves.lanes) if moves.lanes else None
+    model = GpuModel(compiled, device, budget, policy, alloc, reserve, slow)
+    if moves.dynamic(given):
+        model.dyn = Dynamics(model, device, moves.seed, moves.jitter, moves.controller, check)
     model.run()
-    result = build_result(model, device.hw.name, seed)
+    result = build_result(model, device.hw.name, moves.seed)
     if not math.isfinite(result.makespan_s):  # NOTE [ Trace sanity ranges ]: an error, not a result
         raise SimError(
             f"the simulated makespan is not finite ({result.makespan_s} s): the op or copy "
@@ -198,6 +247,23 @@ def _run(
             "and the profile or latency model)"
         )
     return result
+
+
+def _iterations(j: int, job: Job, iterations: int) -> int:
+    """The job's iterations (NOTE [ Departures ] in sim/dynamics.py)."""
+    dep = job.departure_s
+    if dep is not None:
+        if not isinstance(dep, int | float) or not math.isfinite(dep) or dep <= job.arrival_s:
+            raise SimError(
+                f"jobs[{j}]: departure_s={dep!r} must be a finite time after its arrival "
+                f"({job.arrival_s} s)"
+            )
+        if job.iterations is None:
+            return UNBOUNDED
+    n_it = iterations if job.iterations is None else job.iterations
+    if not isinstance(n_it, int) or isinstance(n_it, bool) or n_it < 1:
+        raise SimError(f"jobs[{j}]: iterations={n_it!r} must be an integer >= 1")
+    return n_it
 
 
 def _policy(oom: OomPolicy | str) -> OomPolicy:

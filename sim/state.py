@@ -82,3 +82,8 @@ class JobState:
         self.parked_bytes = self.parked_peak = 0
         self.scratch_bytes = 0  # the current op's workspace
         self.context_bytes = 0  # its CUDA context, while the job runs
+        # NOTE [ Plan changes at a boundary ] in sim/boundary.py
+        self.plan_versions: list[int] = []
+        self.plan_changes: list[tuple[int, float, str]] = []
+        self.depart_proc: simpy.Process | None = None  # NOTE [ Departures ]
+        self.departed = False

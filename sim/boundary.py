@@ -1,0 +1,177 @@
+"""Iteration boundaries under a controller: plan changes, and what the
+scheduler observes (`IterationReport`), read from the model's own log
+(NOTE [ Plan changes at a boundary ] below).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from memplan.planners.core.check import check as check_plan
+from memplan.planners.core.plan import empty_plan, validate
+from memplan.sim.control import Controller, IterationReport, LateSwapIn, PlanChange
+from memplan.sim.errors import SimError
+from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.state import JobState
+
+if TYPE_CHECKING:
+    from memplan.hwmodels.device import DeviceModel
+    from memplan.sim.model import GpuModel
+
+K = LogKind
+
+
+# NOTE [ Plan changes at a boundary ]
+# A `PlanChange` for job j waits until j's first iteration boundary (the
+# start of an iteration, the first one included) at or after its `ready_s`;
+# a later change for j replaces one still waiting; a change for a job that
+# has ended is dropped. At that boundary the new plan is compiled
+# (`CompiledJob.use_plan`) and checked like any plan (`check=True`:
+# `planners.core.check`), and from that iteration on only its events trigger.
+# The old plan ends with the iteration it last ran:
+# - events it already triggered run to their end -- a swap-out of iteration
+#   k still on the lane, a `next_iteration` swap-in triggered in k's optimizer
+#   phase for k+1 -- and their buffers land where they would have; but the
+#   waits the old plan set for iterations it no longer runs (a swap-in's
+#   `before_op` in k+1) are dropped: the new plan's ops wait for a buffer
+#   still arriving as any op does (NOTE [ Event semantics ] in sim/model.py,
+#   `_ensure`: a stall on the copy);
+# - buffers stay where the old plan left them. The new plan's first iteration
+#   starts from that state rather than from its own (all persistent buffers
+#   resident at iteration 0): one of its events that finds a buffer
+#   elsewhere is a `skip`, and a buffer its ops need that the old plan left
+#   on the host with no swap-in of the new plan is fetched on demand (a
+#   passive swap, counted in the iteration's `passive_swaps`). Nothing is
+#   lost: persistent buffers off the device always have a host copy, and a
+#   non-persistent buffer dies within its iteration under either plan.
+# `JobResult.plan_versions[k]` is the plan in force in iteration k (0 = the
+# job's own plan, v = the v-th change applied), `plan_changes` lists
+# (iteration, ready_s, reason) of each change applied.
+
+
+class Boundaries:
+    """Plan changes and iteration reports of one run (with or without a
+    controller: without, every job keeps its plan)."""
+
+    def __init__(
+        self, model: GpuModel, device: DeviceModel, controller: Controller | None, check: bool
+    ):
+        self.model = model
+        self.device = device
+        self.ctl = controller
+        self.check = check
+        n = len(model.jobs)
+        self.pending: list[PlanChange | None] = [None] * n
+        self.version = [0] * n
+        # per job: where its last report's log scan ended, its bytes then
+        self.log_at = [0] * n
+        self.sample_at = [0] * n
+        self.held = [0] * n
+        self.in_start: list[dict[int, float]] = [{} for _ in range(n)]
+        self.in_end: list[dict[int, tuple[float, float]]] = [{} for _ in range(n)]
+        self.stall0 = [0.0] * n
+        self.passive0 = [0] * n
+
+    # ---- controller calls ------------------------------------------------------------
+    def _running(self) -> list[int]:
+        return [s.c.index for s in self.model.jobs if s.start_us == s.start_us and not s.stopped]
+
+    def arrived(self, s: JobState) -> None:
+        if self.ctl is not None:
+            now = self.model.env.now / 1e6
+            self._take(self.ctl.job_arrived(s.c.index, now, self._running()), "job_arrived")
+
+    def left(self, s: JobState) -> None:
+        if self.ctl is not None:
+            now = self.model.env.now / 1e6
+            self._take(self.ctl.job_left(s.c.index, now, self._running()), "job_left")
+
+    def _take(self, changes: Sequence[PlanChange], where: str) -> None:
+        jobs = self.model.jobs
+        for ch in changes or ():
+            if not isinstance(ch, PlanChange):
+                raise SimError(f"controller.{where} returned {type(ch).__name__}, not a PlanChange")
+            if not isinstance(ch.job, int) or not 0 <= ch.job < len(jobs):
+                raise SimError(f"controller.{where}: PlanChange for job {ch.job!r}: no such job")
+            if not isinstance(ch.ready_s, int | float) or not math.isfinite(ch.ready_s):
+                raise SimError(f"controller.{where}: ready_s={ch.ready_s!r} must be a finite time")
+            if not jobs[ch.job].stopped:
+                self.pending[ch.job] = ch
+
+    # ---- boundaries ------------------------------------------------------------------
+    def starts(self, s: JobState, it: int) -> None:
+        """Before iteration `it`: apply a plan change that is ready."""
+        j, m = s.c.index, self.model
+        ch = self.pending[j]
+        if ch is not None and ch.ready_s * 1e6 <= m.env.now:
+            self.pending[j] = None
+            c = s.c
+            plan = ch.plan if ch.plan is not None else empty_plan(c.trace)
+            (check_plan if self.check else validate)(plan, c.trace)
+            c.use_plan(plan, self.device)
+            for key in [k for k in s.deadlines if k[0] >= it]:  # the old plan's waits
+                del s.deadlines[key]
+            self.version[j] += 1
+            s.plan_changes.append((it, float(ch.ready_s), str(ch.reason)))
+            m.log.append(LogEntry(m.env.now, j, it, K.PLAN, -1, self.version[j]))
+        s.plan_versions.append(self.version[j])
+        self.stall0[j], self.passive0[j] = s.stall_us, s.passive
+
+    def ended(self, s: JobState, it: int) -> None:
+        """After iteration `it`: report it to the controller."""
+        if self.ctl is None:
+            return
+        report = self._report(s, it)
+        self._take(self.ctl.iteration_ended(report), "iteration_ended")
+
+    def _report(self, s: JobState, it: int) -> IterationReport:
+        c, m = s.c, self.model
+        j, n = c.index, c.n_ops
+        starts = np.full(n, math.nan)
+        ends = np.full(n, math.nan)
+        late: list[LateSwapIn] = []
+        stalls: dict[tuple[int, int], float] = {}
+        in_start, in_end = self.in_start[j], self.in_end[j]
+        log = m.log
+        for e in log[self.log_at[j] :]:
+            if e.job != j:
+                continue
+            k = e.kind
+            if k is K.OP_START:
+                starts[e.op] = e.t_us
+            elif k is K.OP_END:
+                ends[e.op] = e.t_us
+            elif k is K.SWAP_IN_START:
+                in_start[e.buffer] = e.t_us
+            elif k is K.SWAP_IN_END:
+                in_end[e.buffer] = (e.t_us, e.t_us - in_start.get(e.buffer, e.t_us))
+            elif k is K.STALL_START:
+                stalls[(e.op, e.buffer)] = e.t_us
+            elif k is K.STALL_END and (e.op, e.buffer) in stalls:
+                t0 = stalls.pop((e.op, e.buffer))
+                copy = in_end.get(e.buffer)
+                if copy is not None and copy[0] == e.t_us and e.iteration == it:
+                    late.append(LateSwapIn(e.buffer, e.op, (e.t_us - t0) / 1e6, copy[1] / 1e6))
+        self.log_at[j] = len(log)
+        samples = m.mem.samples
+        held = peak = self.held[j]
+        for x in samples[self.sample_at[j] :]:
+            if x[1] == j:
+                held += x[3]
+                peak = max(peak, held)
+        self.sample_at[j], self.held[j] = len(samples), held
+        return IterationReport(
+            job=j,
+            iteration=it,
+            start_s=s.iter_start_us[-1] / 1e6,
+            end_s=s.iter_end_us[-1] / 1e6,
+            op_start_s=starts / 1e6,
+            op_durations_s=(ends - starts) / 1e6,
+            late_swap_ins=tuple(late),
+            passive_swaps=s.passive - self.passive0[j],
+            stall_s=(s.stall_us - self.stall0[j]) / 1e6,
+            peak_bytes=int(peak),
+        )
