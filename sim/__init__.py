@@ -1,6 +1,8 @@
 """What a plan costs: the SimPy model of compute, PCIe lane(s) and memory;
 metrics and timelines."""
 
+from memplan.sim.control import Controller, IterationReport, LateSwapIn, PlanChange
+from memplan.sim.dynamics import LaneSlowdown
 from memplan.sim.errors import SimError
 from memplan.sim.job import Job
 from memplan.sim.log import LogEntry, LogKind
@@ -9,6 +11,11 @@ from memplan.sim.simulate import simulate
 from memplan.sim.state import OomPolicy
 
 __all__ = [
+    "Controller",
+    "IterationReport",
+    "LaneSlowdown",
+    "LateSwapIn",
+    "PlanChange",
     "Job",
     "JobResult",
     "LogEntry",

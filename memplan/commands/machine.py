@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memplan.traces.errors import MemplanError
 from memplan.units import format_bytes, parse_size
@@ -289,3 +289,96 @@ def resolve_budget(args: argparse.Namespace, traces: list, device: DeviceModel) 
 
     peak = vanilla_peak(traces, device, **memory_options(args))  # type: ignore[arg-type]
     return check_budget(int(peak * share), device.hw, args)
+
+
+# ---- workloads: arrivals, departures, what moves (memplan/scenario.py) -------------
+def add_workload(p: argparse.ArgumentParser) -> None:
+    """--job, --scenario, --jitter, --usage, --lane-slowdown, --seed."""
+    from memplan.units import integer, number
+
+    p.add_argument(
+        "--job",
+        action="append",
+        default=[],
+        metavar="TRACE@T:N",
+        help="a job arriving later: TRACE as the positional traces take it, @T its arrival "
+        "(e.g. @2.5s, @500ms; default @0s), :N its iterations or :until=T its departure "
+        f"(it then iterates until T, at most {MAX_ITERATIONS_UNTIL} times); repeatable",
+    )
+    p.add_argument(
+        "--scenario",
+        metavar="FILE.toml",
+        help="a scenario file: jobs with arrival_s, iterations or departure_s, an optional "
+        "random launch order, jitter, usage and lane slowdowns (README, 'Scenarios')",
+    )
+    p.add_argument(
+        "--jitter",
+        type=number(0, 2),
+        metavar="SIGMA",
+        help="noise on every kernel: a log-normal factor of mean 1 and sigma SIGMA, drawn "
+        "from --seed (default 0: none)",
+    )
+    p.add_argument(
+        "--usage",
+        type=number(0, 1),
+        metavar="U",
+        help="load from outside the simulated jobs, a fraction of the device: every kernel "
+        "is predicted at usage U (default 0); the jobs' own sharing is the compute queue",
+    )
+    p.add_argument(
+        "--lane-slowdown",
+        action="append",
+        default=[],
+        metavar="Fx@T1-T2",
+        help="PCIe lanes F times slower from T1 to T2, e.g. 4x@1s-3s (repeatable)",
+    )
+    p.add_argument(
+        "--seed", type=integer(0, 2**32 - 1), help="seed of the jitter (default: the file's, or 0)"
+    )
+
+
+MAX_ITERATIONS_UNTIL = 1000
+
+
+def workload(args: argparse.Namespace) -> tuple[list[tuple[Any, Trace]], Any]:
+    """(job spec, trace) per job -- the positional traces (arriving at 0),
+    then --job, then the scenario file's -- and the `Scenario` of what moves,
+    command-line options over the file's."""
+    from dataclasses import replace
+
+    from memplan import scenario as sc
+    from memplan.traces import io
+
+    specs = [
+        sc.JobSpec(path)
+        for path, count in job_specs(list(getattr(args, "traces", None) or []))
+        for _ in range(count)
+    ]
+    specs += [sc.job_spec(text) for text in args.job]
+    base = sc.load(args.scenario) if args.scenario else sc.Scenario()
+    specs += list(base.jobs)
+    if not specs:
+        raise MemplanError("no jobs: give traces, --job or --scenario")
+    if len(specs) > MAX_JOBS:
+        raise MemplanError(f"{len(specs)} jobs: at most {MAX_JOBS} jobs run together on one GPU")
+    specs = [
+        replace(s, iterations=MAX_ITERATIONS_UNTIL)
+        if s.departure_s is not None and s.iterations is None
+        else s
+        for s in specs
+    ]
+    loaded: dict[str, Trace] = {}
+    out = []
+    for s in specs:
+        if s.trace not in loaded:
+            loaded[s.trace] = io.load(s.trace)
+        out.append((s, loaded[s.trace]))
+    moves = replace(
+        base,
+        jobs=(),
+        seed=base.seed if args.seed is None else args.seed,
+        jitter=base.jitter if args.jitter is None else args.jitter,
+        usage=base.usage if args.usage is None else args.usage,
+        lane_slowdowns=base.lane_slowdowns + tuple(sc.lane_slowdown(x) for x in args.lane_slowdown),
+    )
+    return out, moves

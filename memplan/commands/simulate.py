@@ -36,10 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "traces",
-        nargs="+",
+        nargs="*",
         metavar="TRACE[:COUNT]",
         help="trace files (.json or .json.gz), or zoo:NAME for shipped traces; TRACE:4 runs "
-        f"four jobs of that trace (at most {machine.MAX_JOBS} jobs)",
+        f"four jobs of that trace, arriving at 0 (at most {machine.MAX_JOBS} jobs; more with "
+        "--job and --scenario)",
     )
     machine.add_gpu(p)
     p.add_argument(
@@ -58,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     machine.add_lanes(p)
     machine.add_budget(p)
     machine.add_allocator(p)
+    machine.add_workload(p)
     p.add_argument(
         "--fallback",
         "--oom",
@@ -112,19 +114,39 @@ def plans_for(
     return plans
 
 
+def own_plan(source: str, trace: Trace, device: DeviceModel) -> Plan:
+    """A scenario job's own `plan`: a built-in name, or a file of one plan."""
+    if source in BUILTIN_PLANS:
+        return BUILTIN_PLANS[source](trace)
+    plans = plan_io.load(source).plans
+    if len(plans) != 1:
+        raise PlanError(f"{source}: {len(plans)} plans; a scenario job takes a file of one plan")
+    validate(plans[0], trace, source)
+    check_delays(plans[0], trace, device, source)
+    return plans[0]
+
+
 def run(args: argparse.Namespace) -> int:
     from memplan.outputs import check_dir
 
     if args.out is not None:  # an empty --out is refused, not ignored
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
     device = machine.device(args)
-    traces = machine.parse_jobs(args.traces)
-    paths = [path for path, n in machine.job_specs(args.traces) for _ in range(n)]
+    pairs, moves = machine.workload(args)
+    traces = [t for _s, t in pairs]
     machine.check_measured(args, traces, device.hw)
     budget = machine.resolve_budget(args, traces, device)
     plans = plans_for(args.plan, traces, device)
     jobs = [
-        Job(t, p, name=_job_name(path, t)) for path, t, p in zip(paths, traces, plans, strict=True)
+        Job(
+            t,
+            own_plan(spec.plan, t, device) if spec.plan else p,
+            arrival_s=spec.arrival_s,
+            iterations=spec.iterations,
+            name=spec.name or _job_name(spec.trace, t),
+            departure_s=spec.departure_s,
+        )
+        for (spec, t), p in zip(pairs, plans, strict=True)
     ]
     result = simulate(
         jobs,
@@ -133,10 +155,11 @@ def run(args: argparse.Namespace) -> int:
         budget=budget,
         oom="fail" if args.fallback == "none" else args.fallback,
         **machine.memory_options(args),  # type: ignore[arg-type]
+        **moves.options(),
     )
     summary = result.to_dict()
     summary["latency"] = args.latency
-    summary["traces"] = [str(p) for p in args.traces]
+    summary["traces"] = [spec.trace for spec, _t in pairs]
     if args.out:
         write_report(result, summary, Path(args.out))
     if args.json:
