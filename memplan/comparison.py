@@ -28,6 +28,7 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
 from memplan.plannerview import planner_view, rebound_result
+from memplan.scenario import Workload
 from memplan.sim import Job, SimResult, savings, simulate
 from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.traces.errors import MemplanError
@@ -180,7 +181,11 @@ def _mean_iteration(result: SimResult) -> float:
     return math.nan if any(math.isnan(t) for t in times) else sum(times) / len(times)
 
 
-def planned_jobs(traces: Sequence[Trace], plans: Sequence[Any]) -> list[Job]:
+def planned_jobs(
+    traces: Sequence[Trace], plans: Sequence[Any], workload: Workload | None = None
+) -> list[Job]:
+    if workload is not None:  # arrivals, iterations, departures (memplan/scenario.py)
+        return workload.jobs(traces, plans)
     return [
         Job(t, p, name=f"{t.meta.model or 'job'}#{i}")
         for i, (t, p) in enumerate(zip(traces, plans, strict=True))
@@ -212,6 +217,7 @@ def run_planner(
     allocator: str = "exact",
     context_reserve: int | None = None,
     view: tuple[list[Trace], int | None] | None = None,
+    workload: Workload | None = None,
 ) -> Row:
     """Plan with `name`, check, simulate under the budget with the `fallback`
     net, score against `vanilla` (NOTE [ The safety net ]). Planners see
@@ -220,8 +226,9 @@ def run_planner(
     memory = {"allocator": allocator, "context_reserve": context_reserve}
     if name in WITNESSES:
         return run_witness(
-            name, traces, device, vanilla, budget=budget, iterations=iterations, **memory
-        )
+            name, traces, device, vanilla, budget=budget, iterations=iterations,
+            workload=workload, **memory,
+        )  # fmt: skip
     t0 = time.perf_counter()
     sim_budget = budget if budget is not None else device.hw.memory_bytes
     evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
@@ -248,7 +255,7 @@ def run_planner(
     reasons = [] if result.feasible else [result.explain()]
     return _simulated(
         name, traces, device, vanilla, result.plans, budget, iterations, fallback, reasons,
-        plan_time_s=plan_time, events=events, result=result, memory=memory,
+        plan_time_s=plan_time, events=events, result=result, memory=memory, workload=workload,
     )  # fmt: skip
 
 
@@ -262,14 +269,16 @@ def run_witness(
     iterations: int = 3,
     allocator: str = "exact",
     context_reserve: int | None = None,
+    workload: Workload | None = None,
 ) -> Row:
     """The jobs with no plan under the online `policy` alone (a witness row)."""
     plans = [vanilla_plan(t) for t in traces]
     reasons = [f"no plan: the {policy} policy alone"]
     memory = {"allocator": allocator, "context_reserve": context_reserve}
     return _simulated(
-        policy, traces, device, vanilla, plans, budget, iterations, policy, reasons, memory=memory
-    )
+        policy, traces, device, vanilla, plans, budget, iterations, policy, reasons,
+        memory=memory, workload=workload,
+    )  # fmt: skip
 
 
 def _simulated(
@@ -287,17 +296,19 @@ def _simulated(
     events: dict[str, int] | None = None,
     result: PlanResult | None = None,
     memory: dict[str, Any] | None = None,
+    workload: Workload | None = None,
 ) -> Row:
     """Simulate `plans` under `fallback` and score them (NOTE [ The safety net ])."""
     sim_budget = budget if budget is not None else device.hw.memory_bytes
     sim = simulate(
-        planned_jobs(traces, plans),
+        planned_jobs(traces, plans, workload),
         device,
         iterations=iterations,
         budget=sim_budget,
         oom=FALLBACKS[fallback],
         check=False,
         **(memory or {}),
+        **(workload.options() if workload is not None else {}),
     )
     metrics = savings(vanilla, sim).total
     jobs = sim.jobs
@@ -368,6 +379,7 @@ def compare_planners(
     fallback: str = "none",
     allocator: str = "exact",
     context_reserve: int | None = None,
+    workload: Workload | None = None,
 ) -> Comparison:
     """Every planner in `planners` (and witness in `WITNESSES`) on the same
     jobs, each simulated with the `fallback` net under `allocator` (a share
@@ -387,12 +399,13 @@ def compare_planners(
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
     memory: dict[str, Any] = {"allocator": allocator, "context_reserve": context_reserve}
     vanilla = simulate(
-        planned_jobs(traces, [vanilla_plan(t) for t in traces]),
+        planned_jobs(traces, [vanilla_plan(t) for t in traces], workload),
         device,
         iterations=iterations,
         budget=UNLIMITED_BYTES,
         check=False,
         **memory,
+        **(workload.options() if workload is not None else {}),
     )
     seen = planner_view(traces, device, budget, **memory)[0]  # rounded once for every planner
     rows: dict[str, Row] = {}
@@ -414,6 +427,7 @@ def compare_planners(
                     options=options.get("tensile"),
                     fallback=fallback,
                     view=(seen, None),
+                    workload=workload,
                     **memory,
                 )
             own_budget = tensile.peak_bytes
@@ -434,6 +448,7 @@ def compare_planners(
             options=options.get(name),
             fallback=fallback,
             view=view,
+            workload=workload,
             **memory,
         )
     ordered = [rows[n] for n in planners]

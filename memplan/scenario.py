@@ -41,11 +41,14 @@ from typing import Any
 
 import numpy as np
 
+from memplan.planners.core.plan import Plan
+from memplan.sim import Job
 from memplan.sim.dynamics import MAX_JITTER, LaneSlowdown
 from memplan.sim.errors import SimError
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
 from memplan.traces.fields import shown
+from memplan.traces.model import Trace
 
 MAX_TIME_S = 7 * 86400.0  # a week of simulated time: beyond it a number is a typo
 MAX_ITERATIONS = 1000  # as --iterations
@@ -84,6 +87,33 @@ class Scenario:
             "usage": self.usage,
             "lane_slowdowns": self.lane_slowdowns,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The jobs of a comparison as they arrive and leave (`specs`, one per
+    trace, in order) and what moves under them (`moves`)."""
+
+    specs: tuple[JobSpec, ...]
+    moves: Scenario
+
+    def jobs(self, traces: Sequence[Trace], plans: Sequence[Plan | None]) -> list[Job]:
+        if len(traces) != len(self.specs):
+            raise SimError(f"workload: {len(self.specs)} job specs for {len(traces)} traces")
+        return [
+            Job(
+                t,
+                p,
+                arrival_s=s.arrival_s,
+                iterations=s.iterations,
+                name=s.name or f"{t.meta.model or 'job'}#{i}",
+                departure_s=s.departure_s,
+            )
+            for i, (s, t, p) in enumerate(zip(self.specs, traces, plans, strict=True))
+        ]
+
+    def options(self) -> dict[str, Any]:
+        return self.moves.options()
 
 
 # ---- text forms ------------------------------------------------------------------------

@@ -30,10 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "traces",
-        nargs="+",
+        nargs="*",
         metavar="TRACE[:COUNT]",
         help=f"trace files; TRACE:4 runs four jobs of that trace together (at most "
-        f"{machine.MAX_JOBS} jobs)",
+        f"{machine.MAX_JOBS} jobs; more with --job and --scenario)",
     )
     machine.add_gpu(p)
     p.add_argument(
@@ -58,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--iterations", type=integer(1, 1000), default=3, help="simulated iterations (default 3)"
     )
     machine.add_latency(p)
+    machine.add_workload(p)
     p.add_argument(
         "--option",
         action="append",
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from memplan import report
     from memplan.comparison import compare_planners
     from memplan.outputs import check_dir
+    from memplan.scenario import Workload
 
     if args.out is not None:  # an empty --out is refused, not ignored
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
@@ -125,7 +127,12 @@ def run(args: argparse.Namespace) -> int:
     if "cpsat" in names:
         extra = [f"time_limit_s={args.time_limit}"]
         options["cpsat"] = extra + options.get("cpsat", [])
-    traces = parse_jobs(args.traces)
+    pairs, moves = machine.workload(args)
+    traces = [t for _s, t in pairs]
+    for spec, _t in pairs:
+        if spec.plan is not None:
+            raise MemplanError(f"--scenario: job {spec.trace!r} names a plan; compare plans itself")
+    workload = Workload(tuple(s for s, _t in pairs), moves)
     machine.check_measured(args, traces, hw)
     device = DeviceModel(hw, latency, lanes=args.lanes)
     budget = machine.resolve_budget(args, traces, device)  # a share: cut to the device, warned
@@ -144,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         options=options,
         progress=progress,
         fallback=args.fallback,
+        workload=workload,
         **machine.memory_options(args),  # type: ignore[arg-type]
     )
     if tty:
