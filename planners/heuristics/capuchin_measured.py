@@ -42,7 +42,11 @@ def measured_timeline(
     end = rel + dur * 1e6
     if len(rel) and (rel[0] < -1e-6 or (np.diff(rel) < -1e-6).any()):
         raise PlanError("measured timeline: op starts must follow the iteration start in order")
-    return Timeline(np.maximum(rel, 0.0), np.maximum(end, 0.0), max(period_s * 1e6, 0.0))
+    # a zero-length op can end an ulp before the one before it: times are
+    # made monotone, as the planners' searches over them need
+    rel = np.maximum.accumulate(np.maximum(rel, 0.0)) if len(rel) else rel
+    end = np.maximum.accumulate(np.maximum(end, rel)) if len(end) else end
+    return Timeline(rel, end, max(period_s * 1e6, float(end[-1]) if len(end) else 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,9 @@ def advance_in_triggers(
         if t_new >= t_old:
             continue
         after = int(np.searchsorted(timeline.end_us, t_new + 1e-9, "right")) - 1
-        after = max(after, floor)
+        # a trigger the planner set past its deadline (an overhead it
+        # accepted) keeps its op no later than the one before the deadline
+        after = min(max(after, floor), ev.before_op - 1)
         delay = max(0.0, t_new - _at(timeline, after))
         events[k] = SwapIn(ev.buffer, after, ev.before_op, delay, ev.next_iteration)
         moved = True
