@@ -71,6 +71,8 @@ def run_dynamic(
     lane_slowdowns: Sequence[LaneSlowdown] = (),
     update: UpdateOptions | None = None,
     planning: PlanningTime | None = None,
+    allocator: str = "exact",
+    context_reserve: int | None = None,
 ) -> DynamicRun:
     """Simulate `jobs` on `device` under vanilla and each of `methods`.
     `predictor`: the device model the schedulers plan with (its latency
@@ -78,17 +80,24 @@ def run_dynamic(
     are dropped: each method makes its own."""
     if not jobs:
         raise SimError("dynamic run: no jobs")
-    if not 0 < budget_fraction <= 1 or not math.isfinite(budget_fraction):
-        raise SimError(f"budget fraction={budget_fraction!r} must be in (0, 1]")
+    if not 0 < budget_fraction <= 10 or not math.isfinite(budget_fraction):
+        raise SimError(f"budget fraction={budget_fraction!r} must be in (0, 10]")
     ms = [Method(m) for m in methods]
     bare = tuple(replace(j, plan=None) for j in jobs)
     traces = [j.trace for j in bare]
     common = dict(
-        iterations=iterations, seed=seed, jitter=jitter, usage=usage, lane_slowdowns=lane_slowdowns
+        iterations=iterations,
+        seed=seed,
+        jitter=jitter,
+        usage=usage,
+        lane_slowdowns=lane_slowdowns,
+        allocator=allocator,
+        context_reserve=context_reserve,
     )
     obs = Observer(traces)
     van = simulate(bare, device, budget=UNLIMITED_BYTES, controller=obs, **common)
     budget = budget_bytes or max(1, int(van.device_peak_bytes * budget_fraction))
+    budget = min(budget, device.hw.memory_bytes)
     pred = predictor or device
     runs = []
     for m in ms:

@@ -128,3 +128,126 @@ def save(fig, path: Path) -> None:  # noqa: ANN001
     from memplan.sim.exports import save_figure
 
     save_figure(fig, path)
+
+
+def methods_of(text: str) -> list[str]:
+    """`--dynamic tensile_cs,capuchin` (or `all`) as method names."""
+    from memplan.controllers import Method
+    from memplan.traces.errors import MemplanError
+
+    allowed = [m.value for m in Method]
+    names: list[str] = []
+    for n in (x.strip() for x in text.split(",")):
+        for name in allowed if n == "all" else [n] if n else []:
+            if name not in allowed:
+                raise MemplanError(
+                    f"--dynamic: unknown method {name!r}; one of {', '.join(allowed)}"
+                )
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise MemplanError(f"--dynamic: give 'all' or methods of {', '.join(allowed)}")
+    return names
+
+
+def to_dict(run: DynamicRun) -> dict:
+    """The phases and totals as JSON values (NaN as null)."""
+
+    def num(x: float) -> float | None:
+        return None if math.isnan(x) else x
+
+    def metrics(m: Metrics) -> dict:
+        return {"msr": num(m.msr), "eor": num(m.eor), "cbr": num(m.cbr)}
+
+    return {
+        "budget_bytes": run.budget_bytes,
+        "phases": [
+            {
+                "method": p.method,
+                "phase": p.label,
+                "iterations": p.iterations,
+                "peak_bytes": p.peak_bytes,
+                "mean_iteration_s": num(p.mean_iteration_s),
+                **metrics(p.metrics),
+                "passive_swaps": p.passive_swaps,
+                "stall_s": p.stall_s,
+            }
+            for p in phases(run)
+        ],
+        "totals": {k: metrics(m) for k, m in totals(run).items()},
+        "plan_changes": {
+            mr.method: [
+                {"job": j.index, "iteration": it, "ready_s": r, "reason": why}
+                for j in mr.result.jobs
+                for it, r, why in j.plan_changes
+            ]
+            for mr in run.runs
+        },
+    }
+
+
+def markdown(run: DynamicRun) -> str:
+    rows = phase_rows(run)
+    tot = [(k, _num(m.msr), _num(m.eor), _num(m.cbr)) for k, m in totals(run).items()]
+    return (
+        f"# Dynamic run\n\nbudget {format_bytes(run.budget_bytes)}\n\n## Phases\n\n"
+        + markdown_table(rows)
+        + "\n## Whole run\n\n"
+        + markdown_table(tot, ("method", "MSR", "EOR", "CBR"))
+    )
+
+
+def write(run: DynamicRun, out: Path) -> list[str]:
+    """report.md, report.json and timeline.png in the directory `out`
+    (NOTE [ Report directories ] in memplan/outputs.py)."""
+    import json
+
+    from memplan.outputs import report_dir
+    from memplan.traces.io import atomic_write_bytes
+
+    fig = timeline_figure(run)
+    with report_dir(out) as tmp:
+        atomic_write_bytes(tmp / "report.md", markdown(run).encode())
+        doc = json.dumps(to_dict(run), indent=2) + "\n"
+        atomic_write_bytes(tmp / "report.json", doc.encode())
+        save(fig, tmp / "timeline.png")
+    return ["report.md", "report.json", "timeline.png"]
+
+
+def run_command(args, workload, traces, device) -> int:  # noqa: ANN001
+    """`memplan compare ... --dynamic METHODS`: each method's scheduler over
+    the workload, the per-phase table (NOTE [ Phases of a dynamic run ])."""
+    import json
+
+    from memplan.commands import machine
+    from memplan.dynamic import DEFAULT_BUDGET_FRACTION, run_dynamic
+    from memplan.outputs import check_dir
+    from memplan.traces.fields import printable
+
+    if args.out is not None:
+        check_dir(args.out)
+    methods = methods_of(args.dynamic)
+    frac = machine.budget_fraction(args)
+    nbytes = machine.check_budget(machine.budget(args), device.hw, args)
+    jobs = workload.jobs(traces, [None] * len(traces))
+    run = run_dynamic(
+        jobs,
+        device,
+        methods,
+        budget_bytes=nbytes,
+        budget_fraction=frac or DEFAULT_BUDGET_FRACTION,
+        iterations=args.iterations,
+        **workload.options(),
+        **machine.memory_options(args),
+    )
+    written = write(run, Path(args.out)) if args.out else []
+    if args.json:
+        print(json.dumps(to_dict(run), indent=2))
+        return 0
+    print(f"budget {format_bytes(run.budget_bytes)}")
+    print(printable(text_table(phase_rows(run))))
+    tot = [(k, _num(m.msr), _num(m.eor), _num(m.cbr)) for k, m in totals(run).items()]
+    print("\nwhole run\n" + printable(text_table(tot, ("method", "MSR", "EOR", "CBR"))))
+    if written:
+        print(f"\nwrote {Path(args.out)}/: {', '.join(written)}")
+    return 0

@@ -73,6 +73,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "memory snapshot per simulation, vanilla.pickle and PLANNER.pickle: `python -m "
         "torch.cuda._memory_viz trace_plot`, pytorch.org/memory_viz, `memplan inspect`) to DIR",
     )
+    p.add_argument(
+        "--dynamic",
+        metavar="METHODS",
+        help="instead of the planners: run each method's scheduler over the workload "
+        "(tensile_cs, tensile_up, capuchin, vdnn or 'all': plans made at arrivals, EWMA "
+        "re-plans, Capuchin's measured first iteration and feedback) and print MSR, EOR, "
+        "CBR, passive swaps and stalls per phase (cold start, steady state between "
+        "arrivals, after a plan update); --budget defaults to 70%% of the vanilla peak",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
@@ -135,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
     workload = Workload(tuple(s for s, _t in pairs), moves)
     machine.check_measured(args, traces, hw)
     device = DeviceModel(hw, latency, lanes=args.lanes)
+    if args.dynamic is not None:
+        from memplan.dynamic_report import run_command
+
+        return run_command(args, workload, traces, device)
     budget = machine.resolve_budget(args, traces, device)  # a share: cut to the device, warned
     tty = sys.stderr.isatty()
 
