@@ -5,6 +5,8 @@ and the phases of a run."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from memplan.hwmodels.device import DeviceModel
@@ -161,3 +163,45 @@ def test_phases_of_two_jobs_one_arriving_later():
     assert max(p.peak_bytes for p in got[:3]) == run.vanilla.result.peak_bytes
     again = run_dynamic(jobs, dev, ["tensile_cs"], planning=NO_TIME)
     assert phases(again) == got
+
+
+def test_compare_dynamic_from_the_cli_is_the_same_for_the_same_seed(tmp_path, capsys):
+    from memplan.traces import io
+
+    from memplan.cli import main
+
+    path = tmp_path / "chain.json"
+    io.save(synthetic.chain(4, act_mib=16), path)
+    argv = ["compare", "--gpu", "rtx-a6000", "--job", f"{path}@0s:30", "--job",
+            f"{path}@2ms:20", "--dynamic", "tensile_up,capuchin", "--jitter", "0.2",
+            "--seed", "7", "--budget", "80%", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--out", str(tmp_path / "rep")]) == 0
+    assert json.loads(capsys.readouterr().out) == first
+    assert {p.name for p in (tmp_path / "rep").iterdir()} == {
+        "report.md",
+        "report.json",
+        "timeline.png",
+    }
+    methods = {p["method"] for p in first["phases"]}
+    assert methods == {"vanilla", "tensile_up", "capuchin"}
+    assert set(first["totals"]) == {"tensile_up", "capuchin"}
+    # capuchin's first plan is the one measured from iteration 0
+    reasons = [c["reason"] for c in first["plan_changes"]["capuchin"]]
+    assert reasons and reasons[0] == "planned from measured iteration 0"
+    assert main([*argv[:-3], "--seed", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) != first
+
+
+def test_compare_dynamic_names_an_unknown_method(tmp_path, capsys):
+    from memplan.traces import io
+
+    from memplan.cli import main
+
+    path = tmp_path / "chain.json"
+    io.save(synthetic.chain(2), path)
+    argv = ["compare", str(path), "--gpu", "rtx-a6000", "--dynamic", "tensile,vdnn"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown method 'tensile'" in err[0]
