@@ -132,6 +132,8 @@ def job_spec(text: str) -> JobSpec:
     """`TRACE[@TIME][:N | :until=TIME]` (`--job`): the trace (as `simulate`
     takes it, zoo:NAME too), its arrival, and its iterations or departure."""
     what = f"--job {text!r}"
+    if Path(text).is_file():  # a file whose name itself holds '@' or ':' (NOTE [ Job copies ])
+        return JobSpec(text)
     body, iterations, departure = text, None, None
     head, sep, tail = body.rpartition(":")
     if sep and head and (tail.startswith("until=") or (tail.isascii() and tail.isdigit())):
@@ -144,7 +146,9 @@ def job_spec(text: str) -> JobSpec:
             iterations = int(tail)
     arrival = 0.0
     head, sep, tail = body.rpartition("@")
-    if sep and head:
+    if sep and not head:
+        raise SimError(f"{what}: no trace before '@'")
+    if sep:
         arrival = time_s(tail, f"{what}: arrival after '@'")
         body = head
     if not body:
