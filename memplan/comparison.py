@@ -28,7 +28,7 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
 from memplan.plannerview import planner_view, rebound_result
-from memplan.scenario import Workload
+from memplan.scenario import Workload, jobs_for
 from memplan.sim import Job, SimResult, savings, simulate
 from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.traces.errors import MemplanError
@@ -181,11 +181,7 @@ def _mean_iteration(result: SimResult) -> float:
     return math.nan if any(math.isnan(t) for t in times) else sum(times) / len(times)
 
 
-def planned_jobs(
-    traces: Sequence[Trace], plans: Sequence[Any], workload: Workload | None = None
-) -> list[Job]:
-    if workload is not None:  # arrivals, iterations, departures (memplan/scenario.py)
-        return workload.jobs(traces, plans)
+def planned_jobs(traces: Sequence[Trace], plans: Sequence[Any]) -> list[Job]:
     return [
         Job(t, p, name=f"{t.meta.model or 'job'}#{i}")
         for i, (t, p) in enumerate(zip(traces, plans, strict=True))
@@ -225,10 +221,8 @@ def run_planner(
     of the caching allocator ]); the simulator runs the jobs themselves."""
     memory = {"allocator": allocator, "context_reserve": context_reserve}
     if name in WITNESSES:
-        return run_witness(
-            name, traces, device, vanilla, budget=budget, iterations=iterations,
-            workload=workload, **memory,
-        )  # fmt: skip
+        return run_witness(name, traces, device, vanilla, budget=budget, iterations=iterations,
+                           workload=workload, **memory)  # fmt: skip
     t0 = time.perf_counter()
     sim_budget = budget if budget is not None else device.hw.memory_bytes
     evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
@@ -275,10 +269,8 @@ def run_witness(
     plans = [vanilla_plan(t) for t in traces]
     reasons = [f"no plan: the {policy} policy alone"]
     memory = {"allocator": allocator, "context_reserve": context_reserve}
-    return _simulated(
-        policy, traces, device, vanilla, plans, budget, iterations, policy, reasons,
-        memory=memory, workload=workload,
-    )  # fmt: skip
+    return _simulated(policy, traces, device, vanilla, plans, budget, iterations, policy,
+                      reasons, memory=memory, workload=workload)  # fmt: skip
 
 
 def _simulated(
@@ -301,7 +293,7 @@ def _simulated(
     """Simulate `plans` under `fallback` and score them (NOTE [ The safety net ])."""
     sim_budget = budget if budget is not None else device.hw.memory_bytes
     sim = simulate(
-        planned_jobs(traces, plans, workload),
+        jobs_for(workload, traces, plans),  # arrivals, departures: memplan/scenario.py
         device,
         iterations=iterations,
         budget=sim_budget,
@@ -399,7 +391,7 @@ def compare_planners(
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
     memory: dict[str, Any] = {"allocator": allocator, "context_reserve": context_reserve}
     vanilla = simulate(
-        planned_jobs(traces, [vanilla_plan(t) for t in traces], workload),
+        jobs_for(workload, traces, [vanilla_plan(t) for t in traces]),
         device,
         iterations=iterations,
         budget=UNLIMITED_BYTES,

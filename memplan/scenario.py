@@ -116,6 +116,16 @@ class Workload:
         return self.moves.options()
 
 
+def jobs_for(
+    workload: Workload | None, traces: Sequence[Trace], plans: Sequence[Plan | None]
+) -> list[Job]:
+    """The jobs of a comparison: `workload`'s, or each trace at 0 for the
+    simulation's iterations."""
+    if workload is None:
+        workload = Workload(tuple(JobSpec("") for _ in traces), Scenario())
+    return workload.jobs(traces, plans)
+
+
 # ---- text forms ------------------------------------------------------------------------
 def time_s(text: str, what: str) -> float:
     """`2.5s`, `500ms`, `20us` -> seconds in [0, MAX_TIME_S]; a unit is required."""
