@@ -97,11 +97,13 @@ class LatencyTracker:
         self.model = EWMA(base, self.options.alpha)
 
     def observe(self, trace: Trace, latencies_s: np.ndarray) -> None:
-        """Fold one iteration's latencies (seconds, one per op of `trace`)."""
+        """Fold one iteration's latencies (seconds, one per op of `trace`;
+        NaN for an op not observed)."""
         lat = np.asarray(latencies_s, np.float64)
         if lat.shape != (trace.n_ops,):
             raise PlanError(f"tracker: {lat.shape} latencies for {trace.n_ops} ops")
-        self.model.observe_iteration(trace, self.hw, lat)
+        seen = np.isfinite(lat) & (lat >= 0)  # an op not seen (NaN) keeps its estimate
+        self.model.observe(trace, self.hw, np.flatnonzero(seen), lat[seen])
 
     def mark_planned(self, traces: Sequence[Trace]) -> None:
         """A plan was made for `traces` from the current estimates."""

@@ -36,6 +36,12 @@ def test_change_rate_follows_the_ewma_and_is_averaged_over_distinct_traces():
     # one more 2 ms iteration: 1.75 ms vs 1.5 ms planned -> 1/6 on a, mean 1/12 < 0.1
     tr.observe(a, np.full(a.n_ops, 2e-3))
     assert tr.due([a, b]) == (False, pytest.approx(1 / 12))
+    # ops not observed (NaN) keep their estimates: half of b's ops at 4 ms
+    # move from 2 to 3 ms, b's sum by a quarter
+    lat = np.full(b.n_ops, np.nan)
+    lat[: b.n_ops // 2] = 4e-3
+    tr.observe(b, lat)
+    assert tr.average_change_rate([b]) == pytest.approx(0.25)
 
 
 class _PerTrace(Fixed):
