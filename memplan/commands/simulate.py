@@ -246,6 +246,12 @@ def print_table(result: SimResult, latency: str) -> None:
         )
         for j in result.jobs
     ]
+    if any(j.start_s > 0 or j.departed for j in result.jobs):  # a scenario: when each ran
+        head += ("arrived", "ended")
+        rows = [
+            (*r, _ms(j.start_s), _ms(j.end_s) + (" (left)" if j.departed else ""))
+            for r, j in zip(rows, result.jobs, strict=True)
+        ]
     widths = [max(len(r[k]) for r in (head, *rows)) for k in range(len(head))]
     for r in (head, *rows):
         print(

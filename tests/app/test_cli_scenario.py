@@ -49,6 +49,14 @@ def test_jobs_arrive_and_leave_as_asked(files, capsys):
     assert (a["start_s"], a["end_s"], a["iteration_times_s"]) == (0.0, 0.016, [0.008, 0.008])
     assert (b["start_s"], b["end_s"], b["departed"]) == (0.02, 0.03, True)
     assert b["iteration_times_s"] == [0.008]
+    code, out, err = run(
+        capsys, "simulate", *hand(files), "--iterations", "2", "--job", t,
+        "--job", f"{t}@20ms:until=30ms",
+    )  # fmt: skip
+    rows = [line.split() for line in out.splitlines()[1:4]]
+    assert rows[0][-2:] == ["arrived", "ended"]
+    assert rows[1][-4:] == ["0.000", "ms", "16.000", "ms"]
+    assert rows[2][-5:] == ["20.000", "ms", "30.000", "ms", "(left)"]
 
 
 def test_a_scenario_with_faults_is_the_same_for_the_same_seed(files, capsys):
