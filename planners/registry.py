@@ -121,6 +121,12 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
         "CheckpointOptions",
         "Chen et al. sqrt(n) checkpointing",
     ),
+    "autoswap": (
+        "memplan.planners.heuristics.autoswap",
+        "autoswap",
+        "AutoSwapOptions",
+        "AutoSwap: priority scores (DOA, AOA, WDOA, SWDOA), weights by Bayesian optimisation",
+    ),
     "squeeze": (
         "memplan.planners.search.squeeze",
         "squeeze",

@@ -1,0 +1,95 @@
+"""Bayesian optimisation of AutoSwap's score weights (§IV-C) with optuna.
+
+optuna is an optional extra (``pip install memplan[bo]``), imported here
+only, when BO runs. NOTE [ AutoSwap BO ] says how.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from memplan.planners.core.errors import PlanError
+from memplan.planners.core.evaluate import Evaluator
+from memplan.planners.heuristics.autoswap_scores import SCORES
+
+if TYPE_CHECKING:
+    from memplan.planners.heuristics.autoswap import AutoSwapOptions, Planner
+
+# The objective of a trial whose plan does not run on its own under the
+# budget (out of memory): worse than any iteration time, and finite (the
+# sampler compares values).
+UNFIT_S = 1e9
+
+
+# NOTE [ AutoSwap BO ]
+# §IV-C tunes w1..w4 in [-1, 1] of the BO score (NOTE [ AutoSwap scores ])
+# with Bayesian optimisation, the objective the communication overhead
+# measured with the trial's weights, about 30 trials. Ours: optuna's TPE
+# sampler (`TPESampler(seed=seed)`, one trial at a time: the same seed gives
+# the same trials, weights and plan; the paper's Gaussian-process prior is
+# optuna's GPSampler, which needs scipy besides torch), `trials` trials, the
+# objective the simulated iteration time of the trial's plan under the
+# budget through the app shell's evaluator -- the overhead plus the vanilla
+# time, which is the same for every trial. A plan that runs out of memory
+# on its own scores `UNFIT_S`. The first four trials are the single scores
+# (weights one-hot, enqueued), so BO never returns a plan slower than the
+# best single score; the best trial wins, ties to the earlier. Trials whose
+# weights select the same candidates share one simulation. `time_limit_s`
+# stops BO after the trial that passes it; only `trials` binding first makes
+# the result independent of the machine's speed (`stats["bo_stopped_by"]`).
+def tune(
+    planner: Planner, evaluator: Evaluator, opts: AutoSwapOptions
+) -> tuple[tuple[float, ...], dict[str, Any]]:
+    """(the best weights, stats) after `opts.trials` trials (NOTE [ AutoSwap BO ])."""
+    try:
+        import optuna
+    except ImportError:
+        raise PlanError(
+            "autoswap: score=bo needs optuna (pip install memplan[bo]); "
+            "or pick one score, e.g. --option autoswap.score=swdoa"
+        ) from None
+    t0 = time.perf_counter()
+    seen: dict[frozenset[int], float] = {}
+    history: list[tuple[tuple[float, ...], float]] = []
+    best: list[Any] = [math.inf, None]
+
+    def objective(trial) -> float:
+        w = tuple(trial.suggest_float(f"w_{s}", -1.0, 1.0) for s in SCORES)
+        k, sched, order = planner.select(w)
+        key = frozenset(order[:k])
+        if key not in seen:
+            ev = evaluator(planner.plans(sched))
+            seen[key] = ev.iteration_s if ev.fits and math.isfinite(ev.iteration_s) else UNFIT_S
+        value = seen[key]
+        history.append((w, value))
+        if value < best[0]:
+            best[0], best[1] = value, w
+        return value
+
+    def deadline(study, _trial) -> None:
+        if time.perf_counter() - t0 > opts.time_limit_s:
+            study.stop()
+
+    old = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        sampler = optuna.samplers.TPESampler(seed=opts.seed)
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        for s in SCORES:
+            study.enqueue_trial({f"w_{x}": 1.0 if x == s else 0.0 for x in SCORES})
+        study.optimize(objective, n_trials=opts.trials, n_jobs=1, callbacks=[deadline])
+    finally:
+        optuna.logging.set_verbosity(old)
+    singles = {s: history[i][1] for i, s in enumerate(SCORES) if i < len(history)}
+    weights = best[1] if best[1] is not None else history[0][0]
+    stats = {
+        "bo_trials": len(history),
+        "bo_simulations": len(seen),
+        "bo_best_s": best[0] if best[0] < UNFIT_S else None,
+        "bo_single_scores_s": {s: (v if v < UNFIT_S else None) for s, v in singles.items()},
+        "bo_stopped_by": "trials" if len(history) >= opts.trials else "time_limit_s",
+        "bo_time_s": time.perf_counter() - t0,
+    }
+    return weights, stats
