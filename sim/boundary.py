@@ -174,4 +174,11 @@ class Boundaries:
             passive_swaps=s.passive - self.passive0[j],
             stall_s=(s.stall_us - self.stall0[j]) / 1e6,
             peak_bytes=int(peak),
+            op_queue_s=self._queued(s, starts) / 1e6,
         )
+
+    def _queued(self, s: JobState, starts: np.ndarray) -> np.ndarray:
+        """Microseconds each op of the iteration waited for the compute stream."""
+        if not self.model.shared:
+            return np.zeros(len(starts))
+        return np.maximum(starts - np.asarray(s.ready_us), 0.0)

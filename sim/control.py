@@ -39,6 +39,10 @@ class IterationReport:
     - `op_start_s[i]`: when op i started (Capuchin's access times);
     - `op_durations_s[i]`: how long its kernel ran, jitter and usage
       included (TENSILE's EWMA input);
+    - `op_queue_s[i]`: how long op i waited for the compute stream behind
+      other jobs' kernels (0 alone): the time-slicing an arrival brings
+      (NOTE [ Usage and jitter ] in sim/dynamics.py); a job that times its ops
+      from launch to end sees `op_queue_s + op_durations_s`;
     - `late_swap_ins`: the swap-ins the compute waited for;
     - `passive_swaps`: the OOM policy's transfers of this job's buffers;
     - `stall_s`: compute waiting in this iteration (copies, memory);
@@ -55,6 +59,7 @@ class IterationReport:
     passive_swaps: int
     stall_s: float
     peak_bytes: int
+    op_queue_s: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,9 +36,9 @@ MAX_SLOWDOWN = 1e6
 #   1 / (1 - usage) or by what the MLP learned). The other simulated jobs'
 #   load is not a usage: their kernels queue FIFO with this job's on the one
 #   compute stream (hwmodels NOTE [ Usage under a compute queue ]), so an
-#   arrival slows a running job through the queue -- its ops start later
-#   (`IterationReport.op_start_s` shows it) -- and counting it as usage too
-#   would count it twice.
+#   arrival slows a running job through the queue -- its ops wait for the
+#   stream (`IterationReport.op_queue_s`) and start later -- and counting it
+#   as usage too would count it twice.
 # - `jitter` is noise: each kernel run (a recompute too) of iteration k of
 #   job j takes its predicted duration times a log-normal factor
 #   exp(sigma * Z - sigma^2 / 2) (mean 1, median a little below), rounded to

@@ -240,7 +240,7 @@ class GpuModel:
         accs, need, create, cbytes = c.accs, c.need, c.create, c.create_bytes
         writes, frees, triggers, dur = c.writes, c.frees, c.triggers, s.dur
         where, alive, host, keep = s.where, s.alive, s.host, s.keep
-        wcount, deadlines = s.wcount, s.deadlines
+        wcount, deadlines, ready = s.wcount, s.deadlines, s.ready_us
         ledger, scratch = mem.ledger, c.workspace  # NOTE [ Workspaces ] in sim/job.py
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
         touch = mem.touch if mem.dtr else None
@@ -276,6 +276,7 @@ class GpuModel:
             elif touch is not None:  # and for DTR's staleness (NOTE [ DTR ])
                 touch(s, accs[i])
             if shared:
+                ready[i] = env.now  # the queue's wait is IterationReport.op_queue_s
                 req = compute.request()
                 try:
                     yield req

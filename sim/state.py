@@ -87,3 +87,4 @@ class JobState:
         self.plan_changes: list[tuple[int, float, str]] = []
         self.depart_proc: simpy.Process | None = None  # NOTE [ Departures ]
         self.departed = False
+        self.ready_us = [0.0] * c.n_ops  # when each op last queued for compute (shared)

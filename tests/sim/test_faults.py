@@ -59,6 +59,32 @@ def test_a_second_job_landing_mid_iteration():
     assert (r.memory.t_s * 1e3).tolist() == [0, 2, 3, 4, 6, 8, 10, 12]
     assert (r.memory.bytes // MiB).tolist() == [1, 2, 3, 2, 3, 2, 1, 0]
     assert [j.iteration_times_s for j in r.jobs] == [(0.008,), (0.009,)]
+    # what a controller sees: job 0's op2 queued 4-6 ms; job 1's op0 3-4 ms
+    # and its op1 6-8 ms (behind job 0's op2)
+    ctl = Recorder()
+    simulate(
+        [Job(t), Job(t, arrival_s=0.003)], DeviceModel(gpu(), lat), iterations=1, controller=ctl
+    )
+    (r0, r1) = sorted(ctl.reports, key=lambda x: x.job)
+    np.testing.assert_allclose(r0.op_queue_s * 1e3, [0, 0, 2])
+    np.testing.assert_allclose(r0.op_durations_s * 1e3, [2, 2, 2])
+    np.testing.assert_allclose(r1.op_queue_s * 1e3, [1, 2, 0])
+    np.testing.assert_allclose(r1.op_start_s * 1e3, [4, 8, 10])
+
+
+class Recorder:
+    def __init__(self):
+        self.reports = []
+
+    def job_arrived(self, job, now_s, jobs):
+        return []
+
+    def job_left(self, job, now_s, jobs):
+        return []
+
+    def iteration_ended(self, report):
+        self.reports.append(report)
+        return []
 
 
 def test_departure_mid_copy():
