@@ -15,6 +15,7 @@ from memplan.planners.core.plan import empty_plan, validate
 from memplan.sim.control import Controller, IterationReport, LateSwapIn, PlanChange
 from memplan.sim.errors import SimError
 from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.remat import RematTable
 from memplan.sim.state import JobState
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class Boundaries:
             plan = ch.plan if ch.plan is not None else empty_plan(c.trace)
             (check_plan if self.check else validate)(plan, c.trace)
             c.use_plan(plan, self.device)
+            if m.mem.dtr:  # what DTR may remake depends on the plan's releases
+                m.mem.tables[j] = RematTable(c, m.pcie)
             for key in [k for k in s.deadlines if k[0] >= it]:  # the old plan's waits
                 del s.deadlines[key]
             self.version[j] += 1

@@ -270,7 +270,7 @@ def scenarios(draw):
         picks=picks,
         jitter=draw(st.sampled_from([0.0, 0.2, 1.0])),
         seed=draw(st.integers(0, 3)),
-        oom=draw(st.sampled_from(["fail", "stall", "passive"])),
+        oom=draw(st.sampled_from(["fail", "stall", "passive", "dtr"])),
         budget_mib=draw(st.integers(4, 24)),
         lanes=draw(st.sampled_from([1, 2])),
         slow=slow,
