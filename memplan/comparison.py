@@ -446,7 +446,8 @@ def compare_planners(
     ordered = [rows[n] for n in planners]
     known: dict[int, tuple[float, str] | None] = {}
     reserve = context_bytes(device.hw, allocator_of(allocator), context_reserve) * len(traces)
-    ordered = [_with_gap(r, traces, device, known, reserve) for r in ordered]
+    if workload is None or workload.static:  # the bounds are of jobs in step, not of a scenario
+        ordered = [_with_gap(r, traces, device, known, reserve) for r in ordered]
     return Comparison(vanilla, tuple(ordered))
 
 

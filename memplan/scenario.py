@@ -115,6 +115,16 @@ class Workload:
     def options(self) -> dict[str, Any]:
         return self.moves.options()
 
+    @property
+    def static(self) -> bool:
+        """Every job starts at 0 and runs the simulation's iterations, and
+        nothing moves: the jobs of a plain comparison."""
+        same = all(
+            s.arrival_s == 0 and s.iterations is None and s.departure_s is None for s in self.specs
+        )
+        m = self.moves
+        return same and not (m.jitter or m.usage or m.lane_slowdowns)
+
 
 def jobs_for(
     workload: Workload | None, traces: Sequence[Trace], plans: Sequence[Plan | None]
