@@ -18,7 +18,7 @@ cells; every planning time <= 60 s. `--markdown FILE` writes the summary
 table for the README.
 
 Usage: python benchmarks/pressure.py [--models resnet50,...] [--budgets 90,75,60,50,40]
-       [--planners tensile,capuchin,vdnn,checkpoint,squeeze,cpsat] [--time-limit 60]
+       [--planners tensile,capuchin,vdnn,checkpoint,autoswap,squeeze,cpsat] [--time-limit 60]
        [--fallback dtr] [--markdown FILE]
 """
 
@@ -44,7 +44,7 @@ from memplan.report import text_table  # noqa: E402
 
 MODELS = ("resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt2")
 BUDGETS = (90, 75, 60, 50, 40)
-PLANNERS = ("tensile", "capuchin", "vdnn", "checkpoint", "squeeze", "cpsat")
+PLANNERS = ("tensile", "capuchin", "vdnn", "checkpoint", "autoswap", "squeeze", "cpsat")
 
 
 def _ms(x: float) -> str:
