@@ -129,6 +129,21 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
                 "args": args,
             }
         )
+    for e in result.log:  # the instants of a scenario: departures and plan changes
+        if e.kind is K.DEPART or e.kind is K.PLAN:
+            what = "departure" if e.kind is K.DEPART else f"plan change (version {e.buffer})"
+            events.append(
+                {
+                    "name": what,
+                    "cat": e.kind.value,
+                    "ph": "i",
+                    "s": "p",
+                    "ts": e.t_us,
+                    "pid": e.job + 1,
+                    "tid": COMPUTE_TID,
+                    "args": {"iteration": e.iteration},
+                }
+            )
     mem = result.memory
     last = _last_per_time(mem.t_s)
     t_us = mem.t_s[last] * 1e6

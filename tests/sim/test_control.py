@@ -13,6 +13,7 @@ import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut
 from memplan.sim import Job, LateSwapIn, PlanChange, SimError, simulate
+from memplan.sim.exports import chrome_trace
 
 from tests.sim.handtraces import fmt, gpu
 from tests.sim.test_model import param_step, plan
@@ -81,6 +82,8 @@ def test_plan_a_for_b_at_a_known_time():
     ]
     assert j.bytes_d2h == 4 * MiB_ and j.passive_swaps == 0  # no swap-out under vanilla
     assert ctl.calls == [("arrived", 0, 0.0, (0,)), ("left", 0, 48.0, ())]
+    marks = [e for e in chrome_trace(r)["traceEvents"] if e["ph"] == "i"]
+    assert [(e["name"], e["ts"], e["pid"]) for e in marks] == [("plan change (version 1)", 24e3, 1)]
 
 
 def test_what_the_controller_observes():

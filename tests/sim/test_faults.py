@@ -18,6 +18,7 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Roofline
 from memplan.planners.core.plan import SwapIn, SwapOut
 from memplan.sim import Job, LaneSlowdown, PlanChange, SimError, simulate
+from memplan.sim.exports import chrome_trace
 from memplan.sim.log import LogKind
 from memplan.traces import synthetic
 
@@ -107,6 +108,8 @@ def test_departure_mid_copy():
     assert (r.memory.bytes // MiB).tolist() == [2, 3, 2, 0]
     j = r.jobs[0]
     assert (j.departed, j.end_s, j.iteration_times_s, j.oom) == (True, 0.002, (), False)
+    marks = [e for e in chrome_trace(r)["traceEvents"] if e["ph"] == "i"]
+    assert [(e["name"], e["ts"]) for e in marks] == [("departure", 2e3)]
 
 
 def test_departure_before_the_last_iteration_and_without_iterations():
