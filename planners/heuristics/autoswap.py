@@ -84,6 +84,8 @@ class AutoSwapOptions:
                 raise ValueError(f"score={self.score!r} must be one of {allowed}") from None
         if self.min_bytes < 0:
             raise ValueError(f"min_bytes={self.min_bytes!r} must be >= 0")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed={self.seed!r} must be in 0..2**32-1")
         if not 1 <= self.trials <= 100_000:
             raise ValueError(f"trials={self.trials!r} must be in 1..100000")
         if not (math.isfinite(self.time_limit_s) and self.time_limit_s > 0):

@@ -197,6 +197,7 @@ def test_options_from_the_command_line():
         ["weights=1,2,0,0"],
         ["weights=1,0"],
         ["min_bytes=-1"],
+        ["seed=-1"],
     ):
         with pytest.raises(PlanError, match="autoswap"):
             registry.make_options(spec, bad)
