@@ -174,16 +174,29 @@ def test_outside_usage_stretches_every_kernel():
 
 
 def test_a_job_arriving_when_the_lane_is_most_booked():
-    # the first job alone: the instant most copies wait for or hold the lane;
-    # a second job lands then, and nothing is lost (invariants below)
-    t, lat = param_step()
-    p = plan(t, SwapOut(0, 2), SwapIn(0, 4, 0, next_iteration=True))
-    dev = DeviceModel(gpu(), lat)
-    alone = simulate([Job(t, p)], dev, iterations=3)
-    starts = [e.t_us for e in alone.log if e.kind in (K.SWAP_IN_START, K.SWAP_OUT_START)]
-    at = max(starts, key=lambda x: sum(1 for e in alone.log if e.t_us == x)) / 1e6
-    jobs = [Job(t, p), Job(t, p, arrival_s=at)]
-    r = simulate(jobs, dev, iterations=3, budget=12 * MiB, oom="passive")
+    # Job 0 swaps out a and c (2 MiB each) after op0: at 1 ms both queue, 4 ms
+    # of copies ahead -- the most the lane is ever booked. Job 1 lands at that
+    # instant with the same plan: its swap-outs wait behind job 0's (5-9 ms),
+    # job 0's swap-in of a follows (9-11 ms), then job 1's (11-13 ms); each
+    # c comes back by cancelling its own swap-out's free (a skip: its swap-in
+    # triggers at 5 and 8 ms, while that swap-out is still on the lane).
+    t, lat = make(
+        [B(2), B(2), B(1), B(1)],
+        [Call([], [0, 1], 1), Call([], [2], 3), Call([], [3], 3), Call([0, 1], [], 1)],
+    )
+    p = plan(t, SwapOut(0, 0), SwapOut(1, 0), SwapIn(0, 1, 3), SwapIn(1, 1, 3))
+    jobs = [Job(t, p), Job(t, p, arrival_s=0.001)]
+    r = simulate(jobs, DeviceModel(gpu(), lat), iterations=1, budget=12 * MiB, oom="passive")
+    copies = [e[:5] for e in fmt(r.log, job=True) if len(e) == 6 and e[2].endswith("start")]
+    assert copies == [
+        (0, 1.0, "swap_out_start", 0, 0),
+        (0, 3.0, "swap_out_start", 0, 1),
+        (1, 5.0, "swap_out_start", 0, 0),
+        (1, 7.0, "swap_out_start", 0, 1),
+        (0, 9.0, "swap_in_start", 1, 0),
+        (1, 11.0, "swap_in_start", 1, 0),
+    ]
+    assert [(j.iteration_times_s, j.passive_swaps) for j in r.jobs] == [((0.015,), 0)] * 2
     assert_nothing_lost(r, 12 * MiB)
 
 
