@@ -62,7 +62,8 @@ class Schedule:
 # enough to arrive before it, one at a time, so they chain back from the
 # last one (Fig. 7): a swap-in ends when its access is ready or when the
 # next swap-in starts, whichever is earlier. We compute both chains on the
-# predicted timeline, one stream per direction as in the paper. The plan
+# predicted timeline, one stream per direction and job as in the paper
+# (its runtime serves one job). The plan
 # triggers each swap-out right after its access (the simulator's lane runs
 # copies one at a time in trigger order, which is this chain) and each
 # swap-in at its chained start (`delay_us` after the op that ends last
