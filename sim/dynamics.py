@@ -8,7 +8,7 @@ no `Dynamics` (`GpuModel.dyn` is None) and its hot loop is the static one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -151,6 +151,8 @@ class Dynamics:
         seqs = np.random.SeedSequence(seed).spawn(n) if jitter else []
         self.rngs = [np.random.default_rng(q) for q in seqs]
         self.bounds = Boundaries(model, device, controller, check)
+        self.progress: Callable[[int], None] | None = None
+        self.done = 0  # iterations ended, all jobs
 
     def start(self) -> None:
         """Start the departure processes (before the run)."""
@@ -196,6 +198,9 @@ class Dynamics:
                 "its departure; give it a number of iterations"
             )
         self.bounds.ended(s, it)
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done)
 
 
 def check_jitter(jitter: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from memplan.hwmodels.device import DeviceModel
@@ -39,6 +39,7 @@ def simulate(
     jitter: float = 0.0,
     usage: float = 0.0,
     lane_slowdowns: Sequence[LaneSlowdown] = (),
+    progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Run `jobs` (a bare `Trace` is a vanilla job arriving at 0) together on
     `device` and return what happened.
@@ -68,6 +69,8 @@ def simulate(
       from outside the jobs, a fraction of the device (NOTE [ Usage and jitter ]).
     - `lane_slowdowns`: windows in which the lanes move bytes slower
       (NOTE [ Lane slowdowns ]).
+    - `progress`: called with the number of iterations done (all jobs) at
+      the end of each.
     A job leaves at its `departure_s` (NOTE [ Departures ]).
 
     Bad arguments raise `SimError`.
@@ -91,7 +94,9 @@ def simulate(
             f"a job's CUDA context ({reserve} bytes: context_reserve, by default the profile's "
             f"estimate; --context-reserve) leaves nothing of the budget ({budget} bytes)"
         )
-    moves = Moves(controller, check_jitter(jitter), _usage(usage), _windows(lane_slowdowns), seed)
+    moves = Moves(
+        controller, check_jitter(jitter), _usage(usage), _windows(lane_slowdowns), seed, progress
+    )
     with _collector_paused():
         return _run(jobs, device, iterations, budget, policy, check, alloc, reserve, moves)
 
@@ -105,10 +110,11 @@ class Moves:
     usage: float
     lanes: tuple[LaneSlowdown, ...]
     seed: int
+    progress: Callable[[int], None] | None = None
 
     def dynamic(self, jobs: Sequence[Job]) -> bool:
         departs = any(j.departure_s is not None for j in jobs)
-        return departs or self.controller is not None or bool(self.jitter)
+        return departs or self.controller is not None or bool(self.jitter) or bool(self.progress)
 
 
 def _usage(usage: float) -> float:
@@ -238,6 +244,7 @@ def _run(
     model = GpuModel(compiled, device, budget, policy, alloc, reserve, slow)
     if moves.dynamic(given):
         model.dyn = Dynamics(model, device, moves.seed, moves.jitter, moves.controller, check)
+        model.dyn.progress = moves.progress
     model.run()
     result = build_result(model, device.hw.name, moves.seed)
     if not math.isfinite(result.makespan_s):  # NOTE [ Trace sanity ranges ]: an error, not a result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,8 @@ def own_plan(source: str, trace: Trace, device: DeviceModel) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from memplan.outputs import check_dir
 
     if args.out is not None:  # an empty --out is refused, not ignored
@@ -148,15 +151,19 @@ def run(args: argparse.Namespace) -> int:
         )
         for (spec, t), p in zip(pairs, plans, strict=True)
     ]
-    result = simulate(
-        jobs,
-        device,
-        iterations=args.iterations,
-        budget=budget,
-        oom="fail" if args.fallback == "none" else args.fallback,
-        **machine.memory_options(args),  # type: ignore[arg-type]
-        **moves.options(),
-    )
+    total = sum(args.iterations if j.iterations is None else j.iterations for j in jobs)
+    quiet = total <= 100 or not sys.stderr.isatty()  # a bar for long runs only
+    with tqdm(total=total, unit="it", desc="simulate", disable=quiet) as bar:
+        result = simulate(
+            jobs,
+            device,
+            iterations=args.iterations,
+            budget=budget,
+            oom="fail" if args.fallback == "none" else args.fallback,
+            progress=None if quiet else (lambda done: bar.update(done - bar.n)),
+            **machine.memory_options(args),  # type: ignore[arg-type]
+            **moves.options(),
+        )
     summary = result.to_dict()
     summary["latency"] = args.latency
     summary["traces"] = [spec.trace for spec, _t in pairs]
