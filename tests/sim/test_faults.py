@@ -337,3 +337,11 @@ class _PerTrace:
 
 def _per_trace_latency(picks):
     return _PerTrace({id(CASES[k][0]): CASES[k][2] for k in picks})
+
+
+def test_progress_counts_the_iterations_of_all_jobs():
+    t, lat = three_ops()
+    calls: list[int] = []
+    r = simulate([Job(t), Job(t, arrival_s=0.003)], DeviceModel(gpu(), lat), progress=calls.append)
+    assert calls == [1, 2, 3, 4, 5, 6]
+    assert r.log == simulate([Job(t), Job(t, arrival_s=0.003)], DeviceModel(gpu(), lat)).log
