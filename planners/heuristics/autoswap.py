@@ -54,7 +54,7 @@ class AutoSwapScore(enum.Enum):
 # `score=bo` plans with SWDOA alone and says so in the result's detail and
 # `stats["score"]`: of the four it is the one that looks at the memory load
 # as the selection changes it, which is what the budget is about.
-FALLBACK = AutoSwapScore.SWDOA
+NO_EVALUATOR_SCORE = AutoSwapScore.SWDOA
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +163,11 @@ def autoswap(
     elif opts.score is not AutoSwapScore.BO:
         weights, stats["score"] = one_hot(opts.score), opts.score.value
     elif evaluator is None:  # NOTE [ AutoSwap without an evaluator ]
-        weights, stats["score"] = one_hot(FALLBACK), FALLBACK.value
-        detail = f"no evaluator for BO: ranked by {FALLBACK.value} alone"
+        weights, stats["score"] = one_hot(NO_EVALUATOR_SCORE), NO_EVALUATOR_SCORE.value
+        detail = f"no evaluator for BO: ranked by {NO_EVALUATOR_SCORE.value} alone"
     elif budget is None or not p.state.cands:
-        weights, stats["score"] = one_hot(FALLBACK), FALLBACK.value
-        detail = f"nothing for BO to tune: ranked by {FALLBACK.value} alone"
+        weights, stats["score"] = one_hot(NO_EVALUATOR_SCORE), NO_EVALUATOR_SCORE.value
+        detail = f"nothing for BO to tune: ranked by {NO_EVALUATOR_SCORE.value} alone"
     else:
         from memplan.planners.heuristics.autoswap_bo import tune
 
