@@ -85,7 +85,14 @@ def _say(message: str) -> None:
 def _run(argv: Sequence[str] | None) -> int:
     from memplan.traces.errors import MemplanError
 
-    args = build_parser().parse_args(argv)
+    # NOTE [ Signals in memplan ]: torch's import runs Python from C++ (pybind11);
+    # an Interrupted raised there aborts the process (SIGABRT, exit -6), so the
+    # imports the parser makes, torch's among them, hold a signal until they end
+    with interrupts.deferred():
+        import torch  # noqa: F401 -- loaded here, whichever command loads it first
+
+        parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)
     except MemplanError as e:

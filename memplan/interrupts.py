@@ -38,6 +38,11 @@ from contextlib import contextmanager
 # command ends and exits as interrupted (any output is whole: the command
 # ran to its end). Sending the signal again from the hook does not help: its
 # handler runs at once, inside the hook, and is dropped again.
+# A signal that lands while torch is imported is worse: the import calls
+# Python from C++ (pybind11), and an exception there ends the process with
+# SIGABRT (exit -6, "terminate called after throwing ... Interrupted"; seen
+# in the signal test 0.39 s into `compare`). `memplan.cli` therefore imports
+# torch and builds its parser inside `deferred()`.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

@@ -47,3 +47,22 @@ def test_restore_puts_the_unraisable_hook_back():
     interrupts.restore(old)
     assert sys.unraisablehook is before
     gc.collect()
+
+
+def test_a_signal_while_the_parser_imports_is_raised_after_them(monkeypatch, capsys):
+    # torch's import calls Python from C++, where an exception aborts the
+    # process: a signal landing there must wait until the imports end
+    from memplan import cli
+
+    built = []
+    real = cli.build_parser
+
+    def build():
+        signal.raise_signal(signal.SIGTERM)  # as if it landed inside an import
+        built.append(True)  # not reached if the handler raised at once
+        return real()
+
+    monkeypatch.setattr(cli, "build_parser", build)
+    assert cli.main(["hw", "list"]) == 143
+    assert built == [True]
+    assert capsys.readouterr().err == "memplan: terminated (SIGTERM)\n"
