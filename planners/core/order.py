@@ -10,6 +10,7 @@ ops that must come before it (NOTE [ Allowed orders ]).
 
 from __future__ import annotations
 
+import heapq
 import operator
 import weakref
 from collections.abc import Sequence
@@ -167,3 +168,38 @@ def check_order(trace: Trace, order: Sequence[int], where: str = "order") -> tup
                     f"that {d.why}"
                 )
     return order
+
+
+def topological_order(trace: Trace, priority: Sequence[float]) -> tuple[int, ...]:
+    """The allowed order that runs, whenever several ops are ready, the one
+    of least `priority[op]` (ties: least id): list scheduling over the
+    dependencies, one phase segment after another. Every allowed order is
+    the result of some priority (its own positions), which is how
+    SwapAdvisor's crossover and mutation act on orders."""
+    n = trace.n_ops
+    if len(priority) != n:
+        raise OrderError(f"priority: {len(priority)} values, the trace has {n} ops")
+    deps = dependencies(trace)
+    seg = segments(trace)
+    waiting = [len({d.before for d in deps[i]}) for i in range(n)]
+    after: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for k in {d.before for d in deps[i]}:
+            after[k].append(i)
+    out: list[int] = []
+    start = 0
+    while start < n:
+        end = start
+        while end < n and seg[end] == seg[start]:
+            end += 1
+        ready = [(priority[i], i) for i in range(start, end) if not waiting[i]]
+        heapq.heapify(ready)
+        while ready:
+            _p, i = heapq.heappop(ready)
+            out.append(i)
+            for j in after[i]:
+                waiting[j] -= 1
+                if not waiting[j] and seg[j] == seg[start]:
+                    heapq.heappush(ready, (priority[j], j))
+        start = end
+    return tuple(out)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from memplan.planners.core.order import OrderError, check_order, dependencies, segments
+from memplan.planners.core.order import (
+    OrderError,
+    check_order,
+    dependencies,
+    positions,
+    segments,
+    topological_order,
+)
 
 from tests.sim.handtraces import B, Call, make
 
@@ -130,3 +137,16 @@ def test_ops_stay_in_their_phase_segment():
 def test_an_order_that_is_not_a_permutation_is_refused(order, message):
     with pytest.raises(OrderError, match=message):
         check_order(branches(), order)
+
+
+def test_every_allowed_order_is_the_topological_order_of_its_own_positions():
+    t = branches()
+    for order in itertools.permutations(range(5)):
+        if _allowed(t, order):
+            assert topological_order(t, positions(order)) == order
+    # a priority against the dependencies still gives an allowed order
+    back = topological_order(t, [5, 4, 3, 2, 1])
+    assert back == (2, 3, 0, 1, 4)
+    check_order(t, back)
+    with pytest.raises(OrderError, match=r"^priority: 2 values, the trace has 5 ops$"):
+        topological_order(t, [0, 1])
