@@ -10,10 +10,9 @@ ops that must come before it (NOTE [ Allowed orders ]).
 
 from __future__ import annotations
 
-import heapq
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from memplan.planners.core.errors import PlanError
@@ -174,17 +173,24 @@ def topological_order(trace: Trace, priority: Sequence[float]) -> tuple[int, ...
     """The allowed order that runs, whenever several ops are ready, the one
     of least `priority[op]` (ties: least id): list scheduling over the
     dependencies, one phase segment after another. Every allowed order is
-    the result of some priority (its own positions), which is how
-    SwapAdvisor's crossover and mutation act on orders."""
+    the result of some priority (its own positions)."""
     n = trace.n_ops
     if len(priority) != n:
         raise OrderError(f"priority: {len(priority)} values, the trace has {n} ops")
-    deps = dependencies(trace)
-    seg = segments(trace)
+    return ready_walk(trace, lambda ready: min(ready, key=lambda i: (priority[i], i)))
+
+
+def ready_walk(trace: Trace, pick: Callable[[list[int]], int]) -> tuple[int, ...]:
+    """An allowed order built op by op: `pick(ready)` chooses the next among
+    the ready ops of the current phase segment (a list in a deterministic
+    order: ascending at a segment's start, then as they became ready).
+    SwapAdvisor's mutation walks orders so (planners/search/genome.py)."""
+    n = trace.n_ops
+    deps, seg = dependencies(trace), segments(trace)
     waiting = [len({d.before for d in deps[i]}) for i in range(n)]
     after: list[list[int]] = [[] for _ in range(n)]
     for i in range(n):
-        for k in {d.before for d in deps[i]}:
+        for k in sorted({d.before for d in deps[i]}):
             after[k].append(i)
     out: list[int] = []
     start = 0
@@ -192,14 +198,14 @@ def topological_order(trace: Trace, priority: Sequence[float]) -> tuple[int, ...
         end = start
         while end < n and seg[end] == seg[start]:
             end += 1
-        ready = [(priority[i], i) for i in range(start, end) if not waiting[i]]
-        heapq.heapify(ready)
+        ready = [i for i in range(start, end) if not waiting[i]]
         while ready:
-            _p, i = heapq.heappop(ready)
+            i = pick(ready)
+            ready.remove(i)
             out.append(i)
             for j in after[i]:
                 waiting[j] -= 1
-                if not waiting[j] and seg[j] == seg[start]:
-                    heapq.heappush(ready, (priority[j], j))
+                if not waiting[j] and start <= j < end:
+                    ready.append(j)
         start = end
     return tuple(out)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.planners.core.order import dependencies, positions, segments
+from memplan.planners.core.order import positions, ready_walk
 from memplan.planners.core.plan import Event, Plan, Release, SwapIn, SwapOut, fingerprint_of
 from memplan.planners.core.semantics import OpTable
 from memplan.traces.model import Trace
@@ -150,36 +150,6 @@ class Sizes:
             for k in shrinkable:
                 cnt[k] = max(floor[k], cnt[k] - max(1, math.ceil(share / max(1, slots[k]))))
         return Allocation(split, tuple(cnt))
-
-
-def ready_walk(trace: Trace, pick) -> tuple[int, ...]:
-    """An allowed order built op by op: `pick(ready)` chooses the next among
-    the ready ops (a list, ascending) of the current phase segment."""
-    n = trace.n_ops
-    deps, seg = dependencies(trace), segments(trace)
-    waiting = [len({d.before for d in deps[i]}) for i in range(n)]
-    after: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):
-        for k in {d.before for d in deps[i]}:
-            after[k].append(i)
-    out: list[int] = []
-    start = 0
-    while start < n:
-        end = start
-        while end < n and seg[end] == seg[start]:
-            end += 1
-        ready = sorted(i for i in range(start, end) if not waiting[i])
-        while ready:
-            i = pick(ready)
-            ready.remove(i)
-            out.append(i)
-            for j in after[i]:
-                waiting[j] -= 1
-                if not waiting[j] and start <= j < end:
-                    ready.append(j)
-            ready.sort()
-        start = end
-    return tuple(out)
 
 
 def crossover_order(first: Sequence[int], second: Sequence[int], cr: int) -> tuple[int, ...]:

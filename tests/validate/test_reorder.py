@@ -12,6 +12,8 @@ from memplan.planners.core.order import check_order, topological_order
 from memplan.planners.core.plan import Plan, fingerprint_of
 from memplan.sim import Job, simulate
 from memplan.validate import compare_results, replay
+from memplan.validate.runtime.errors import RuntimePlanError
+from memplan.validate.runtime.plan import export
 
 from tests.sim.handtraces import gpu
 from tests.validate.helpers import trace_of, vanilla
@@ -44,3 +46,12 @@ def test_the_order_changes_the_replayed_peak():
     trace = trace_of("tiny_transformer")
     plan = Plan(fingerprint_of(trace), (), "tiny_transformer", latest_first(trace))
     assert replay(trace, plan=plan, iterations=1).peak_bytes < trace.peak("framework")[0]
+
+
+def test_the_runtime_refuses_a_reordered_plan():
+    # a training loop runs autograd's order; only the simulator and the replay reorder
+    trace = trace_of("tiny_resnet")
+    plan = Plan(fingerprint_of(trace), (), "tiny_resnet", latest_first(trace))
+    with pytest.raises(RuntimePlanError, match=r"runs its ops in another order"):
+        export(plan, trace)
+    export(Plan(fingerprint_of(trace), (), "tiny_resnet", tuple(range(trace.n_ops))), trace)
