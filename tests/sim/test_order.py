@@ -4,9 +4,10 @@ lowers the peak, by bytes worked out by hand."""
 
 from __future__ import annotations
 
+import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.plan import Plan, fingerprint_of
-from memplan.sim import Job, simulate
+from memplan.sim import Job, SimError, simulate
 
 from tests.planners.test_plan_order import BRANCHES_FIRST, interleaved
 from tests.sim.handtraces import MiB, fmt, gpu
@@ -35,3 +36,13 @@ def test_the_ops_run_in_the_plan_order():
     assert starts == list(BRANCHES_FIRST)
     # every op takes 1 ms; the iteration is as long whatever the order
     assert res.jobs[0].iteration_time_s == run(None).jobs[0].iteration_time_s
+
+
+def test_dtr_refuses_a_reordered_plan():
+    # DTR's remakes reason in the trace's op order (sim/remat.py)
+    t, lat = interleaved()
+    plan = Plan(fingerprint_of(t), order=BRANCHES_FIRST)
+    with pytest.raises(SimError, match=r"^job 0: oom=dtr remakes buffers in the trace's op order"):
+        simulate([Job(t, plan)], DeviceModel(gpu(), lat), budget=8 * MiB, oom="dtr")
+    identity = Plan(fingerprint_of(t), order=tuple(range(5)))
+    simulate([Job(t, identity)], DeviceModel(gpu(), lat), budget=16 * MiB, oom="dtr")
