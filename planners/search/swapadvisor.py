@@ -94,8 +94,14 @@ def _init_worker(evaluator: Evaluator) -> None:
 
 
 def _score(plan: Plan) -> float:
+    """In a worker: the plan's fitness by the evaluator it inherited."""
     assert _EVALUATOR is not None
-    ev = _EVALUATOR([plan], POLICY)
+    return _fitness(_EVALUATOR, plan)
+
+
+def _fitness(evaluator: Evaluator, plan: Plan) -> float:
+    """Simulated seconds per iteration; inf when the plan does not fit."""
+    ev = evaluator([plan], POLICY)
     return ev.iteration_s if ev.fits else math.inf
 
 
@@ -197,8 +203,7 @@ class _Search:
         if todo:
             self.evaluations += len(todo)
             if pool is None:
-                _init_worker(self.evaluator)
-                times = [_score(p) for p in todo]
+                times = [_fitness(self.evaluator, p) for p in todo]
             else:
                 times = list(pool.map(_score, todo))
             self.cache.update(zip(todo, times, strict=True))
