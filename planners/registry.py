@@ -134,6 +134,12 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
         "memplan's planner for memory pressure: heuristics and the net's choices, "
         "improved by simulation",
     ),
+    "swapadvisor": (
+        "memplan.planners.search.swapadvisor",
+        "swapadvisor",
+        "SwapAdvisorOptions",
+        "SwapAdvisor: genetic search over op orders, size-class allocations and swaps",
+    ),
     "cpsat": (
         "memplan.planners.cpsat.planner",
         "cpsat",

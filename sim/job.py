@@ -44,7 +44,9 @@ class CompiledJob:
     after_op); `recompute[(buffer, op)]` is (buffer, its chain's
     `recompute_sources`, event index). `workspace[i]` is op i's workspace
     bytes when the run counts workspaces (NOTE [ Workspaces ] in
-    hwmodels/device.py), None when it does not or no op has one."""
+    hwmodels/device.py), None when it does not or no op has one. `order` is
+    the op ids in the order the job runs them, the plan's (NOTE [ Plans
+    under another order ] in planners/core/plan.py), and `frees` follow it."""
 
     __slots__ = (
         "index",
@@ -73,6 +75,7 @@ class CompiledJob:
         "workspace",
         "table",
         "kernels",
+        "order",
     )
 
     def __init__(
@@ -117,8 +120,11 @@ class CompiledJob:
     def use_plan(self, plan: Plan, device: DeviceModel) -> None:
         """Compile `plan`'s events and durations for this job (at the start,
         and at a plan change: NOTE [ Plan changes at a boundary ] in sim/boundary.py)."""
-        ip = IndexedPlan.of(plan, self.trace, self.table)
+        table = OpTable.of(self.trace, plan.order)
+        ip = IndexedPlan.of(plan, self.trace, table)
         self.plan = plan
+        self.order = ip.order
+        self.frees = table.frees  # NOTE [ Frees under another order ]
         # Plan events by trigger, in plan order; inputs released at the start
         # are never loaded (NOTE [ Duplicate events ] in planners/core/semantics.py).
         self.triggers = tuple(tuple(_compiled(e, ev) for e, ev in g) for g in ip.triggered)
@@ -140,13 +146,13 @@ class CompiledJob:
     def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
         """The kernels' durations, each op that triggers planned copies longer
         by the device's compute-stream cost per copy (the iteration's start
-        charges op 0)."""
+        charges the first op of the order)."""
         d = list(self.kernels)
         extra = device.transfer_cost(TimeUnit.US)
         if extra and self.n_ops:
             for ev in plan.events:
                 if isinstance(ev, SwapOut | SwapIn):
-                    d[max(ev.after_op, 0)] += extra
+                    d[ev.after_op if ev.after_op >= 0 else self.order[0]] += extra
         return d
 
 

@@ -245,7 +245,7 @@ class GpuModel:
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
         touch = mem.touch if mem.dtr else None
         new, start, end = tuple.__new__, K.OP_START, K.OP_END  # LogEntry without its __new__
-        for i in range(c.n_ops):
+        for i in c.order:  # the plan's order (NOTE [ Plans under another order ])
             s.pinned = accs[i]
             if deadlines:
                 waits = deadlines.pop((it, i), None)

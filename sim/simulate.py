@@ -79,6 +79,8 @@ def simulate(
     alloc = allocator_of(allocator)
     if not jobs:
         raise SimError("simulate: no jobs")
+    if policy is OomPolicy.DTR:
+        _dtr_keeps_order(jobs)
     if not isinstance(iterations, int) or iterations < 1:
         raise SimError(f"iterations={iterations!r} must be an integer >= 1")
     hw = device.hw
@@ -115,6 +117,18 @@ class Moves:
     def dynamic(self, jobs: Sequence[Job]) -> bool:
         departs = any(j.departure_s is not None for j in jobs)
         return departs or self.controller is not None or bool(self.jitter) or bool(self.progress)
+
+
+def _dtr_keeps_order(jobs: Sequence[Job | Trace]) -> None:
+    """DTR's remakes reason in the trace's op order (sim/remat.py): refuse a
+    plan with another (NOTE [ Plans under another order ] in planners/core/plan.py)."""
+    for j, job in enumerate(jobs):
+        plan = job.plan if isinstance(job, Job) else None
+        if plan is not None and plan.order not in (None, tuple(range(job.trace.n_ops))):
+            raise SimError(
+                f"job {j}: oom=dtr remakes buffers in the trace's op order; a plan that "
+                f"reorders ops runs under fail, stall or passive"
+            )
 
 
 def _usage(usage: float) -> float:

@@ -1,4 +1,4 @@
-"""Static plan checking: replay a plan in op order, without time, and reject
+"""Static plan checking: replay a plan in its op order, without time, and reject
 any op that would find its data gone.
 
 `check(plan, trace)` returns nothing or raises `PlanError` naming the
@@ -96,8 +96,11 @@ class _Replay:
     def __init__(self, plan: Plan, trace: Trace):
         self.trace = trace
         nb = trace.n_buffers
-        table = self.table = OpTable.of(trace)
+        table = self.table = OpTable.of(trace, plan.order)
         ip = self.ip = IndexedPlan.of(plan, trace, table)
+        self.pos = [0] * trace.n_ops  # positions in the plan's order
+        for p, k in enumerate(ip.order):
+            self.pos[k] = p
         for r in ip.recompute.values():
             self._check_chain(r)
         # a static replay loads every input and applies the start's releases
@@ -111,7 +114,7 @@ class _Replay:
 
     # ---- static properties of a recompute chain ----------------------------------
     def _check_chain(self, r: Recomputation) -> None:
-        t, e, ev = self.trace, r.index, r.event
+        t, e, ev, pos = self.trace, r.index, r.event, self.pos
         w = f"events[{e}] ({describe(ev)} before op {ev.before_op})"
         rng = [k for k in ev.ops if t.ops[k].rng]
         if rng and not ev.restore_rng:
@@ -128,12 +131,14 @@ class _Replay:
                 f"update it twice"
             )
         b = ev.buffer
-        first = min((k for k in ev.ops if b in t.op_writes(k)), default=None)
+        first = min((k for k in ev.ops if b in t.op_writes(k)), default=None, key=pos.__getitem__)
         if first is not None:  # NOTE [ A chain makes every write ]
             skipped = [
                 m
                 for m in t.accesses_of(b).tolist()
-                if first < m < ev.before_op and m not in ev.ops and b in t.op_writes(m)
+                if pos[first] < pos[m] < pos[ev.before_op]
+                and m not in ev.ops
+                and b in t.op_writes(m)
             ]
             if skipped:
                 raise PlanError(
@@ -142,7 +147,9 @@ class _Replay:
                 )
         for k, srcs in r.sources:
             for s in srcs:
-                later = [m for m in t.accesses_of(s).tolist() if k < m < ev.before_op]
+                later = [
+                    m for m in t.accesses_of(s).tolist() if pos[k] < pos[m] < pos[ev.before_op]
+                ]
                 over = [m for m in later if s in t.op_writes(m)]
                 if over:
                     raise PlanError(
@@ -172,7 +179,7 @@ class _Replay:
             host[b] = False
         self._events(self.start, -1)
         triggered = self.ip.triggered
-        for i in range(tab.n_ops):
+        for i in self.ip.order:  # NOTE [ Plans under another order ]
             for b in tab.need[i]:
                 if not present[b]:
                     self._resolve(b, i, ())

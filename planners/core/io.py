@@ -19,7 +19,9 @@ trace by fingerprint::
                             "restore_rng": false}]}]}
 
 A swap-out's `before_op` (planners.core.plan NOTE [ Swap-out deadlines ]) is
-written only when set; a file without it has none.
+written only when set; a file without it has none. So is a plan's `order`
+(a list of op ids, NOTE [ Plans under another order ]): a file without it
+runs the trace's order.
 
 Every problem is a `PlanError` naming the location (``plans[0].events[3]``).
 """
@@ -74,11 +76,14 @@ def event_to_dict(ev: Event) -> dict[str, Any]:
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    return {
+    d: dict[str, Any] = {
         "trace": plan.trace_fingerprint,
         "model": plan.model,
         "events": [event_to_dict(ev) for ev in plan.events],
     }
+    if plan.order is not None:
+        d["order"] = list(plan.order)
+    return d
 
 
 def to_dict(result: PlanResult) -> dict[str, Any]:
@@ -111,7 +116,8 @@ def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
 # training iteration is longer, and anything past it is surely garbage;
 # the bound by the iteration itself needs a device, NOTE [ Delays within the
 # iteration ] in `planners/core/check.py`); `next_iteration` and
-# `restore_rng` true or false; the fingerprint, model, planner, status,
+# `restore_rng` true or false; a plan's optional `order` a list of integers
+# >= 0 (a permutation the trace allows: `validate`); the fingerprint, model, planner, status,
 # reason and detail strings; `solve_time_s` a finite number >= 0; `options`
 # and `stats` objects. Whether ids exist in the trace is `validate`'s
 # (`planners.core.plan`), run when the traces are given. The whole document
@@ -123,7 +129,7 @@ _KEYS = {
     "swap_in": ("type", "buffer", "after_op", "before_op", "delay_us", "next_iteration"),
     "release": ("type", "buffer", "after_op"),
     "recompute": ("type", "buffer", "before_op", "ops", "restore_rng"),
-    "plan": ("trace", "model", "events"),
+    "plan": ("trace", "model", "events", "order"),
     "result": (
         "schema", "planner", "status", "reason", "detail", "feasible", "solve_time_s",
         "options", "stats", "plans",
@@ -212,10 +218,19 @@ def plan_from_dict(d: Any, where: str = "plan") -> Plan:
     events = d["events"]
     if not isinstance(events, list):
         raise PlanError(f"{where}.events: expected a list, got {fields.shown(events)}")
+    order = None
+    if "order" in d:
+        raw = d["order"]
+        if not isinstance(raw, list):
+            raise PlanError(f"{where}.order: expected a list of op ids, got {fields.shown(raw)}")
+        order = tuple(
+            fields.integer(k, f"{where}.order[{j}]", PlanError) for j, k in enumerate(raw)
+        )
     return Plan(
         fp,
         tuple(event_from_dict(e, f"{where}.events[{i}]") for i, e in enumerate(events)),
         _str(d, "model", where, ""),
+        order,
     )
 
 

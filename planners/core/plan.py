@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.order import check_order, positions
 from memplan.traces.io import fingerprint
 from memplan.traces.model import Trace
 
@@ -56,6 +57,19 @@ def _coerce(ev: object, ints: tuple[str, ...], delay: bool = False) -> None:
 # across the boundary. In the first iteration nothing was triggered for it:
 # iteration 0 starts with every persistent buffer resident. In the last
 # simulated iteration there is no next one, and the event is not started.
+
+
+# NOTE [ Plans under another order ]
+# SwapAdvisor schedules the ops as well as the swaps, so a plan may carry an
+# op order (`Plan.order`). Events keep naming ops by id: `after_op` is still
+# "when that op ends" and `before_op` "before that op starts", wherever the
+# order puts them. Where a rule says "after" or "before" it means positions
+# in the order: a swap-in's `after_op` runs before its `before_op`, a
+# swap-out's deadline after its trigger, a recompute's ops before the op
+# they serve. The framework's frees move with the order (NOTE [ Frees under
+# another order ] in planners/core/semantics.py). `validate` refuses an
+# order that would change what is computed (planners/core/order.py NOTE
+# [ Allowed orders ]).
 
 
 # NOTE [ Swap-out deadlines ]
@@ -150,15 +164,21 @@ def describe(event: Event) -> str:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The events of one job, in the order they are applied when several share
-    a trigger. `trace_fingerprint` binds the plan to `fingerprint(Trace)`."""
+    a trigger. `trace_fingerprint` binds the plan to `fingerprint(Trace)`.
+    `order`, if set, is the op order the job runs (a permutation of the op
+    ids that `planners.core.order.check_order` allows; None: the trace's
+    order); events still name ops by id (NOTE [ Plans under another order ])."""
 
     trace_fingerprint: str
     events: tuple[Event, ...] = ()
     model: str = ""
+    order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.events, tuple):
             object.__setattr__(self, "events", tuple(self.events))
+        if self.order is not None:
+            object.__setattr__(self, "order", tuple(operator.index(k) for k in self.order))
 
     def counts(self) -> dict[str, int]:
         """Events per kind: {"swap_out": 3, "swap_in": 3, "release": 0, "recompute": 1}."""
@@ -294,11 +314,15 @@ def validate(plan: Plan, trace: Trace, where: str = "plan") -> None:
             f"{where}: made for trace {plan.trace_fingerprint[:12]}{label}, "
             f"not for this trace {fp[:12]} ({trace.meta.model})"
         )
+    pos: Sequence[int] = range(trace.n_ops)
+    if plan.order is not None:
+        pos = positions(check_order(trace, plan.order, f"{where}.order"))
     for e, ev in enumerate(plan.events):
-        _validate_event(ev, trace, f"{where}.events[{e}]")
+        _validate_event(ev, trace, f"{where}.events[{e}]", pos)
 
 
-def _validate_event(ev: Event, trace: Trace, where: str) -> None:
+def _validate_event(ev: Event, trace: Trace, where: str, pos: Sequence[int]) -> None:
+    """`pos[op]`: the op's position in the plan's order (NOTE [ Plans under another order ])."""
     if type(ev) not in EVENT_NAMES:
         raise PlanError(f"{where}: not a plan event: {ev!r}")
     n_ops, n_buf = trace.n_ops, trace.n_buffers
@@ -315,7 +339,7 @@ def _validate_event(ev: Event, trace: Trace, where: str) -> None:
         _op_index(ev.before_op, 0, n_ops, w, "before_op")
     if isinstance(ev, SwapOut) and ev.before_op != -1:
         _op_index(ev.before_op, 0, n_ops, w, "before_op")
-        if ev.before_op <= ev.after_op:
+        if ev.after_op >= 0 and pos[ev.before_op] <= pos[ev.after_op]:
             raise PlanError(
                 f"{w}: before_op {ev.before_op} is not after after_op {ev.after_op} "
                 f"(a swap-out's deadline is in its own iteration; -1 sets none)"
@@ -326,7 +350,7 @@ def _validate_event(ev: Event, trace: Trace, where: str) -> None:
                 f"{w}: next_iteration needs a persistent buffer; buffer {ev.buffer} "
                 f"({trace.buffers[ev.buffer].kind.value}) dies at the end of every iteration"
             )
-        if not ev.next_iteration and ev.after_op >= ev.before_op:
+        if not ev.next_iteration and ev.after_op >= 0 and pos[ev.after_op] >= pos[ev.before_op]:
             raise PlanError(
                 f"{w}: after_op {ev.after_op} is not before before_op {ev.before_op} "
                 f"(set next_iteration for a swap-in that serves the next iteration)"
@@ -338,8 +362,9 @@ def _validate_event(ev: Event, trace: Trace, where: str) -> None:
             _op_index(k, 0, n_ops, w, "ops[]")
         if any(b <= a for a, b in zip(ev.ops, ev.ops[1:])):
             raise PlanError(f"{w}: ops {list(ev.ops)} must be strictly ascending")
-        if ev.ops[-1] >= ev.before_op:
-            raise PlanError(f"{w}: op {ev.ops[-1]} does not run before before_op {ev.before_op}")
+        last = max(ev.ops, key=pos.__getitem__)
+        if pos[last] >= pos[ev.before_op]:
+            raise PlanError(f"{w}: op {last} does not run before before_op {ev.before_op}")
         if not any(ev.buffer in trace.op_writes(k) for k in ev.ops):
             raise PlanError(f"{w}: none of ops {list(ev.ops)} writes buffer {ev.buffer}")
 

@@ -17,7 +17,8 @@ an op needs, when the framework frees a buffer and which event acts when.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from memplan.planners.core.errors import PlanError
@@ -60,12 +61,16 @@ class OpTable:
     inputs: Ids
 
     @staticmethod
-    def of(trace: Trace) -> OpTable:
-        """The table of `trace`, built once per trace object."""
+    def of(trace: Trace, order: Sequence[int] | None = None) -> OpTable:
+        """The table of `trace`, built once per trace object; under an op
+        `order` other than the trace's (checked by the caller), the same with
+        the frees of NOTE [ Frees under another order ], built each call."""
         table = _TABLES.get(trace)
         if table is None:
             table = _TABLES[trace] = _build_table(trace)
-        return table
+        if order is None:
+            return table
+        return replace(table, frees=frees_in_order(trace, order))
 
 
 _TABLES: weakref.WeakKeyDictionary[Trace, OpTable] = weakref.WeakKeyDictionary()
@@ -103,6 +108,42 @@ def _build_table(t: Trace) -> OpTable:
         persistent=tuple(b for b in range(t.n_buffers) if persistent[b]),
         inputs=tuple(b for b in range(t.n_buffers) if start[b] and not persistent[b]),
     )
+
+
+# NOTE [ Frees under another order ]
+# `Buffer.freed_after` is what PyTorch did in the trace's order: the op after
+# which the buffer's last reference went, at or after its last access. Under
+# another order (Plan.order, planners/core/order.py) there is no observation,
+# so the rule is: a non-persistent buffer is freed right after whichever of
+# its accessing ops and its `freed_after` op comes last in the new order.
+# Its last access there is when it is last needed; the `freed_after` op
+# keeps a reference the framework held past the last access (a tensor kept
+# by Python until that op) tied to the op that dropped it. In the trace's own
+# order that op is `freed_after` itself, so an explicit identity order means
+# exactly the same as none. Creation needs no rule: an allowed order keeps a
+# buffer's first writer before every other access of it (NOTE [ Allowed
+# orders ]), so `creates` holds under any allowed order.
+def frees_in_order(trace: Trace, order: Sequence[int]) -> tuple[Ids, ...]:
+    """Per op id, the non-persistent buffers the framework frees right after
+    it when the ops run in `order` (NOTE [ Frees under another order ])."""
+    n = trace.n_ops
+    frees: list[list[int]] = [[] for _ in range(n)]
+    if not n:
+        return ()
+    pos = [0] * n
+    for p, k in enumerate(order):
+        pos[k] = p
+    persistent = trace.persistent.tolist()
+    freed = trace.freed_after.tolist()
+    for b in range(trace.n_buffers):
+        if persistent[b]:
+            continue
+        last = min(freed[b], n - 1)
+        for k in trace.accesses_of(b).tolist():
+            if pos[k] > pos[last]:
+                last = k
+        frees[last].append(b)
+    return tuple(tuple(f) for f in frees)
 
 
 def recompute_sources(ev: Recompute, trace: Trace) -> tuple[tuple[int, Ids], ...]:
@@ -167,7 +208,9 @@ class IndexedPlan:
     - `recompute[(buffer, before_op)]`: the `Recomputation` that rebuilds the
       buffer if it is absent when op `before_op` is due; plan order.
     - `recompute_ops`: every op some recompute re-runs; `rng_ops`: those that
-      consume RNG state."""
+      consume RNG state.
+    - `order`: the op ids in the order the job runs them (`plan.order`, or
+      the trace's: NOTE [ Plans under another order ] in planners/core/plan.py)."""
 
     plan: Plan
     triggered: tuple[tuple[tuple[int, Triggered], ...], ...]
@@ -176,13 +219,15 @@ class IndexedPlan:
     recompute: dict[tuple[int, int], Recomputation]
     recompute_ops: frozenset[int]
     rng_ops: frozenset[int]
+    order: Ids
 
     @staticmethod
     def of(plan: Plan, trace: Trace, table: OpTable | None = None) -> IndexedPlan:
         """Index `plan`, whose events `planners.core.plan.validate` accepts for
         `trace` (not checked here). Raises `PlanError` for a second Recompute
-        of one buffer before one op."""
-        table = table if table is not None else OpTable.of(trace)
+        of one buffer before one op. `table`, if given, is `OpTable.of(trace,
+        plan.order)`."""
+        table = table if table is not None else OpTable.of(trace, plan.order)
         n = table.n_ops
         inputs = set(table.inputs)
         triggered: list[list[tuple[int, Triggered]]] = [[] for _ in range(n + 1)]
@@ -214,6 +259,7 @@ class IndexedPlan:
             recompute=recompute,
             recompute_ops=frozenset(ops),
             rng_ops=frozenset(rng),
+            order=plan.order if plan.order is not None else tuple(range(n)),
         )
 
     def start_events(self) -> tuple[tuple[int, Triggered], ...]:

@@ -245,14 +245,15 @@ class Executor:
                 pool.materialise(b, raw.to(self.dev, copy=True).untyped_storage())
         timer = CudaTimer(self.trace.n_ops) if self.cuda else None
         start = time.perf_counter()
-        steps, n = self.steps, len(self.steps)
+        steps, order, frees = self.steps, self.schedule.order, self.schedule.frees
+        n = len(order)
         last = it + 1 == self.iterations
         # NOTE [ Keep ]: an op pins what it accesses from the end of the op
         # before it (when the simulator's job process moves on) to its own end
-        pool.pin(steps[0].accesses)
+        pool.pin(steps[order[0]].accesses)
         self._trigger(self.schedule.after[0])
-        for step in steps:
-            i = step.op
+        for p, i in enumerate(order):  # NOTE [ Plans under another order ]
+            step = steps[i]
             for t in self.deadlines.pop((it, i), ()):
                 self._wait(t)
             for b in step.needs:
@@ -265,11 +266,12 @@ class Executor:
                 self.rng_state[i] = get_rng(self.dev)
             self.op_seconds[it, i] = self.invoker.call(step, timer)
             self.memory_curve[it, i] = pool.current_bytes
-            pool.pin(steps[i + 1].accesses if i + 1 < n else NOTHING if last else steps[0].accesses)
+            nxt = steps[order[p + 1]].accesses if p + 1 < n else None
+            pool.pin(nxt if nxt is not None else NOTHING if last else steps[order[0]].accesses)
             if i + 1 == self.program.loss_op:  # no backward: the loss is the last op's output
                 self._record_loss()
             self._trigger(self.schedule.after[i + 1])
-            for b in step.frees:
+            for b in step.frees if frees is None else frees[i]:
                 pool.framework_free(b)
             self._raise_lane_errors()
             if self.sync is not None:

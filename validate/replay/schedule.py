@@ -19,7 +19,7 @@ from memplan.planners.core.plan import (
     empty_plan,
     validate,
 )
-from memplan.planners.core.semantics import IndexedPlan, Triggered
+from memplan.planners.core.semantics import IndexedPlan, Triggered, frees_in_order
 from memplan.traces.model import Trace
 from memplan.validate.errors import ValidationError
 
@@ -34,12 +34,17 @@ class Schedule:
     if op i needs it and it is absent (one per key: NOTE [ Duplicate events ]
     in `planners/core/semantics.py`). `rng_ops` are the RNG ops some
     recompute re-runs: the executor saves the generator state before their
-    first run."""
+    first run. `order` is the op ids in the order to run them (the plan's:
+    NOTE [ Plans under another order ] in planners/core/plan.py) and
+    `frees[i]` what the framework frees after op i under it (NOTE [ Frees
+    under another order ]); None: the trace's order, the program's frees."""
 
     after: tuple[tuple[Triggered, ...], ...]
     recompute: dict[tuple[int, int], Recompute]
     rng_ops: frozenset[int]
     recompute_ops: frozenset[int]
+    order: tuple[int, ...] = ()
+    frees: tuple[tuple[int, ...], ...] | None = None
 
 
 def build_schedule(plan: Plan | None, trace: Trace, max_delay_s: float = math.inf) -> Schedule:
@@ -72,4 +77,6 @@ def build_schedule(plan: Plan | None, trace: Trace, max_delay_s: float = math.in
         recompute={key: r.event for key, r in ip.recompute.items()},
         rng_ops=ip.rng_ops,
         recompute_ops=ip.recompute_ops,
+        order=ip.order,
+        frees=None if plan is None or plan.order is None else frees_in_order(trace, plan.order),
     )

@@ -180,8 +180,14 @@ def export(
     saved tensors ]). `callable_(path)` says whether a module has a forward
     to checkpoint (default: `assumed_callable`). Raises `PlanError` if the
     plan does not fit the trace,
-    `RuntimePlanError` if the trace recorded no saved tensors."""
+    `RuntimePlanError` if the trace recorded no saved tensors or the plan
+    reorders ops (NOTE [ Plans under another order ] in planners/core/plan.py)."""
     validate(plan, trace)
+    if plan.order is not None and plan.order != tuple(range(trace.n_ops)):
+        raise RuntimePlanError(
+            f"plan for {trace.meta.model!r} runs its ops in another order (SwapAdvisor's); "
+            f"a training loop runs them in autograd's order, so the runtime cannot apply it"
+        )
     if not trace.saved:
         raise RuntimePlanError(
             f"trace {trace.meta.model!r} records no saved tensors: capture it again "
