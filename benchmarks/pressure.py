@@ -18,7 +18,7 @@ cells; every planning time <= 60 s. `--markdown FILE` writes the summary
 table for the README.
 
 Usage: python benchmarks/pressure.py [--models resnet50,...] [--budgets 90,75,60,50,40]
-       [--planners tensile,capuchin,vdnn,checkpoint,autoswap,squeeze,cpsat] [--time-limit 60]
+       [--planners tensile,capuchin,vdnn,checkpoint,autoswap,squeeze,swapadvisor,cpsat] [--time-limit 60]
        [--fallback dtr] [--markdown FILE]
 """
 
@@ -44,7 +44,16 @@ from memplan.report import text_table  # noqa: E402
 
 MODELS = ("resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt2")
 BUDGETS = (90, 75, 60, 50, 40)
-PLANNERS = ("tensile", "capuchin", "vdnn", "checkpoint", "autoswap", "squeeze", "cpsat")
+PLANNERS = (
+    "tensile",
+    "capuchin",
+    "vdnn",
+    "checkpoint",
+    "autoswap",
+    "squeeze",
+    "swapadvisor",
+    "cpsat",
+)
 
 
 def _ms(x: float) -> str:
@@ -57,7 +66,7 @@ def cell(trace, device, pct, planners, fallback, limit):
     floor = peak_lower_bound(trace).nbytes
     if budget < floor:
         return None, f"skipped: {budget} B is below the proven peak floor {floor} B"
-    options = {"cpsat": [f"time_limit_s={limit}"], "squeeze": [f"time_limit_s={limit}"]}
+    options = {k: [f"time_limit_s={limit}"] for k in ("cpsat", "squeeze", "swapadvisor")}
     names = [*planners, *WITNESSES]
     options = {k: v for k, v in options.items() if k in names}
     c = compare_planners([trace], device, names, budget=budget, options=options, fallback=fallback)
@@ -88,7 +97,10 @@ def main() -> None:
     )
     ap.add_argument("--planners", default=",".join(PLANNERS), help="planners besides the witnesses")
     ap.add_argument(
-        "--time-limit", type=float, default=60.0, help="seconds for squeeze and cpsat (default 60)"
+        "--time-limit",
+        type=float,
+        default=60.0,
+        help="seconds for squeeze, swapadvisor and cpsat (default 60)",
     )
     ap.add_argument("--fallback", default="dtr", help="the net under every plan: none|passive|dtr")
     ap.add_argument("--gpu", default="rtx-a6000", help="hardware profile (default rtx-a6000)")

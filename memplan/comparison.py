@@ -27,7 +27,7 @@ from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
-from memplan.plannerview import planner_view, rebound_result
+from memplan.plannerview import net_for, planner_view, rebound_result
 from memplan.scenario import Workload, jobs_for
 from memplan.sim import Job, SimResult, savings, simulate
 from memplan.sim.simulate import allocator_of, context_bytes
@@ -246,9 +246,10 @@ def run_planner(
             check(p, t)
     except MemplanError as e:
         return _failed(name, budget, f"check: {e}", plan_time, result)
-    reasons = [] if result.feasible else [result.explain()]
+    net, why = net_for(result.plans, traces, fallback)
+    reasons = ([] if result.feasible else [result.explain()]) + ([why] if why else [])
     return _simulated(
-        name, traces, device, vanilla, result.plans, budget, iterations, fallback, reasons,
+        name, traces, device, vanilla, result.plans, budget, iterations, net, reasons,
         plan_time_s=plan_time, events=events, result=result, memory=memory, workload=workload,
     )  # fmt: skip
 

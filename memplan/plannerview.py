@@ -83,3 +83,21 @@ def rebound_result(result: PlanResult, traces: Sequence[Trace]) -> PlanResult:
     """`result` with its plans `rebound` to `traces`."""
     plans = rebound(result.plans, traces)
     return result if plans == result.plans else dataclasses.replace(result, plans=plans)
+
+
+# NOTE [ The net under a reordered plan ]
+# DTR's remakes reason in the trace's op order (sim/remat.py), so the
+# simulator refuses `oom="dtr"` for a plan that reorders ops (SwapAdvisor's;
+# NOTE [ Plans under another order ] in planners/core/plan.py). In a
+# comparison such a row runs under the passive net instead, and says so,
+# rather than failing the whole command.
+def net_for(plans: Sequence[Plan], traces: Sequence[Trace], fallback: str) -> tuple[str, str]:
+    """The `--fallback` a row of `plans` runs under, and why if not `fallback`
+    (NOTE [ The net under a reordered plan ])."""
+    reordered = any(
+        p.order is not None and p.order != tuple(range(t.n_ops))
+        for p, t in zip(plans, traces, strict=True)
+    )
+    if fallback == "dtr" and reordered:
+        return "passive", "the plan reorders ops: its net is passive (dtr remakes in trace order)"
+    return fallback, ""

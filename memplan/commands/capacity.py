@@ -27,17 +27,19 @@ DEFAULT_HI = 65_536
 # memplan/capacity.py), and a search takes about 10 probes per planner, so a
 # planner that searches until a limit sets the time of the whole answer. In
 # `memplan capacity`, `all` is vanilla, every heuristic planner and the
-# witnesses passive and dtr; the two searching planners, squeeze and cpsat,
-# run only when named, with limits per probe: squeeze 20 simulated
+# witnesses passive and dtr; the searching planners, squeeze, cpsat and
+# swapadvisor, run only when named, with limits per probe: swapadvisor 3
+# generations of 8 (ended by generations: reproducible), squeeze 20 simulated
 # candidates (it is then deterministic, NOTE [ Squeeze ]; about 3 s a probe
 # on bert_base, 27 s for its search, where the heuristics take 1-6 s each),
 # cpsat 5 s. `--option` overrides them (squeeze.max_evaluations=3000
 # searches as `compare` does). A searching planner's answer is what it finds
 # within these limits: a larger limit may fit a larger batch.
-SEARCHING = ("squeeze", "cpsat")
+SEARCHING = ("squeeze", "cpsat", "swapadvisor")
 PROBE_OPTIONS = {
     "squeeze": ["max_evaluations=20", "time_limit_s=60"],
     "cpsat": ["time_limit_s=5"],
+    "swapadvisor": ["population=8", "generations=3", "time_limit_s=60"],
 }
 
 

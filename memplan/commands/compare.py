@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--planners",
         default="all",
         help="'all' (default: every heuristic planner and the passive and dtr witnesses) "
-        "or a comma-separated list of planner names; cpsat, the exact baseline, runs only "
-        "when named",
+        "or a comma-separated list of planner names; cpsat, the exact baseline, and "
+        "swapadvisor, a genetic search of up to --time-limit, run only when named",
     )
     p.add_argument(
         "--time-limit",
@@ -93,12 +93,13 @@ def parse_jobs(specs: list[str]) -> list[Trace]:
 
 
 def planner_names(text: str) -> list[str]:
-    """`all` is every heuristic planner (not vanilla, not cpsat) and the
+    """`all` is every heuristic planner (not vanilla, not cpsat or
+    swapadvisor: searches that take their whole time limit) and the
     witnesses; names may be mixed with it: `all,cpsat`."""
     from memplan.comparison import WITNESSES
     from memplan.planners import registry
 
-    heuristics = [n for n in registry.names() if n not in ("vanilla", "cpsat")]
+    heuristics = [n for n in registry.names() if n not in ("vanilla", "cpsat", "swapadvisor")]
     names: list[str] = []
     for n in (x.strip() for x in text.split(",")):
         for name in [*heuristics, *WITNESSES] if n == "all" else [n] if n else []:
