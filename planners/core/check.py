@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.order import positions
 from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, describe, validate
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Recomputation, Triggered
 from memplan.traces.model import Trace
@@ -98,9 +99,7 @@ class _Replay:
         nb = trace.n_buffers
         table = self.table = OpTable.of(trace, plan.order)
         ip = self.ip = IndexedPlan.of(plan, trace, table)
-        self.pos = [0] * trace.n_ops  # positions in the plan's order
-        for p, k in enumerate(ip.order):
-            self.pos[k] = p
+        self.pos = positions(ip.order)  # NOTE [ Plans under another order ]
         for r in ip.recompute.values():
             self._check_chain(r)
         # a static replay loads every input and applies the start's releases

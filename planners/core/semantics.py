@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.order import positions
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe
 from memplan.traces.model import Trace
 
@@ -130,9 +131,7 @@ def frees_in_order(trace: Trace, order: Sequence[int]) -> tuple[Ids, ...]:
     frees: list[list[int]] = [[] for _ in range(n)]
     if not n:
         return ()
-    pos = [0] * n
-    for p, k in enumerate(order):
-        pos[k] = p
+    pos = positions(order)
     persistent = trace.persistent.tolist()
     freed = trace.freed_after.tolist()
     for b in range(trace.n_buffers):
