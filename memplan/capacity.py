@@ -416,18 +416,14 @@ def batch_capacity(
             checks.append((name, traces.check(b)))
     top, answers = search.run(lo, hi, start)
     notes = [f"{name}: {line}" for name, traces, _ in models for line in traces.notes]
-    return Capacity(
-        axis="batch",
+    return _capacity(
+        search,
+        lo,
+        hi,
+        top,
+        answers,
         jobs=_describe((name, n) for name, _, n in models),
         batch=None,
-        hardware=device.hw.name,
-        memory_bytes=device.hw.memory_bytes,
-        settings=settings,
-        lo=lo,
-        hi=hi,
-        answers=tuple(answers),
-        ceiling=top,
-        context_bytes=context_bytes(device.hw, settings.allocator, settings.context_reserve),
         notes=tuple(notes),
         checks=tuple(checks),
         captures=sum(t.captures for _, t, _ in models),
@@ -448,18 +444,26 @@ def jobs_capacity(
     search = Search(lambda n: [trace] * n, device, settings, progress, axis="jobs")
     start = search.start((1, 2))
     top, answers = search.run(lo, hi, start)
+    return _capacity(search, lo, hi, top, answers, jobs=name, batch=trace.meta.batch_size)
+
+
+def _capacity(
+    search: Search, lo: int, hi: int, top: int, answers: list[Answer], **fields: Any
+) -> Capacity:
+    """The `Capacity` of a finished search: its axis, device and settings,
+    plus `fields` (jobs, batch, and what the axis adds)."""
+    s, hw = search.settings, search.device.hw
     return Capacity(
-        axis="jobs",
-        jobs=name,
-        batch=trace.meta.batch_size,
-        hardware=device.hw.name,
-        memory_bytes=device.hw.memory_bytes,
-        settings=settings,
+        axis=search.axis,
+        hardware=hw.name,
+        memory_bytes=hw.memory_bytes,
+        settings=s,
         lo=lo,
         hi=hi,
         answers=tuple(answers),
         ceiling=top,
-        context_bytes=context_bytes(device.hw, settings.allocator, settings.context_reserve),
+        context_bytes=context_bytes(hw, s.allocator, s.context_reserve),
+        **fields,
     )
 
 
