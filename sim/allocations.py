@@ -141,28 +141,26 @@ class _JobLabels:
         self.end_t = [e.t_us for e in ends]
         self.end_op = [e.op for e in ends]
         hints = []  # (t, buffer, op, why) of log entries that take bytes
+        self.free_t: list[float] = []  # buffers the log names as freed then
+        self.free_b: list[int] = []
+        # copies out that read a buffer, (start, end): its bytes go at the end
+        self.copying: dict[int, list[tuple[float, float]]] = {}
+        started: dict[int, float] = {}
         for e in entries:
             if e.kind in _ALLOC_HINTS:
                 hints.append((e.t_us, e.buffer, e.op, _ALLOC_HINTS[e.kind]))
             elif e.kind is K.RECOMPUTE_START:
                 hints += [(e.t_us, w, e.op, "recompute") for w in table.writes[e.op]]
-        self.hint_t = [h[0] for h in hints]
-        self.hints = hints
-        self.free_t: list[float] = []  # buffers the log names as freed then
-        self.free_b: list[int] = []
-        for e in entries:
             if e.kind in _FREE_HINTS:
                 self.free_t.append(e.t_us)
                 self.free_b.append(e.buffer)
-        self.remat_t, self.remat_b = self._remade_temporaries(entries, trace)
-        # copies out that read a buffer, (start, end): its bytes go at the end
-        self.copying: dict[int, list[tuple[float, float]]] = {}
-        started: dict[int, float] = {}
-        for e in entries:
             if e.kind in (K.SWAP_OUT_START, K.EVICT_START):
                 started[e.buffer] = e.t_us
             elif e.kind in (K.SWAP_OUT_END, K.EVICT_END) and e.buffer in started:
                 self.copying.setdefault(e.buffer, []).append((started.pop(e.buffer), e.t_us))
+        self.hint_t = [h[0] for h in hints]
+        self.hints = hints
+        self.remat_t, self.remat_b = self._remade_temporaries(entries, trace)
         self.iter_t = [e.t_us for e in entries if e.kind is K.ITER_START]
         self.live: dict[tuple[int, int], list[Allocation]] = {}
         self.live_b: set[int] = set()
