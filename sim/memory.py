@@ -88,9 +88,8 @@ class MemoryPool:
         self._changed: simpy.Event | None = None
         # NOTE [ Pinned host memory ]: bytes off the device with a valid host copy
         self.parked_bytes = self.parked_peak = 0
-        self.context_rows: list[
-            int
-        ] = []  # the samples that are contexts (NOTE [ Context reserve ])
+        # the samples that are contexts (NOTE [ Context reserve ])
+        self.context_rows: list[int] = []
 
     # ---- bytes -----------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
