@@ -6,6 +6,7 @@ from the two. NOTE [ SwapAdvisor operators ] says where we chose.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
@@ -205,13 +206,15 @@ def swap_plan(trace: Trace, ind: Individual, sizes: Sequence[int]) -> Plan | Non
     """The plan that follows from `ind` (NOTE [ SwapAdvisor operators ]);
     None when some op finds no slot."""
     order, n = ind.order, trace.n_ops
-    pos = positions(order)
     table = OpTable.of(trace, order)
     size_index = {s: i for i, s in enumerate(sizes)}
     cls_of = class_of_size(ind.alloc)
     nbytes, persistent = trace.nbytes.tolist(), trace.persistent.tolist()
     klass = [-1 if persistent[b] else cls_of[size_index[nbytes[b]]] for b in range(len(nbytes))]
-    uses = [sorted(pos[int(k)] for k in trace.accesses_of(b)) for b in range(len(nbytes))]
+    uses: list[list[int]] = [[] for _ in nbytes]  # per buffer, its positions ascending
+    for p, i in enumerate(order):
+        for b in table.accesses[i]:
+            uses[b].append(p)
     free: list[list[int]] = [[0] * k for k in ind.alloc.counts]  # heaps of free-since stamps
     for h in free:
         heapq.heapify(h)
@@ -269,7 +272,5 @@ def swap_plan(trace: Trace, ind: Individual, sizes: Sequence[int]) -> Plan | Non
 
 def _next_use(uses: list[int], p: int) -> float:
     """The first position after `p` in `uses` (ascending); inf if none."""
-    for u in uses:
-        if u > p:
-            return u
-    return math.inf
+    k = bisect.bisect_right(uses, p)
+    return uses[k] if k < len(uses) else math.inf
