@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memplan.commands import machine
+from memplan.commands import capture, machine
 from memplan.traces.errors import MemplanError
 from memplan.traces.fields import printable
 from memplan.traces.model import MAX_ACCUMULATE
@@ -145,7 +145,7 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--opt",
-        type=_keywords,
+        type=capture.keywords,
         action="append",
         metavar="K=V,...",
         help="with --model: the optimizer's keyword arguments, as `memplan capture --opt`",
@@ -157,16 +157,6 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
         help="with --model: K forward/backward passes of the batch per step (default 1); "
         "the batch searched is each pass's",
     )
-
-
-def _keywords(text: str) -> dict:
-    """An argparse `type`: `--opt` as a dict (`traces.optim.parse_kwargs`)."""
-    from memplan.traces.optim import parse_kwargs
-
-    try:
-        return parse_kwargs(text)
-    except MemplanError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -317,12 +307,7 @@ def _scaler(model: str, args: argparse.Namespace):  # noqa: ANN202
     from memplan.traces.capture import CaptureOptions
     from memplan.traces.scaling import BatchTraces, model_captures
 
-    kwargs: dict = {}
-    for given in args.opt or []:
-        for key, value in given.items():
-            if key in kwargs:
-                raise MemplanError(f"--opt: {key!r} is given twice")
-            kwargs[key] = value
+    kwargs = capture.merged_keywords(args.opt or [])
     try:
         opts = CaptureOptions(
             optimizer=args.optimizer or "adam",

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--opt",
-        type=_keywords,
+        type=keywords,
         action="append",
         default=[],
         metavar="K=V,...",
@@ -96,7 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _keywords(text: str) -> dict:
+def keywords(text: str) -> dict:
     """An argparse `type`: `--opt` as a dict (`optim.parse_kwargs`)."""
     try:
         return optim.parse_kwargs(text)
@@ -104,7 +104,8 @@ def _keywords(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _merged(given: list[dict]) -> dict:
+def merged_keywords(given: list[dict]) -> dict:
+    """The `--opt` dicts as one; a key given twice is an error."""
     out: dict = {}
     for kwargs in given:
         for key, value in kwargs.items():
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     opts = CaptureOptions(
         device=args.device,
         optimizer=args.optimizer,
-        optimizer_kwargs=_merged(args.opt),
+        optimizer_kwargs=merged_keywords(args.opt),
         amp=args.amp or "none",
         accumulate=args.accumulate,
         measure=args.measure,
