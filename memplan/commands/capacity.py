@@ -75,9 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--planners",
         default="all",
         help="'all' (default: vanilla, every heuristic planner and the passive and dtr "
-        "witnesses) or a comma-separated list, e.g. all,squeeze; squeeze and cpsat search "
-        "until a limit and run only when named, with 20 candidates (squeeze) or 5 s (cpsat) "
-        "per probe; vanilla is always searched first",
+        "witnesses) or a comma-separated list, e.g. all,squeeze; squeeze, cpsat and "
+        "swapadvisor search until a limit and run only when named, with 20 candidates "
+        "(squeeze), 5 s (cpsat) or 3 generations of 8 (swapadvisor) per probe; vanilla is "
+        "always searched first",
     )
     p.add_argument(
         "--jobs",
@@ -125,8 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="PLANNER.KEY=VALUE",
-        help="a planner option (repeatable); squeeze gets max_evaluations=20 and cpsat "
-        "time_limit_s=5 per probe unless given here",
+        help="a planner option (repeatable); per probe squeeze gets max_evaluations=20, cpsat "
+        "time_limit_s=5 and swapadvisor population=8 and generations=3 unless given here",
     )
     _add_capture_options(p)
     p.add_argument("--out", metavar="DIR", help="write report.md, report.json and capacity.png")
