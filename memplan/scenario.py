@@ -46,7 +46,6 @@ from memplan.sim import Job
 from memplan.sim.dynamics import MAX_JITTER, LaneSlowdown
 from memplan.sim.errors import SimError
 from memplan.traces import fields
-from memplan.traces.errors import MemplanError
 from memplan.traces.fields import shown
 from memplan.traces.model import Trace
 
@@ -309,8 +308,3 @@ def _launch(
     for k, j in enumerate(order_of.tolist()):
         out[j] = replace(jobs[j], arrival_s=start + k * gap)
     return out
-
-
-def check_count(n: int, limit: int) -> None:
-    if n > limit:
-        raise MemplanError(f"{n} jobs: at most {limit} jobs run together on one GPU")
