@@ -42,19 +42,19 @@ MIN_RATE_BYTES_PER_S = 1e6
 MAX_RATE_BYTES_PER_S = 1e14
 
 
-def parse_size(text: str, what: str = "size") -> int:
-    """Bytes from `8GiB`, `512MB`, `1.5G` or whole bytes `4096`; a
-    MemplanError naming `what` otherwise (NOTE [ Sanity ranges ])."""
+def parse_size(text: str, what: str = "size", *, least: int = 1) -> int:
+    """Bytes from `8GiB`, `512MB`, `1.5G` or whole bytes `4096`, at least
+    `least`; a MemplanError naming `what` otherwise (NOTE [ Sanity ranges ])."""
     example = f"a size such as 8GiB, 512MB or 4096 (units {UNIT_NAMES}; no unit: whole bytes)"
     body = str(text).strip()
     if body.lower().endswith("/s"):
         raise MemplanError(f"{what}={text!r}: expected a size, not a rate ({body[:-2]})")
-    value = _number(body, text, what, example, whole_without_unit=True)
+    value = _number(body, text, what, example, whole_without_unit=True, zero=least <= 0)
     nbytes = round(value)
     if nbytes > MAX_SIZE_BYTES:
         raise MemplanError(f"{what}={text!r}: more than {MAX_SIZE_BYTES} bytes (1 PiB)")
-    if nbytes < 1:
-        raise MemplanError(f"{what}={text!r} must be at least 1 byte")
+    if nbytes < least:
+        raise MemplanError(f"{what}={text!r} must be at least {least} byte{'s' * (least != 1)}")
     return nbytes
 
 
@@ -78,8 +78,11 @@ def parse_rate(text: str, what: str = "bandwidth") -> float:
     return value
 
 
-def _number(body: str, text: str, what: str, example: str, *, whole_without_unit: bool) -> float:
-    """The positive, finite number of bytes `body` says; errors quote `text`."""
+def _number(
+    body: str, text: str, what: str, example: str, *, whole_without_unit: bool, zero: bool = False
+) -> float:
+    """The positive (or, with `zero`, non-negative), finite number of bytes
+    `body` says; errors quote `text`."""
     m = _NUMBER.match(body)
     unit = m.group(2).lower() if m else None
     if not m or (unit and unit not in _UNITS):
@@ -97,7 +100,7 @@ def _number(body: str, text: str, what: str, example: str, *, whole_without_unit
     value = float(digits) * _UNITS[unit or "b"]
     if not math.isfinite(value):
         raise MemplanError(f"{what}={text!r}: expected a finite number")
-    if value <= 0:
+    if value < 0 or (value == 0 and not zero):
         raise MemplanError(f"{what}={text!r} must be > 0")
     return value
 

@@ -90,11 +90,7 @@ def memory_options(args: argparse.Namespace) -> dict[str, object]:
     """`--allocator` and `--context-reserve` as `simulate`'s keywords (the
     defaults for a command without them)."""
     text = getattr(args, "context_reserve", None)
-    reserve = None
-    if text is not None:
-        zero = text.strip().lower().rstrip("bikmgt").strip()
-        whole_zero = "0" in zero and set(zero) <= {"0", "."}
-        reserve = 0 if whole_zero else parse_size(text, "--context-reserve")
+    reserve = None if text is None else parse_size(text, "--context-reserve", least=0)
     return {"allocator": getattr(args, "allocator", "exact"), "context_reserve": reserve}
 
 

@@ -145,3 +145,14 @@ def test_argument_types_refuse_in_one_line(parse, text, message):
     with pytest.raises(argparse.ArgumentTypeError) as e:
         parse(text)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_size_may_be_zero_where_the_caller_allows_it():
+    # --context-reserve 0 is "no context"; everywhere else a size is >= 1 byte
+    for text in ("0", "0B", "0MiB", "0.0GiB"):
+        assert parse_size(text, "--context-reserve", least=0) == 0
+    assert parse_size("1KiB", "x", least=0) == 1024
+    with pytest.raises(MemplanError, match=r"x='0' must be > 0"):
+        parse_size("0", "x")
+    with pytest.raises(MemplanError, match="expected a size"):
+        parse_size("-1", "x", least=0)
