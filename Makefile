@@ -40,7 +40,7 @@ lint: setup
 $(ZOO_STAMP): pyproject.toml
 	test -x $(ZOO_PY) || $(PYTHON) -m venv $(ZOO_VENV)
 	$(ZOO_PY) -m pip install -q $(ZOO_PINS)
-	$(ZOO_PY) -m pip install -q -e '.[zoo]'
+	$(ZOO_PY) -m pip install -q -e '.[zoo,bo]'
 	touch $(ZOO_STAMP)
 
 traces: $(ZOO_STAMP)
