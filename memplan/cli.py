@@ -49,6 +49,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bounds",
     "validate",
     "export",
+    "sweep",
+    "regress",
 )
 
 

@@ -343,7 +343,10 @@ def _status(row: Any) -> str:
 
 
 def _num(x: float | None) -> float | None:
-    return None if x is None or math.isnan(x) else x
+    """A finite figure, or None: JSON has no NaN or infinity (an infinite
+    bound -- no plan fits the budget alone -- is recorded as null with its
+    `bound_name`)."""
+    return None if x is None or not math.isfinite(x) else x
 
 
 def _ms(seconds: float | None) -> float | None:

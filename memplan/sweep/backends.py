@@ -1,0 +1,126 @@
+"""Where a sweep's scenarios run: a local process pool, or a Ray cluster.
+
+A backend takes scenarios (plain data: paths and strings) and yields
+`Done` as each finishes, in whatever order they finish; workers import
+memplan and load the traces from their paths, so no torch object crosses a
+process boundary (NOTE [ Sweep backends ]).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+from memplan.sweep.scenario import Scenario, run_scenario
+from memplan.traces.errors import MemplanError
+
+BACKENDS = ("local", "ray")
+RAY_MISSING = "--backend ray needs Ray: pip install 'memplan[ray]'"
+
+
+class Done(NamedTuple):
+    """One finished scenario: its record, the wall seconds it took and where."""
+
+    record: dict[str, Any]
+    seconds: float
+    worker: str
+
+
+def compute(s: Scenario) -> Done:
+    """Run one scenario in whichever process this is (a worker's task)."""
+    t0 = time.perf_counter()
+    record = run_scenario(s)
+    return Done(record, time.perf_counter() - t0, f"{os.uname().nodename}:{os.getpid()}")
+
+
+# NOTE [ Sweep backends ]
+# local: with one worker the scenarios run in the sweep's own process, one
+# after another; with more, in a pool of that many processes started by the
+# forkserver (not forked from the sweep, whose torch and threads a fork
+# would copy), which imports memplan once and forks the workers from it.
+# Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the
+# sweep itself stops them (terminate) on its way out, so an interrupted
+# sweep leaves no worker behind and no traceback per worker.
+# ray: every scenario is one task of one CPU; `--address` joins a running
+# cluster (whose nodes must have memplan installed and the trace paths
+# readable), otherwise a local Ray instance of `workers` CPUs is started
+# and shut down at the end. Ray is imported only here, when asked for. On
+# the way out, tasks not yet finished are cancelled.
+def local(scenarios: Sequence[Scenario], workers: int) -> Iterator[Done]:
+    """Run `scenarios` on `workers` local processes (NOTE [ Sweep backends ])."""
+    if workers <= 1 or len(scenarios) <= 1:
+        for s in scenarios:
+            yield compute(s)
+        return
+    context = multiprocessing.get_context("forkserver")
+    # the roofline classifies ops by their torch schemas: import torch once, before the forks
+    context.set_forkserver_preload(["torch", "memplan.sweep.backends", "memplan.comparison"])
+    pool = context.Pool(min(workers, len(scenarios)), initializer=_quiet_worker)
+    try:
+        yield from pool.imap_unordered(compute, scenarios, chunksize=1)
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _quiet_worker() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def ray_module() -> Any:
+    """Ray, or a one-line MemplanError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise MemplanError(RAY_MISSING) from None
+    return ray
+
+
+def ray(scenarios: Sequence[Scenario], workers: int, address: str | None = None) -> Iterator[Done]:
+    """Run `scenarios` as Ray tasks (NOTE [ Sweep backends ])."""
+    ray = ray_module()
+    if not scenarios:  # all resumed: no cluster to start
+        return
+    started = not ray.is_initialized()
+    if started:
+        if address is not None:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(
+                num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                logging_level=logging.WARNING,
+            )  # fmt: skip
+    task = ray.remote(num_cpus=1, max_retries=0)(compute)
+    pending = [task.remote(s) for s in scenarios]
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            if pending:  # and whatever else is ready by now, in one call
+                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                ready += more
+            for ref in ready:
+                yield ray.get(ref)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+
+
+def run(
+    backend: str,
+    scenarios: Sequence[Scenario],
+    workers: int,
+    address: str | None = None,
+) -> Iterator[Done]:
+    """The scenarios' results from `backend` (local or ray), as they finish."""
+    if backend == "local":
+        return local(scenarios, workers)
+    if backend == "ray":
+        return ray(scenarios, workers, address)
+    raise MemplanError(f"--backend={backend!r} must be one of {', '.join(BACKENDS)}")
