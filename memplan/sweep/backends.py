@@ -14,6 +14,8 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple
 
 from memplan.sweep.scenario import Scenario, run_scenario
@@ -40,12 +42,17 @@ def compute(s: Scenario) -> Done:
 
 # NOTE [ Sweep backends ]
 # local: with one worker the scenarios run in the sweep's own process, one
-# after another; with more, in a pool of that many processes started by the
-# forkserver (not forked from the sweep, whose torch and threads a fork
-# would copy), which imports memplan once and forks the workers from it.
-# Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the
-# sweep itself stops them (terminate) on its way out, so an interrupted
-# sweep leaves no worker behind and no traceback per worker.
+# after another; with more, in a `ProcessPoolExecutor` of that many
+# processes started by the forkserver (not forked from the sweep, whose
+# torch and threads a fork would copy), which imports torch and memplan once
+# and forks the workers from it. A worker that dies (killed, out of memory)
+# breaks the pool: the sweep stops with an error naming it, instead of
+# waiting forever for its task (what `multiprocessing.Pool` does), and a
+# rerun resumes. Workers ignore SIGINT: Ctrl-C reaches the whole process
+# group, and the sweep itself ends them on its way out (the executor has no
+# public way to end busy workers before Python 3.14, hence `_processes`),
+# so an interrupted sweep leaves no worker behind and no traceback per
+# worker.
 # ray: every scenario is one task of one CPU; `--address` joins a running
 # cluster (whose nodes must have memplan installed and the trace paths
 # readable), otherwise a local Ray instance of `workers` CPUs is started
@@ -60,12 +67,26 @@ def local(scenarios: Sequence[Scenario], workers: int) -> Iterator[Done]:
     context = multiprocessing.get_context("forkserver")
     # the roofline classifies ops by their torch schemas: import torch once, before the forks
     context.set_forkserver_preload(["torch", "memplan.sweep.backends", "memplan.comparison"])
-    pool = context.Pool(min(workers, len(scenarios)), initializer=_quiet_worker)
+    pool = ProcessPoolExecutor(
+        min(workers, len(scenarios)), mp_context=context, initializer=_quiet_worker
+    )
     try:
-        yield from pool.imap_unordered(compute, scenarios, chunksize=1)
+        futures = [pool.submit(compute, s) for s in scenarios]
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except BrokenProcessPool:
+                raise MemplanError(
+                    "sweep: a worker process died (killed, or out of memory?); "
+                    "run the sweep again to resume it"
+                ) from None
     finally:
-        pool.terminate()
-        pool.join()
+        busy = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in busy:
+            proc.terminate()
+        for proc in busy:
+            proc.join()
 
 
 def _quiet_worker() -> None:

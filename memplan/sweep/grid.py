@@ -190,7 +190,11 @@ def _trace_mixes(doc: dict[str, Any], where: str, base: Path) -> list[tuple[str,
             wj = f"{w}[{j}]" if isinstance(entry, list) else w
             spec = fields.string(spec, wj, GridError)
             try:
-                ((path, count),) = job_specs([_relative(spec, base)])
+                if Path(_relative(spec, base)).exists():  # a file named `x:2` is that file
+                    path, count = _relative(spec, base), 1
+                else:
+                    ((path, count),) = job_specs([spec])  # messages show the spec as written
+                    path = _relative(path, base)
                 load_trace(path)
             except MemplanError as e:
                 raise _wrap(wj, e) from None
