@@ -138,7 +138,16 @@ def figure(c: Capacity):  # noqa: ANN201
     return fig
 
 
-def write(c: Capacity, out: Path) -> list[str]:
+def to_json(c: Capacity, provenance: dict | None = None) -> str:
+    """report.json's text, with "provenance" (NOTE [ Provenance ] in
+    memplan/provenance.py) when given."""
+    doc = c.to_dict()
+    if provenance is not None:
+        doc["provenance"] = provenance
+    return json.dumps(doc, indent=2)
+
+
+def write(c: Capacity, out: Path, provenance: dict | None = None) -> list[str]:
     """report.md, report.json and capacity.png in `out`, whole or not at all
     (NOTE [ Report directories ] in memplan/outputs.py)."""
     from memplan.sim.exports import save_figure
@@ -146,6 +155,6 @@ def write(c: Capacity, out: Path) -> list[str]:
     fig = figure(c)  # drawn before the directory exists
     with report_dir(out) as tmp:
         atomic_write_bytes(tmp / "report.md", markdown(c).encode())
-        atomic_write_bytes(tmp / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
+        atomic_write_bytes(tmp / "report.json", (to_json(c, provenance) + "\n").encode())
         save_figure(fig, tmp / "capacity.png")
     return ["report.md", "report.json", "capacity.png"]

@@ -197,9 +197,10 @@ def markdown(run: DynamicRun) -> str:
     )
 
 
-def write(run: DynamicRun, out: Path) -> list[str]:
-    """report.md, report.json and timeline.png in the directory `out`
-    (NOTE [ Report directories ] in memplan/outputs.py)."""
+def write(run: DynamicRun, out: Path, provenance: dict | None = None) -> list[str]:
+    """report.md, report.json (with `provenance`, NOTE [ Provenance ] in
+    memplan/provenance.py) and timeline.png in the directory `out` (NOTE
+    [ Report directories ] in memplan/outputs.py)."""
     import json
 
     from memplan.outputs import report_dir
@@ -208,7 +209,7 @@ def write(run: DynamicRun, out: Path) -> list[str]:
     fig = timeline_figure(run)
     with report_dir(out) as tmp:
         atomic_write_bytes(tmp / "report.md", markdown(run).encode())
-        doc = json.dumps(to_dict(run), indent=2) + "\n"
+        doc = json.dumps({**to_dict(run), "provenance": provenance}, indent=2) + "\n"
         atomic_write_bytes(tmp / "report.json", doc.encode())
         save(fig, tmp / "timeline.png")
     return ["report.md", "report.json", "timeline.png"]
@@ -219,6 +220,7 @@ def run_command(args, workload, traces, device) -> int:  # noqa: ANN001
     the workload, the per-phase table (NOTE [ Phases of a dynamic run ])."""
     import json
 
+    from memplan import provenance
     from memplan.commands import machine
     from memplan.dynamic import DEFAULT_BUDGET_FRACTION, run_dynamic
     from memplan.outputs import check_dir
@@ -240,9 +242,10 @@ def run_command(args, workload, traces, device) -> int:  # noqa: ANN001
         **workload.options(),
         **machine.memory_options(args),
     )
-    written = write(run, Path(args.out)) if args.out else []
+    prov = provenance.of_command(args, traces, device.hw, seed=workload.moves.seed)
+    written = write(run, Path(args.out), prov) if args.out else []
     if args.json:
-        print(json.dumps(to_dict(run), indent=2))
+        print(json.dumps({**to_dict(run), "provenance": prov}, indent=2))
         return 0
     print(f"budget {format_bytes(run.budget_bytes)}")
     print(printable(text_table(phase_rows(run))))

@@ -197,12 +197,22 @@ def memory_figure(c: Comparison):  # noqa: ANN201
     return fig
 
 
-def write(c: Comparison, out: Path) -> list[str]:
+def to_json(c: Comparison, provenance: dict | None = None) -> str:
+    """The comparison as report.json's text, with its "provenance" (NOTE
+    [ Provenance ] in memplan/provenance.py) when given."""
+    doc = c.to_dict()
+    if provenance is not None:
+        doc["provenance"] = provenance
+    return json.dumps(doc, indent=2)
+
+
+def write(c: Comparison, out: Path, provenance: dict | None = None) -> list[str]:
     """Plans, report.md, report.json, memory.png and a PyTorch memory
     snapshot per simulation (snapshots/vanilla.pickle, snapshots/PLANNER.pickle:
     NOTE [ Snapshot format ] in sim/snapshot.py) in the directory `out`, which
     appears whole or not at all (NOTE [ Report directories ] in
-    memplan/outputs.py); returns the names."""
+    memplan/outputs.py); returns the names. Plan files and report.json carry
+    `provenance` when given."""
     from memplan.sim.exports import save_figure
     from memplan.sim.snapshot import write_snapshot
 
@@ -211,10 +221,10 @@ def write(c: Comparison, out: Path) -> list[str]:
     with report_dir(out) as tmp:
         for r in c.rows:
             if r.result is not None and r.result.plans:
-                plan_io.save(r.result, tmp / "plans" / f"{r.planner}.json")
+                plan_io.save(r.result, tmp / "plans" / f"{r.planner}.json", provenance)
                 written.append(f"plans/{r.planner}.json")
         atomic_write_bytes(tmp / "report.md", markdown(c).encode())
-        atomic_write_bytes(tmp / "report.json", (json.dumps(c.to_dict(), indent=2) + "\n").encode())
+        atomic_write_bytes(tmp / "report.json", (to_json(c, provenance) + "\n").encode())
         save_figure(figure, tmp / "memory.png")
         sims = [("vanilla", c.vanilla)] + [(r.planner, r.sim) for r in c.rows if r.sim is not None]
         for name, sim in sims:

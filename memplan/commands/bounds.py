@@ -84,9 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if args.time_limit > 0 and b.time.feasible:
         solver = cpsat_bound(trace, device, budget, args.time_limit)
     if args.json:
+        from memplan.provenance import of_command
+
         out = {"trace": trace.meta.model, "gpu": hw.name, "lanes": args.lanes, **b.to_dict()}
         out["time_bounds"] = tb.to_dict()
         out["cpsat"] = solver
+        out["provenance"] = of_command(args, [trace], hw)
         print(json.dumps(out, indent=2))
         return 0
     print(f"{trace.meta.model} on {hw.name}, budget {format_bytes(budget)}, lanes {args.lanes}")

@@ -4,7 +4,6 @@ that fits a GPU with each planner, and at what slowdown."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -356,7 +355,7 @@ def search(args: argparse.Namespace) -> Capacity:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memplan import capacity_report
+    from memplan import capacity_report, provenance
     from memplan.outputs import check_dir
 
     if args.out is not None:
@@ -364,9 +363,13 @@ def run(args: argparse.Namespace) -> int:
     c = search(args)
     for line in c.notes:
         print(f"note: {printable(line)}", file=sys.stderr)
-    written = capacity_report.write(c, Path(args.out)) if args.out else []
+    # a --trace search's one trace (loaded again: cheap beside the search);
+    # models captured at each probe are named by the options (NOTE [ Provenance ])
+    traces = [machine.one_trace(args.trace, "capacity")] if args.trace else []
+    prov = provenance.of_command(args, traces, machine.hardware(args))
+    written = capacity_report.write(c, Path(args.out), prov) if args.out else []
     if args.json:
-        print(json.dumps(c.to_dict(), indent=2))
+        print(capacity_report.to_json(c, prov))
     else:
         print(printable(capacity_report.text(c)))
         if written:

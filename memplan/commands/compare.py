@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -123,7 +122,7 @@ def parse_options(items: list[str]) -> dict[str, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memplan import report
+    from memplan import provenance, report
     from memplan.comparison import compare_planners
     from memplan.outputs import check_dir
     from memplan.scenario import Workload
@@ -170,9 +169,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)
-    written = report.write(c, Path(args.out)) if args.out else []
+    prov = provenance.of_command(args, traces, hw, seed=moves.seed)
+    written = report.write(c, Path(args.out), prov) if args.out else []
     if args.json:
-        print(json.dumps(c.to_dict(), indent=2))
+        print(report.to_json(c, prov))
     else:
         print(printable(report.text_table(c)))
         if written:

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memplan import outputs
+    from memplan import outputs, provenance
     from memplan.commands.machine import one_trace
     from memplan.planners.core import io as plan_io
     from memplan.planners.core.plan import validate
@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         "regions": list(rp.regions),
         "recomputed_ops": len(rp.recompute),
         "skipped": dict(reasons),
+        "provenance": provenance.of_command(args, [trace], None),
     }
     if args.json:
         print(json.dumps(summary, indent=2))

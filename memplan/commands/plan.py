@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memplan import outputs
+    from memplan import outputs, provenance
     from memplan.planners import registry
     from memplan.planners.core import io as plan_io
     from memplan.planners.core.check import check
@@ -73,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
     for p, t in zip(result.plans, traces, strict=False):
         check(p, t)
     fit = _simulated_fit(result.plans, traces, device, budget, args.fallback, memory)
+    prov = provenance.of_command(args, traces, device.hw)
     if args.out and result.plans:
         with outputs.writing(args.out):
-            plan_io.save(result, args.out)
+            plan_io.save(result, args.out, prov)
     summary = {
         "planner": result.planner,
         "status": result.status.value,
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         "options": result.options,
         "stats": {k: v for k, v in result.stats.items() if _jsonable(v)},
         "simulated": fit,
+        "provenance": prov,
     }
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -130,6 +130,7 @@ def own_plan(source: str, trace: Trace, device: DeviceModel) -> Plan:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from memplan import provenance
     from memplan.outputs import check_dir
 
     if args.out is not None:  # an empty --out is refused, not ignored
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     summary = result.to_dict()
     summary["latency"] = args.latency
     summary["traces"] = [spec.trace for spec, _t in pairs]
+    summary["provenance"] = provenance.of_command(args, traces, device.hw, seed=moves.seed)
     if args.out:
         write_report(result, summary, Path(args.out))
     if args.json:

@@ -86,8 +86,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return d
 
 
-def to_dict(result: PlanResult) -> dict[str, Any]:
-    return {
+def to_dict(result: PlanResult, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan file's document; `provenance` (what made it, NOTE [ Plan
+    fields ]) is written when given."""
+    doc = {
         "schema": SCHEMA,
         "planner": result.planner,
         "status": result.status.value,
@@ -99,11 +101,16 @@ def to_dict(result: PlanResult) -> dict[str, Any]:
         "stats": result.stats,
         "plans": [plan_to_dict(p) for p in result.plans],
     }
+    if provenance is not None:
+        doc["provenance"] = provenance
+    return doc
 
 
-def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
+def save(
+    result: PlanResult, path: str | os.PathLike[str], provenance: dict[str, Any] | None = None
+) -> None:
     """Write atomically; gzip-compressed when the name ends in `.gz`."""
-    save_json(to_dict(result), path, indent=1)
+    save_json(to_dict(result, provenance), path, indent=1)
 
 
 # ---- reading ---------------------------------------------------------------
@@ -119,7 +126,9 @@ def save(result: PlanResult, path: str | os.PathLike[str]) -> None:
 # `restore_rng` true or false; a plan's optional `order` a list of integers
 # >= 0 (a permutation the trace allows: `validate`); the fingerprint, model, planner, status,
 # reason and detail strings; `solve_time_s` a finite number >= 0; `options`
-# and `stats` objects. Whether ids exist in the trace is `validate`'s
+# and `stats` objects; the optional `provenance` an object (what made the
+# file: the app's NOTE [ Provenance ]; read as a whole, never interpreted,
+# and not kept in the `PlanResult`). Whether ids exist in the trace is `validate`'s
 # (`planners.core.plan`), run when the traces are given. The whole document
 # nests at most `fields.MAX_DEPTH` levels, and no object has a key its kind
 # does not know (`_KEYS`): a typo (`delay_su`) would otherwise be ignored.
@@ -132,7 +141,7 @@ _KEYS = {
     "plan": ("trace", "model", "events", "order"),
     "result": (
         "schema", "planner", "status", "reason", "detail", "feasible", "solve_time_s",
-        "options", "stats", "plans",
+        "options", "stats", "plans", "provenance",
     ),
 }  # fmt: skip
 
@@ -249,7 +258,7 @@ def from_dict(doc: Any, traces: Sequence[Trace] | None = None) -> PlanResult:
         got = "missing" if raw_plans is None else f"got {fields.shown(raw_plans)}"
         raise PlanError(f"plans: expected a list of plans, {got}")
     plans = tuple(plan_from_dict(p, f"plans[{i}]") for i, p in enumerate(raw_plans))
-    for key in ("options", "stats"):
+    for key in ("options", "stats", "provenance"):
         if not isinstance(doc.get(key, {}), dict):
             raise PlanError(f"{key}: expected an object, got {fields.shown(doc[key])}")
     status, reason, detail = _outcome(doc)
