@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sweep",
         help="run a grid of scenarios (traces, GPUs, planners, budgets, ...) locally or on Ray",
         description=(
-            "Run every scenario of a grid -- jobs, GPUs, planners with options, budgets, "
-            "fallbacks, allocators -- through `memplan compare`'s code, one task per "
+            "Run every scenario of a grid -- jobs, GPUs, planners with options, budgets,\n"
+            "fallbacks, allocators -- through `memplan compare`'s code, one task per\n"
             "scenario, and stream one JSON record per scenario to DIR/results.jsonl.\n\n"
             + GRID_HELP
         ),

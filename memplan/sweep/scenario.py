@@ -235,15 +235,17 @@ def _one_line(text: str) -> str:
 # net, the gap to the best bound). Status: the run's fit (`alone`, `net`,
 # `oom`); with no plan, `stopped` when the planner ran out of its limits,
 # `error` when it raised or its plan failed the check, `infeasible`
-# otherwise. Times are in milliseconds, sizes in bytes; a metric not defined
+# otherwise. `bound_ms` is the bound `gap` was measured against, read back
+# from the gap (iteration / (1 + gap)) rather than computed a second time:
+# the window bounds are most of a scenario's time on a large trace. Times
+# are in milliseconds, sizes in bytes; a metric not defined
 # for the status (the metrics of a run that did not finish) is null. Wall
 # time spent planning is not deterministic, so it is not in the record: the
 # sweep writes it to `timings.jsonl` (memplan/sweep/store.py).
 def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
     from memplan.commands import machine
-    from memplan.comparison import best_bound, compare_planners
+    from memplan.comparison import compare_planners
     from memplan.hwmodels.device import DeviceModel
-    from memplan.sim.simulate import allocator_of, context_bytes
 
     traces = [load_trace(t) for t in s.traces]
     hw = load_profile(s.gpu)
@@ -288,11 +290,8 @@ def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
             bytes_in=row.bytes_h2d,
             net_evictions=row.evictions,
         )
-        if row.bound:  # the bound `gap` was measured against: NOTE [ Gap to the bound ]
-            limit = row.budget_bytes if row.budget_bytes is not None else hw.memory_bytes
-            reserve = context_bytes(hw, allocator_of(s.allocator), None) * len(traces)
-            bound = best_bound(traces, device, limit - reserve)
-            metrics["bound_ms"] = _ms(bound[0]) if bound else None
+        if metrics["gap"] is not None:  # gap = (t - bound) / bound: NOTE [ Gap to the bound ]
+            metrics["bound_ms"] = metrics["iteration_ms"] / (1 + metrics["gap"])
     reason = "; ".join(x for x in (cut, row.reason) if x)
     return status, _one_line(reason), metrics
 

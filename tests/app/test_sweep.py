@@ -9,10 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.latency import Roofline
+from memplan.hwmodels.profile import load_hardware
 from memplan.traces import io, synthetic
 
 import memplan
 from memplan.cli import main
+from memplan.comparison import best_bound
 from memplan.sweep import summary
 from memplan.sweep.grid import load_grid
 from memplan.sweep.scenario import Scenario, run_scenario
@@ -98,6 +102,10 @@ def test_a_record_has_the_figures_compare_prints(folder, capsys, argv, planner):
     for key in ("msr", "eor", "cbr", "gap"):
         assert m[key] == row[key], key
     assert m["bound_name"] == row["bound"]
+    device = DeviceModel(load_hardware("rtx-a6000"), Roofline())
+    limit = m["budget_bytes"] or device.hw.memory_bytes  # exact allocator: no contexts
+    seconds, name = best_bound([io.load(trace)], device, limit)
+    assert m["bound_ms"] == pytest.approx(seconds * 1e3, rel=1e-9) and name == m["bound_name"]
     assert (m["bytes_out"], m["bytes_in"]) == (row["bytes_d2h"], row["bytes_h2d"])
     assert m["net_evictions"] == row["evictions"]
     assert record["reason"] == row["reason"]
