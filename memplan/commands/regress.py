@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the suite and diff it against the baseline, or rewrite the
+    baseline (--update); the exit code per NOTE [ Regress exit codes ]."""
     from memplan import outputs
     from memplan.regress import baseline as bl
     from memplan.regress import diff
