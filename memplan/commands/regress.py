@@ -7,9 +7,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memplan.units import integer
+
+if TYPE_CHECKING:
+    from memplan.regress.baseline import Baseline
+    from memplan.regress.suite import Suite
+    from memplan.sweep.scenario import Scenario
 
 # NOTE [ Regress exit codes ]
 # 0: every scenario's status and gated figures are within tolerance of the
@@ -63,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from memplan.regress import baseline as bl
     from memplan.regress import diff
     from memplan.regress.suite import load_suite
+    from memplan.traces.io import atomic_write_bytes
 
     if args.summary is not None:
         outputs.check_file(args.summary, "--summary")  # before any work: NOTE [ Output paths ]
@@ -88,20 +94,21 @@ def run(args: argparse.Namespace) -> int:
         title = f"memplan regress {Path(args.suite).name}"
         text = diff.markdown(lines, records, against, metrics, title)
         with outputs.writing(args.summary, "--summary"):
-            from memplan.traces.io import atomic_write_bytes
-
             atomic_write_bytes(args.summary, text.encode())
     if args.update:
-        new = _updated(old, suite, records, args)
+        new = _updated(old, suite, records, args.only_fast)
         bl.save(new, args.baseline)
-        print(f"wrote {args.baseline}: {len(new.entries)} scenarios ({c.passed} unchanged within "
-              f"tolerance, {c.scenarios - c.passed} updated)")  # fmt: skip
+        updated = c.scenarios - c.passed
+        print(
+            f"wrote {args.baseline}: {len(new.entries)} scenarios ({c.passed} unchanged "
+            f"within tolerance, {updated} updated)"
+        )
         return 0
     print(diff.verdict_line(c))
     return EXIT_REGRESSED if c.failed else 0
 
 
-def _old_baseline(path: str, update: bool) -> Any:
+def _old_baseline(path: str, update: bool) -> Baseline | None:
     """The baseline at `path`; None when it does not exist and --update will
     write it (without --update a missing baseline is bad input)."""
     from memplan.regress.baseline import BaselineError, load
@@ -113,7 +120,7 @@ def _old_baseline(path: str, update: bool) -> Any:
     return load(path)
 
 
-def _notes(suite: Any, old: Any, path: str) -> None:
+def _notes(suite: Suite, old: Baseline | None, path: str) -> None:
     """Say on stderr when the baseline was made by another memplan or suite."""
     import memplan
 
@@ -127,7 +134,7 @@ def _notes(suite: Any, old: Any, path: str) -> None:
               f"{old.suite}, now {suite.fingerprint})", file=sys.stderr)  # fmt: skip
 
 
-def run_all(scenarios: list[Any], workers: int | None, quiet: bool) -> list[dict[str, Any]]:
+def run_all(scenarios: list[Scenario], workers: int | None, quiet: bool) -> list[dict[str, Any]]:
     """Every scenario's record, in the suite's order: on the sweep's local
     backend (`workers` processes; 1 runs them here), with a progress bar."""
     from tqdm import tqdm
@@ -143,7 +150,9 @@ def run_all(scenarios: list[Any], workers: int | None, quiet: bool) -> list[dict
     return [by_id[s.identity()] for s in scenarios]
 
 
-def _updated(old: Any, suite: Any, records: list[dict[str, Any]], args: Any) -> Any:
+def _updated(
+    old: Baseline | None, suite: Suite, records: list[dict[str, Any]], only_fast: bool
+) -> Baseline:
     """The baseline this run makes: its records' entries, and with
     --only-fast the old entries of the scenarios it did not run."""
     import memplan
@@ -151,14 +160,14 @@ def _updated(old: Any, suite: Any, records: list[dict[str, Any]], args: Any) -> 
 
     metrics = tuple(suite.metrics)
     entries = {}
-    if old is not None and args.only_fast:
+    if old is not None and only_fast:
         entries.update(old.entries)
     entries.update({r["identity"]: bl.entry_of(r, metrics) for r in records})
     return bl.Baseline(memplan.__version__, suite.fingerprint, metrics, entries,
                        _provenance(suite, records))  # fmt: skip
 
 
-def _provenance(suite: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _provenance(suite: Suite, records: list[dict[str, Any]]) -> dict[str, Any]:
     """The baseline's provenance (NOTE [ Provenance ]): the distinct traces
     of its scenarios; each scenario's profile and settings are in its
     identity, so the profile is left null."""

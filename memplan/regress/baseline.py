@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from memplan.sweep.scenario import METRICS, STATUSES
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
 
@@ -111,8 +112,6 @@ def _metric_value(value: Any, where: str) -> Any:
 
 
 def _entry(d: Any, metrics: tuple[str, ...], where: str) -> Entry:
-    from memplan.sweep.scenario import STATUSES
-
     d = fields.obj(d, where, BaselineError)
     _keys(d, _ENTRY, where)
     status = fields.string(d["status"], f"{where}.status", BaselineError)
@@ -140,8 +139,6 @@ def _entry(d: Any, metrics: tuple[str, ...], where: str) -> Entry:
 def from_dict(doc: Any, where: str) -> Baseline:
     """A `Baseline` from a parsed document; every field checked (NOTE
     [ Baseline files ]), errors start with `where`."""
-    from memplan.sweep.scenario import METRICS
-
     fields.depth_at_most(doc, where, BaselineError)
     doc = fields.obj(doc, f"{where}: top level", BaselineError)
     if doc.get("schema") != SCHEMA:

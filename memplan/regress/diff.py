@@ -188,8 +188,13 @@ def _median(values: Iterable[Any]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def markdown(lines: Sequence[Line], records: Sequence[dict[str, Any]], baseline: Baseline,
-             metrics: Sequence[str], title: str) -> str:  # fmt: skip
+def markdown(
+    lines: Sequence[Line],
+    records: Sequence[dict[str, Any]],
+    baseline: Baseline,
+    metrics: Sequence[str],
+    title: str,
+) -> str:
     """The CI page: the verdict, pass/fail counts, the lines that are not
     ok, and each planner's medians."""
     c = counts(lines)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memplan.sweep.grid import parse_grid
+from memplan.sweep.scenario import METRICS, Scenario
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
 
@@ -76,12 +78,12 @@ class Suite:
     the suite's text content (its TOML document, canonically)."""
 
     where: str
-    scenarios: tuple[Any, ...]  # memplan.sweep.scenario.Scenario
+    scenarios: tuple[Scenario, ...]
     fast: frozenset[str]
     metrics: dict[str, Tolerance]
     fingerprint: str
 
-    def selected(self, only_fast: bool) -> list[Any]:
+    def selected(self, only_fast: bool) -> list[Scenario]:
         return [s for s in self.scenarios if not only_fast or s.identity() in self.fast]
 
 
@@ -109,8 +111,6 @@ def parse_suite(
 ) -> Suite:
     """The suite in `doc` (a parsed TOML document); `where` starts every
     error, `base` is the folder relative trace paths are in."""
-    from memplan.sweep.grid import parse_grid
-
     unknown = sorted(set(doc) - set(TOP_LEVEL))
     if unknown:
         raise SuiteError(
@@ -119,7 +119,7 @@ def parse_suite(
         )
     metrics = _metrics(doc, where)
     grids = _grids(doc, where)
-    scenarios: dict[str, Any] = {}  # identity -> scenario, first seen first
+    scenarios: dict[str, Scenario] = {}  # identity -> scenario, first seen first
     fast: set[str] = set()
     for table, w in grids:
         is_fast = fields.boolean(table.get("fast", False), f"{w}.fast", SuiteError)
@@ -159,8 +159,6 @@ def _grids(doc: dict[str, Any], where: str) -> list[tuple[dict[str, Any], str]]:
 def _metrics(doc: dict[str, Any], where: str) -> dict[str, Tolerance]:
     """The `[metrics]` table: metric name -> tolerance (NOTE [ Regression
     tolerances ]); `status` is gated whether listed or not."""
-    from memplan.sweep.scenario import METRICS
-
     if "metrics" not in doc:
         raise SuiteError(f"{where}: no [metrics] table (the metrics to gate and their tolerances)")
     table = fields.obj(doc["metrics"], f"{where}: metrics", SuiteError)
