@@ -2,7 +2,7 @@
 against 1, and what the Ray backend costs per scenario on one machine.
 
 `python benchmarks/sweep.py [--rounds N]` writes synthetic traces and a grid
-of 48 scenarios (a few tenths of a second each) to a temporary folder and,
+of 72 scenarios (about a fifth of a second each) to a temporary folder and,
 in this process, runs the whole grid through the backends the way `memplan
 sweep` does (`memplan.sweep.backends`, every record collected), timed with
 `time.perf_counter`:
@@ -11,18 +11,20 @@ sweep` does (`memplan.sweep.backends`, every record collected), timed with
   process pool per run, forked from the forkserver) and Ray with 2 CPUs
   (tasks on the already started local instance), interleaved round by round
   (default 3 rounds) so that drifting machine load hits each alike; each
-  figure is the median over rounds; scenarios per second = 48 / median wall
+  figure is the median over rounds; scenarios per second = 72 / median wall
   seconds;
 - start-up, reported separately and not in the medians: the first local
   2-worker run (it starts the forkserver, which imports torch and memplan),
   `ray.init(num_cpus=2)`, and the first Ray run (Ray starts its workers,
   which import memplan and torch on their first task);
-- Ray's overhead per scenario = (median Ray - median local 2) / 48: the
+- Ray's overhead per scenario = (median Ray - median local 2) / 72: the
   same work on the same number of processes, so the difference is Ray's
   scheduling, serialisation and object store.
 
 Every run's records are checked to be the same as the first run's (the
-sweep's determinism). The machine is shared: figures are noisy.
+sweep's determinism). The machine is shared: the load average before and
+after is printed, and with a load above the CPU count the figures say more
+about the neighbours than about the backends.
 """
 
 from __future__ import annotations
@@ -48,14 +50,14 @@ GRID = """
 traces = ["chain.json", "residual.json", ["chain.json", "residual.json"]]
 gpus = "rtx-a6000"
 planners = ["tensile", "capuchin", "checkpoint", "dtr"]
-budgets = ["80%", "60%"]
+budgets = ["80%", "60%", "40%"]
 fallbacks = ["none", "dtr"]
 """
 
 
 def _write_grid(folder: Path) -> list[Scenario]:
-    io.save(synthetic.chain(24, act_mib=4), folder / "chain.json")
-    io.save(synthetic.residual(8, act_mib=4), folder / "residual.json")
+    io.save(synthetic.chain(48, act_mib=4), folder / "chain.json")
+    io.save(synthetic.residual(16, act_mib=4), folder / "residual.json")
     (folder / "grid.toml").write_text(GRID)
     scenarios = load_grid(folder / "grid.toml").scenarios
     for s in scenarios:
@@ -78,6 +80,7 @@ def main() -> int:
     args = parser.parse_args()
     import ray
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         scenarios = _write_grid(Path(tmp))
         n = len(scenarios)
@@ -103,7 +106,9 @@ def main() -> int:
         finally:
             ray.shutdown()
     med = {name: statistics.median(ts) for name, ts in times.items()}
+    load = ", ".join(f"{a:.1f}" for a in (*load_before, *os.getloadavg()))
     print(f"{n} scenarios, {os.cpu_count()} CPUs, medians of {args.rounds} interleaved rounds")
+    print(f"load average (1, 5, 15 min) before and after: {load}: others' work shares the CPUs")
     print("| backend | wall s (median) | scenarios/s | runs (s) |")
     print("|---|---|---|---|")
     for name, ts in times.items():

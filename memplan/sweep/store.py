@@ -39,7 +39,7 @@ def check_out(path: str) -> Path:
         names = sorted(e.name for e in p.iterdir())
     except OSError as e:
         raise OutputError(f"--out {path}: cannot read the directory: {e.strerror}") from e
-    foreign = [n for n in names if n not in SWEEP_NAMES]
+    foreign = [n for n in names if n not in SWEEP_NAMES and not _leftover(n)]
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputError(
@@ -49,6 +49,11 @@ def check_out(path: str) -> Path:
     if not os.access(p, os.W_OK | os.X_OK):
         raise OutputError(f"--out {path}: directory is not writable")
     return p
+
+
+def _leftover(name: str) -> bool:
+    """A temporary file of an atomic write that SIGKILL left (`.results.jsonl.x1y2.tmp`)."""
+    return name.endswith(".tmp") and any(name.startswith(f".{n}.") for n in SWEEP_NAMES)
 
 
 def record_line(record: dict[str, Any]) -> str:

@@ -102,6 +102,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumed(sweep, tmp_path, capsy
     out.mkdir()
     lines = reference.decode().splitlines(keepends=True)
     (out / "results.jsonl").write_text("".join(lines[:150]) + lines[150][:40])
+    (out / ".results.jsonl.k1ll3d.tmp").write_text(lines[0])  # SIGKILL in an atomic write
     assert main(["sweep", str(grid), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
     assert "(50 run, 150 resumed, 1 old lines dropped)" in capsys.readouterr().out
     assert (out / "results.jsonl").read_bytes() == reference
