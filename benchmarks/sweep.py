@@ -17,6 +17,9 @@ sweep` does (`memplan.sweep.backends`, every record collected), timed with
   2-worker run (it starts the forkserver, which imports torch and memplan),
   `ray.init(num_cpus=2)`, and the first Ray run (Ray starts its workers,
   which import memplan and torch on their first task);
+- ms per scenario in a worker: the median over rounds of the scenarios'
+  own wall seconds, summed, / 72: when it grows with the worker count, the
+  workers waited for a CPU (others' load), not for the backend;
 - Ray's overhead per scenario = (median Ray - median local 2) / 72: the
   same work on the same number of processes, so the difference is Ray's
   scheduling, serialisation and object store.
@@ -65,13 +68,14 @@ def _write_grid(folder: Path) -> list[Scenario]:
     return scenarios
 
 
-def _timed(run: Callable[[], Iterable[backends.Done]]) -> tuple[float, str]:
-    """Wall seconds of one whole run, and its records as canonical text."""
+def _timed(run: Callable[[], Iterable[backends.Done]]) -> tuple[float, float, str]:
+    """Wall seconds of one whole run, the seconds its scenarios took inside
+    their workers (summed), and its records as canonical text."""
     t0 = time.perf_counter()
     done = list(run())
     seconds = time.perf_counter() - t0
     records = sorted(json.dumps(d.record, sort_keys=True) for d in done)
-    return seconds, "\n".join(records)
+    return seconds, sum(d.seconds for d in done), "\n".join(records)
 
 
 def main() -> int:
@@ -89,19 +93,21 @@ def main() -> int:
             "local, 2 workers": lambda: backends.local(scenarios, 2),
             "ray, 2 CPUs": lambda: backends.ray(scenarios, 2),
         }
-        first_local, expected = _timed(runs["local, 2 workers"])
+        first_local, _busy, expected = _timed(runs["local, 2 workers"])
         t0 = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
         ray_init = time.perf_counter() - t0
         try:
-            first_ray, records = _timed(runs["ray, 2 CPUs"])
+            first_ray, _busy, records = _timed(runs["ray, 2 CPUs"])
             assert records == expected, "ray's records differ from local's"
             times: dict[str, list[float]] = {name: [] for name in runs}
+            inside: dict[str, list[float]] = {name: [] for name in runs}
             for r in range(args.rounds):
                 for name, run in runs.items():
-                    seconds, records = _timed(run)
+                    seconds, busy, records = _timed(run)
                     assert records == expected, f"{name}'s records differ (round {r})"
                     times[name].append(seconds)
+                    inside[name].append(busy)
                     print(f"round {r + 1}: {name}: {seconds:.2f} s", file=sys.stderr)
         finally:
             ray.shutdown()
@@ -109,19 +115,20 @@ def main() -> int:
     load = ", ".join(f"{a:.1f}" for a in (*load_before, *os.getloadavg()))
     print(f"{n} scenarios, {os.cpu_count()} CPUs, medians of {args.rounds} interleaved rounds")
     print(f"load average (1, 5, 15 min) before and after: {load}: others' work shares the CPUs")
-    print("| backend | wall s (median) | scenarios/s | runs (s) |")
-    print("|---|---|---|---|")
+    print("| backend | wall s (median) | scenarios/s | runs (s) | ms per scenario in a worker |")
+    print("|---|---|---|---|---|")
     for name, ts in times.items():
         runs_s = ", ".join(f"{t:.2f}" for t in ts)
-        print(f"| {name} | {med[name]:.2f} | {n / med[name]:.1f} | {runs_s} |")
+        each = statistics.median(inside[name]) / n * 1e3
+        print(f"| {name} | {med[name]:.2f} | {n / med[name]:.1f} | {runs_s} | {each:.0f} |")
     speedup = med["local, 1 worker"] / med["local, 2 workers"]
     overhead = (med["ray, 2 CPUs"] - med["local, 2 workers"]) / n
     print(f"2 local workers against 1: {speedup:.2f}x the scenarios per second")
     print(f"Ray's overhead per scenario against local, 2 processes each: {overhead * 1e3:.1f} ms")
     print(
         f"start-up, not in the medians: first local 2-worker run {first_local:.2f} s "
-        f"(forkserver start), ray.init(num_cpus=2) {ray_init:.2f} s, first Ray run "
-        f"{first_ray:.2f} s (workers start)"
+        f"(its forkserver start included), ray.init(num_cpus=2) {ray_init:.2f} s, first Ray run "
+        f"{first_ray:.2f} s (its workers start included)"
     )
     return 0
 
