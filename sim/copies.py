@@ -124,7 +124,7 @@ class CopyEngine:
                     raise
                 if s.epoch[b] != ep:
                     return
-                if s.keep[b]:  # needed again before the copy began
+                if s.keep[b] and passive:  # needed again before the eviction began
                     s.keep[b] = False
                     mem.stay(s, b)
                     log(LogEntry(env.now, j, s.iteration, K.SKIP, op, b))

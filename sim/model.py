@@ -62,6 +62,10 @@ __all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledge
 #   under the OOM policy, takes the bytes and queues again). A SwapIn of a
 #   buffer that is on the device does nothing; of a buffer whose swap-out has
 #   not finished, it cancels that swap-out's free (no H2D copy).
+#   The cancelled swap-out's D2H copy still runs, queued or not: the plan
+#   may release the buffer later on the strength of that host copy, as
+#   `planners.core.check` assumes (an eviction the passive net no longer
+#   needs is dropped instead).
 #   `before_op` does not start before the swap-in is done (stall time).
 # - A swap-out's `before_op`, if set, does not start before its process is
 #   over: the copy ended, or it found nothing to copy (stall time; planners

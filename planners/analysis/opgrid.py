@@ -200,8 +200,9 @@ def _last_reader(trace: Trace, p: int) -> int:
 # triggered, the copy not over):
 # - SwapOut of a resident buffer: leaving. Its bytes go when the copy ends,
 #   or at the latest when its `before_op` is ready (that op waits for it),
-#   unless something wanted the buffer back meanwhile (kept, no free); if
-#   that was before the copy started, there is no copy.
+#   unless something wanted the buffer back meanwhile (kept, no free); the
+#   copy is made even if that was before it started (a later Release may
+#   rely on the host copy).
 # - SwapIn of an off buffer: arriving. Its bytes come back when its copy
 #   starts, or at the latest just before its `before_op` is ready; a Release
 #   or SwapOut before the copy ends finds nothing to act on. Of a leaving
@@ -389,15 +390,11 @@ class _Walk:
         self.push(end, rank, self.left, self.copy)
 
     def started(self, _t: float, copy: int) -> None:
-        """A swap-out's copy starts, unless the buffer was wanted back: then
-        there is none, and the swap-out is over."""
+        """A swap-out's copy starts, even if the buffer was wanted back (the
+        host copy is made all the same; its end then frees nothing)."""
         if self.where != _LEAVING or copy != self.copy:
             return
-        if self.keep:
-            self.where, self.keep = _DEV, False
-            self.copy += 1  # its end is void
-        else:
-            self.copying = True
+        self.copying = True
 
     def left(self, t: float, copy: int) -> None:
         """A swap-out's copy ends: the bytes go, unless the buffer was wanted back."""

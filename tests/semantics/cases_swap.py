@@ -132,11 +132,30 @@ SWAP_CASES: tuple[Case, ...] = (
         "swap_in_cancels_queued_swap_out",
         "a1 leaves after op 1 (copy 2.0-3.2, off in op 4: 8, back in op 5 as in "
         "`swap_out_then_in`); a2 (b4) leaves after op 2 (3.0), queued behind a1's copy, "
-        "and a swap-in of a2 at the same trigger comes before its copy began: a2 stays "
-        "and no copy of it is made.",
+        "and a swap-in of a2 at the same trigger comes before its copy began: a2 stays, "
+        "and its copy is still made (3.2-3.8) for a later Release to rely on.",
         c.step,
         (SwapOut(3, 1), SwapOut(4, 2), SwapIn(4, 2, 5), SwapIn(3, 4, 6, delay_us=500)),
         (8, 9, 10, 11, 8, 11, 10, 5, 5),
+    ),
+    Case(
+        "release_after_cancelled_queued_swap_out",
+        "`swap_in_cancels_queued_swap_out`, then a Release of a2 after op 4: the copy "
+        "made at 3.8 while a2 stayed is its host copy, so a swap-in after op 4 + 0.1 "
+        "brings a2 back (5.1-5.7) for op 5, and a1's swap-in queues behind it. Found "
+        "by a plan the checker took and the simulator lost a buffer in, when the copy "
+        "was skipped.",
+        c.step,
+        (
+            SwapOut(3, 1),
+            SwapOut(4, 2),
+            SwapIn(4, 2, 5),
+            Release(4, 4),
+            SwapIn(4, 4, 5, delay_us=100),
+            SwapIn(3, 4, 6, delay_us=500),
+        ),
+        (8, 9, 10, 11, 8, 11, 10, 5, 5),
+        differs={Impl.OPGRID: OPGRID_NO_QUEUE},
     ),
     Case(
         "release_of_leaving_buffer",
@@ -217,14 +236,14 @@ SWAP_CASES: tuple[Case, ...] = (
         (8, 9, 10, 11, 12, 11, 10, 9, 9),
     ),
     Case(
-        "cancelled_swap_out_makes_no_copy",
+        "cancelled_swap_out_still_copies",
         "`framework_free_during_copy` with a swap-in of a1 at the swap-out's trigger "
-        "(after op 6): it wants a1 back before the copy starts, so no copy is made and "
-        "the framework's free after op 7 frees the bytes at once: op 8 is 5 (NOTE "
-        "[ Event semantics ]). Bytes are the vanilla ones.",
+        "(after op 6): it wants a1 back before the copy starts, which cancels the free "
+        "but not the copy (NOTE [ Event semantics ]), so, as there, the framework's free "
+        "after op 7 takes effect when the copy ends: op 8 is 9.",
         c.step_late_free,
         (SwapOut(3, 6), SwapIn(3, 6, 7)),
-        (8, 9, 10, 11, 12, 11, 10, 9, 5),
+        (8, 9, 10, 11, 12, 11, 10, 9, 9),
     ),
     Case(
         "framework_free_while_copy_queued",

@@ -27,10 +27,11 @@ from memplan.validate.replay.views import ViewCache
 # As in the simulator (NOTE [ Event semantics ] in `sim/model.py`), a buffer
 # whose swap-out is queued or running stays usable, and needing it again
 # cancels the free: an op that needs it, or a `SwapIn` of it, puts it in
-# `keep`. A swap-out that finds it in `keep` when it would take the lane does
-# not start (no bytes move); one whose copy ends while it is in `keep`, or
-# while the op being run accesses it (`pinned`), makes the host copy and
-# leaves the device copy where it is. A `Release` of a leaving buffer takes it
+# `keep`. A swap-out whose copy ends while it is in `keep` -- however early
+# the keep came, even before the copy took the lane -- or while the op being
+# run accesses it (`pinned`), makes the host copy and leaves the device copy
+# where it is: a later `Release` may rely on that host copy, as the checker
+# assumes. A `Release` of a leaving buffer takes it
 # out of `keep` again. A swap-out of a buffer whose host copy is still valid
 # moves no bytes either: the device copy is dropped (a discard), unless kept.
 
@@ -316,10 +317,6 @@ class DevicePool:
         b = t.buffer
         with self._lock:
             if not self._current(t, self._leaving):
-                return None
-            if b in self._keep:  # needed again before the copy began: it stays
-                self._keep.discard(b)
-                del self._leaving[b]
                 return None
             src = self._storage[b]
             if src is None:
