@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         raise MemplanError("--address joins a Ray cluster: use it with --backend ray")
     if args.backend == "ray":
         backends.ray_module()
+        if args.address is not None:
+            backends.check_address(args.address)
     if args.parquet:
         store.check_parquet()
     workers = args.workers or os.cpu_count() or 1

@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -55,7 +56,9 @@ def compute(s: Scenario) -> Done:
 # worker.
 # ray: every scenario is one task of one CPU; `--address` joins a running
 # cluster (whose nodes must have memplan installed and the trace paths
-# readable), otherwise a local Ray instance of `workers` CPUs is started
+# readable; a HOST:PORT that does not answer on TCP is refused at once,
+# where `ray.init` would retry it for minutes), otherwise a local Ray
+# instance of `workers` CPUs is started
 # and shut down at the end. Ray is imported only here, when asked for. On
 # the way out, tasks not yet finished are cancelled.
 def local(scenarios: Sequence[Scenario], workers: int) -> Iterator[Done]:
@@ -110,7 +113,14 @@ def ray(scenarios: Sequence[Scenario], workers: int, address: str | None = None)
     started = not ray.is_initialized()
     if started:
         if address is not None:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            check_address(address)
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+                why = (str(e).splitlines() or [type(e).__name__])[0]
+                raise MemplanError(
+                    f"--address {address}: cannot join a Ray cluster: {why}"
+                ) from None
         else:
             ray.init(
                 num_cpus=workers, include_dashboard=False, log_to_driver=False,
@@ -131,6 +141,19 @@ def ray(scenarios: Sequence[Scenario], workers: int, address: str | None = None)
             ray.cancel(ref, force=True)
         if started:
             ray.shutdown()
+
+
+def check_address(address: str, timeout_s: float = 10.0) -> None:
+    """A `HOST:PORT` (or `ray://HOST:PORT`) address answers on TCP, checked
+    before `ray.init`, which retries an unreachable one for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise MemplanError(f"--address {address}: no Ray cluster answers there: {why}") from None
 
 
 def run(

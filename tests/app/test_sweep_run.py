@@ -163,3 +163,14 @@ def test_ray_gives_the_same_bytes(sweep, tmp_path):
     assert (out / "results.jsonl").read_bytes() == reference
     workers = {json.loads(x)["worker"] for x in _lines(out / "timings.jsonl")}
     assert str(os.getpid()) not in {w.rsplit(":", 1)[1] for w in workers}
+
+
+@pytest.mark.slow
+def test_a_ray_address_nobody_answers_is_one_line(sweep, tmp_path, capsys):
+    pytest.importorskip("ray")
+    grid, _reference = sweep
+    argv = ["sweep", str(grid), "--out", str(tmp_path / "o"), "--backend", "ray",
+            "--address", "127.0.0.1:1"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--address 127.0.0.1:1: no Ray cluster answers there" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
