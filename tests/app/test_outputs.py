@@ -35,6 +35,7 @@ DIR_OUTPUTS = {
     ("simulate", "--out"): ["simulate", "{missing}", "--gpu", "rtx-a6000"],
     ("compare", "--out"): ["compare", "{missing}", "--gpu", "rtx-a6000"],
     ("capacity", "--out"): ["capacity", "--trace", "{missing}", "--gpu", "rtx-a6000"],
+    ("sweep", "--out"): ["sweep", "{missing}"],
 }
 
 

@@ -114,10 +114,12 @@ def test_300_plan_mutants(tmp_path, chain_base):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_more_plan_mutants(tmp_path, chain_base, seed):
+    # 1620 more over two seeds: sized with the rest of the slow tests to keep
+    # the whole suite, which CI runs, within its 10 minutes
     trace_path, base = chain_base
-    run_mutants(tmp_path, trace_path, base, seed=seed, n=len(CLASSES) * 60)
+    run_mutants(tmp_path, trace_path, base, seed=seed, n=len(CLASSES) * 45)
 
 
 def test_the_issues_plans(tmp_path, chain_base):
