@@ -127,7 +127,11 @@ class CompiledJob:
         self.frees = table.frees  # NOTE [ Frees under another order ]
         # Plan events by trigger, in plan order; inputs released at the start
         # are never loaded (NOTE [ Duplicate events ] in planners/core/semantics.py).
-        self.triggers = tuple(tuple(_compiled(e, ev) for e, ev in g) for g in ip.triggered)
+        triggers: list[tuple] = [()] * len(ip.triggered)
+        for i, g in enumerate(ip.triggered):
+            if g:
+                triggers[i] = tuple(_compiled(e, ev) for e, ev in g)
+        self.triggers = tuple(triggers)
         self.recompute = {
             key: (r.event.buffer, r.sources, r.index) for key, r in ip.recompute.items()
         }

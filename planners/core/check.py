@@ -108,7 +108,7 @@ class _Replay:
         self.alive = [False] * nb
         self.present = [False] * nb
         self.host = [False] * nb
-        self.why = [""] * nb
+        self.why: list[tuple[int, int, int] | None] = [None] * nb  # (event, op, iteration)
         self.it = 0
 
     # ---- static properties of a recompute chain ----------------------------------
@@ -162,9 +162,10 @@ class _Replay:
         persistent = self.table.persistent
         for b in persistent:
             self.alive[b] = self.present[b] = True
-        seen: set[tuple[tuple[bool, bool], ...]] = set()
+        seen: set[tuple[tuple[bool, ...], tuple[bool, ...]]] = set()
+        at_present, at_host = self.present.__getitem__, self.host.__getitem__
         for it in range(MAX_ITERATIONS):
-            state = tuple((self.present[b], self.host[b]) for b in persistent)
+            state = (tuple(map(at_present, persistent)), tuple(map(at_host, persistent)))
             if it >= 2 and state in seen:
                 return
             seen.add(state)
@@ -177,7 +178,7 @@ class _Replay:
             alive[b] = present[b] = True
             host[b] = False
         self._events(self.start, -1)
-        triggered = self.ip.triggered
+        triggered, events = self.ip.triggered, self._events
         for i in self.ip.order:  # NOTE [ Plans under another order ]
             for b in tab.need[i]:
                 if not present[b]:
@@ -189,7 +190,8 @@ class _Replay:
                 host[b] = False
             for b in tab.frees[i]:
                 alive[b] = present[b] = host[b] = False
-            self._events(triggered[i + 1], i)
+            if triggered[i + 1]:
+                events(triggered[i + 1], i)
 
     def _resolve(self, b: int, i: int, chain: tuple[int, ...]) -> None:
         """Make absent `b` present before op `i` by its Recompute, or fail."""
@@ -219,17 +221,28 @@ class _Replay:
         if not self.alive[b]:
             f = int(self.trace.freed_after[b])
             return f"freed by the framework after op {f}"
-        return self.why[b] or "never on the device"
+        return self._said(b)
+
+    def _said(self, b: int) -> str:
+        """What took `b` off the device last, in words (built only for an error)."""
+        if self.why[b] is None:
+            return "never on the device"
+        e, k, it = self.why[b]
+        ev = self.ip.plan.events[e]
+        verb = "swapped out" if isinstance(ev, SwapOut) else "released"
+        return f"{verb} after {_when(k)} of iteration {it} by events[{e}]"
 
     def _events(self, events: tuple[tuple[int, Triggered], ...], k: int) -> None:
         for e, ev in events:
             self._apply(e, ev, k)
 
+    def _where(self, e: int, ev: Triggered, k: int) -> str:
+        return f"iteration {self.it}, after {_when(k)}: events[{e}] ({describe(ev)})"
+
     def _apply(self, e: int, ev: Triggered, k: int) -> None:
         b = ev.buffer
-        when = "the start of the iteration" if k < 0 else f"op {k}"
-        w = f"iteration {self.it}, after {when}: events[{e}] ({describe(ev)})"
         if not self.alive[b]:
+            w = self._where(e, ev, k)
             c = int(self.trace.created_at[b])
             raise PlanError(
                 f"{w}: buffer {b} is not alive then (created by op {c}, "
@@ -237,16 +250,21 @@ class _Replay:
             )
         if isinstance(ev, SwapOut | Release):
             if not self.present[b]:
-                raise PlanError(f"{w}: buffer {b} is not on the device ({self.why[b]})")
+                w = self._where(e, ev, k)
+                raise PlanError(f"{w}: buffer {b} is not on the device ({self._said(b)})")
             self.present[b] = False
-            verb = "swapped out" if isinstance(ev, SwapOut) else "released"
-            self.why[b] = f"{verb} after {when} of iteration {self.it} by events[{e}]"
+            self.why[b] = (e, k, self.it)
             if isinstance(ev, SwapOut):
                 self.host[b] = True
         elif isinstance(ev, SwapIn) and not self.present[b]:
             if not self.host[b]:
+                w = self._where(e, ev, k)
                 raise PlanError(
-                    f"{w}: no host copy to read ({self.why[b]}, with no swap-out since "
+                    f"{w}: no host copy to read ({self._said(b)}, with no swap-out since "
                     f"it was last written)"
                 )
             self.present[b] = True
+
+
+def _when(k: int) -> str:
+    return "the start of the iteration" if k < 0 else f"op {k}"

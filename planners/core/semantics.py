@@ -16,6 +16,7 @@ an op needs, when the framework frees a buffer and which event acts when.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -229,7 +230,7 @@ class IndexedPlan:
         table = table if table is not None else OpTable.of(trace, plan.order)
         n = table.n_ops
         inputs = set(table.inputs)
-        triggered: list[list[tuple[int, Triggered]]] = [[] for _ in range(n + 1)]
+        by_trigger: dict[int, list[tuple[int, Triggered]]] = {}
         unloaded: list[tuple[int, Release]] = []
         recompute: dict[tuple[int, int], Recomputation] = {}
         ops: set[int] = set()
@@ -247,18 +248,21 @@ class IndexedPlan:
             elif isinstance(ev, Release) and ev.after_op == -1 and ev.buffer in inputs:
                 unloaded.append((e, ev))
             else:
-                triggered[ev.after_op + 1].append((e, ev))
+                by_trigger.setdefault(ev.after_op + 1, []).append((e, ev))
+        triggered: list[tuple[tuple[int, Triggered], ...]] = [()] * (n + 1)
+        for i, g in by_trigger.items():
+            triggered[i] = tuple(g)
         gone = {ev.buffer for _e, ev in unloaded}
         rng = {k for k in ops if trace.ops[k].rng}
         return IndexedPlan(
             plan=plan,
-            triggered=tuple(tuple(g) for g in triggered),
+            triggered=tuple(triggered),
             unloaded=tuple(unloaded),
             inputs=tuple(b for b in table.inputs if b not in gone),
             recompute=recompute,
             recompute_ops=frozenset(ops),
             rng_ops=frozenset(rng),
-            order=plan.order if plan.order is not None else tuple(range(n)),
+            order=plan.order if plan.order is not None else _identity(n),
         )
 
     def start_events(self) -> tuple[tuple[int, Triggered], ...]:
@@ -267,6 +271,12 @@ class IndexedPlan:
         if not self.unloaded:
             return self.triggered[0]
         return tuple(sorted((*self.unloaded, *self.triggered[0]), key=lambda x: x[0]))
+
+
+@functools.lru_cache(maxsize=16)
+def _identity(n: int) -> Ids:
+    """The trace's own order of `n` ops (one tuple shared by every plan)."""
+    return tuple(range(n))
 
 
 # A recompute's sources and temporaries depend on the event and the trace

@@ -224,3 +224,20 @@ def test_queued_peak_models_swaps_and_releases_only():
         queued_peak(t, tl, plan(t, Release(0, 0), Recompute(0, 5, (0,))), dev)
     with pytest.raises(ValueError, match=r"delayed copies are not modelled \(events\[0\]\)"):
         queued_peak(t, tl, plan(t, SwapOut(0, 0, 100.0), SwapIn(0, 4, 5)), dev)
+
+
+def test_an_event_valid_for_one_trace_is_checked_again_for_another():
+    # NOTE [ Events validated once ]: what a trace remembers is its own
+    from memplan.planners.core.plan import validate
+
+    t, _ = step()
+    small, _ = make([B(1, "input"), B(1)], [Call([0], [1])])
+    ev = SwapIn(3, 1, 3)  # y: fine on `step`; `small` has no buffer 3
+    validate(plan(t, ev), t)
+    validate(plan(t, ev), t)  # remembered
+    with pytest.raises(PlanError, match=r"unknown buffer 3"):
+        validate(plan(small, ev), small)
+    bad = SwapIn(3, 2, 1)  # after_op not before before_op: refused every time
+    for _ in range(2):
+        with pytest.raises(PlanError, match=r"after_op 2 is not before before_op 1"):
+            validate(plan(t, bad), t)
