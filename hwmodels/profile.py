@@ -8,13 +8,13 @@ the file and the field.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memplan.hwmodels.errors import LatencyError
 from memplan.traces import fields
+from memplan.traces.io import read_toml
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -128,19 +128,7 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 def load_hardware(name_or_path: str | Path) -> Hardware:
     """A shipped profile by name (`a100-pcie-40gb`) or a user's TOML file by path."""
-    path = profile_path(name_or_path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise LatencyError(f"{path}: no such hardware profile") from None
-    except IsADirectoryError:
-        raise LatencyError(f"{path}: is a directory, not a hardware profile") from None
-    except OSError as e:
-        raise LatencyError(f"{path}: cannot read: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise LatencyError(f"{path}: not valid TOML: {e}") from None
-    except RecursionError:
-        raise LatencyError(f"{path}: nested too deeply to be a hardware profile") from None
+    path, doc = read_toml(profile_path(name_or_path), LatencyError, "hardware profile")
     return hardware_from_dict(doc, where=str(path), default_name=path.stem)
 
 

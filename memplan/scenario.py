@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +46,7 @@ from memplan.sim.dynamics import MAX_JITTER, LaneSlowdown
 from memplan.sim.errors import SimError
 from memplan.traces import fields
 from memplan.traces.fields import shown
+from memplan.traces.io import read_toml
 from memplan.traces.model import Trace
 
 MAX_TIME_S = 7 * 86400.0  # a week of simulated time: beyond it a number is a typo
@@ -203,17 +203,8 @@ _JOB = {"trace", "arrival_s", "iterations", "departure_s", "plan", "name"}
 def load(path: str | Path) -> Scenario:
     """The scenario file at `path` (module docstring); SimError naming the
     file and field for anything wrong."""
-    p = Path(path)
-    where = str(path)
-    try:
-        if p.stat().st_size > MAX_SCENARIO_BYTES:
-            raise SimError(f"{where}: larger than {MAX_SCENARIO_BYTES} bytes: not a scenario file")
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise SimError(f"{where}: cannot read the scenario file: {e.strerror or e}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SimError(f"{where}: not a valid TOML file: {e}") from None
-    return parse(doc, where, p.parent)
+    p, doc = read_toml(path, SimError, "scenario file", MAX_SCENARIO_BYTES)
+    return parse(doc, str(p), p.parent)
 
 
 def _keys(table: dict[str, Any], allowed: set[str], where: str) -> None:

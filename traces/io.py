@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import tomllib
 import zlib
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,35 @@ def read_json(
         except (OSError, EOFError, zlib.error) as e:
             raise error(f"{p}: corrupt gzip data: {e}") from None
     return p, fields.parse(raw, str(p), error)
+
+
+MAX_TOML_BYTES = 1 << 24
+
+
+def read_toml(
+    path: str | os.PathLike[str],
+    error: type[MemplanError],
+    what: str,
+    max_bytes: int = MAX_TOML_BYTES,
+) -> tuple[Path, dict[str, Any]]:
+    """(path, document) of a TOML file (a profile, a grid, a suite, a
+    scenario: `what` names it in messages); any problem reading it is a
+    one-line `error` naming the file."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > max_bytes:
+            raise error(f"{p}: larger than {max_bytes} bytes: not a {what}")
+        return p, tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{p}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{p}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise error(f"{p}: nested too deeply to be a {what}") from None
 
 
 # NOTE [ Shipped traces by name ]

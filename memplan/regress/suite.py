@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from memplan.sweep.grid import parse_grid
 from memplan.sweep.scenario import METRICS, Scenario
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
+from memplan.traces.io import read_toml
 
 # Keys a grid of a suite may hold besides the sweep's own (memplan/sweep/grid.py).
 GRID_EXTRAS = ("fast", "name")
@@ -90,19 +90,7 @@ class Suite:
 def load_suite(path: str | Path, only_fast: bool = False) -> Suite:
     """The suite in the TOML file at `path`. With `only_fast`, grids not
     marked fast are skipped unparsed (their traces are not even loaded)."""
-    p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SuiteError(f"{p}: no such suite file") from None
-    except IsADirectoryError:
-        raise SuiteError(f"{p}: is a directory, not a suite file") from None
-    except OSError as e:
-        raise SuiteError(f"{p}: cannot read: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SuiteError(f"{p}: not valid TOML: {e}") from None
-    except RecursionError:
-        raise SuiteError(f"{p}: nested too deeply to be a suite") from None
+    p, doc = read_toml(path, SuiteError, "suite file")
     return parse_suite(doc, str(p), base=p.parent, only_fast=only_fast)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from memplan.sweep.scenario import Scenario, load_profile, load_trace
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
+from memplan.traces.io import read_toml
 
 MAX_SCENARIOS = 100_000
 MAX_BATCH = 1_000_000
@@ -58,19 +58,7 @@ class Grid:
 def load_grid(path: str | Path, traces_dir: Path | None = None) -> Grid:
     """The `[grid]` table of the TOML file at `path`; relative paths in it
     are relative to the file; models are captured into `traces_dir`."""
-    p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GridError(f"{p}: no such grid file") from None
-    except IsADirectoryError:
-        raise GridError(f"{p}: is a directory, not a grid file") from None
-    except OSError as e:
-        raise GridError(f"{p}: cannot read: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise GridError(f"{p}: not valid TOML: {e}") from None
-    except RecursionError:
-        raise GridError(f"{p}: nested too deeply to be a grid") from None
+    p, doc = read_toml(path, GridError, "grid file")
     unknown = sorted(set(doc) - {"grid"})
     if unknown:
         raise GridError(f"{p}: unknown table {fields.shown(unknown[0])} (a grid file has [grid])")

@@ -103,7 +103,7 @@ def test_a_scenario_with_faults_is_the_same_for_the_same_seed(files, capsys):
         (["--lane-slowdown", "4x@2s-1s", "{t}"], "after the start"),
         (["--jitter", "inf", "{t}"], "--jitter"),
         (["--usage", "-0.5", "{t}"], "--usage"),
-        (["--scenario", "{dir}/missing.toml"], "cannot read the scenario file"),
+        (["--scenario", "{dir}/missing.toml"], "no such scenario file"),
         (["--scenario", "{dir}/bad.toml"], 'job\\[0\\]: unknown field "arival_s"'),
         ([], "no jobs"),
     ],
