@@ -244,21 +244,32 @@ def budget(args: argparse.Namespace) -> int | None:
 # user's figure in bytes: when it comes out above the device it is cut to the
 # device's memory, with a warning on stderr.
 def check_budget(nbytes: int | None, hw: Hardware, args: argparse.Namespace) -> int | None:
-    """`nbytes` checked against `hw`'s memory (NOTE [ Budgets above the device ])."""
+    """`nbytes` checked against `hw`'s memory (NOTE [ Budgets above the device ]),
+    a cut share warned about on stderr."""
+    nbytes, cut = _within_device(nbytes, hw, args)
+    if cut:
+        print(f"warning: {cut}", file=sys.stderr)
+    return nbytes
+
+
+def _within_device(
+    nbytes: int | None, hw: Hardware, args: argparse.Namespace
+) -> tuple[int | None, str]:
+    """(`nbytes`, "") if it fits `hw`; a share above it cut to the device's
+    memory, with what was cut in words; a size above it is an error."""
     if nbytes is None or nbytes <= hw.memory_bytes:
-        return nbytes
+        return nbytes, ""
     have = f"{hw.name} has {format_bytes(hw.memory_bytes)} ({hw.memory_bytes} B)"
     if budget_fraction(args) is None:
         raise MemplanError(
             f"--budget={args.budget!r} is more than the device memory: {have}; "
             "use the profile of a larger GPU (--gpu NAME or a .toml path)"
         )
-    print(
-        f"warning: --budget {args.budget} is {format_bytes(nbytes)}, more than the device "
-        f"memory: {have}; using {format_bytes(hw.memory_bytes)}",
-        file=sys.stderr,
+    cut = (
+        f"--budget {args.budget} is {format_bytes(nbytes)}, more than the device memory: "
+        f"{have}; using {format_bytes(hw.memory_bytes)}"
     )
-    return hw.memory_bytes
+    return hw.memory_bytes, cut
 
 
 def budget_fraction(args: argparse.Namespace) -> float | None:
@@ -277,14 +288,25 @@ def budget_fraction(args: argparse.Namespace) -> float | None:
 
 def resolve_budget(args: argparse.Namespace, traces: list, device: DeviceModel) -> int | None:
     """`--budget` in bytes; a percentage is of the jobs' vanilla peak, from a
-    vanilla simulation of them without a budget."""
+    vanilla simulation of them without a budget; a cut share warned about."""
+    nbytes, cut = resolve_budget_quietly(args, traces, device)
+    if cut:
+        print(f"warning: {cut}", file=sys.stderr)
+    return nbytes
+
+
+def resolve_budget_quietly(
+    args: argparse.Namespace, traces: list, device: DeviceModel
+) -> tuple[int | None, str]:
+    """`resolve_budget`, with what a cut share says returned instead of
+    printed (a sweep puts it in its record's reason)."""
     share = budget_fraction(args)
     if share is None:
-        return check_budget(budget(args), device.hw, args)
+        return _within_device(budget(args), device.hw, args)
     from memplan.comparison import vanilla_peak
 
     peak = vanilla_peak(traces, device, **memory_options(args))  # type: ignore[arg-type]
-    return check_budget(int(peak * share), device.hw, args)
+    return _within_device(int(peak * share), device.hw, args)
 
 
 # ---- workloads: arrivals, departures, what moves (memplan/scenario.py) -------------

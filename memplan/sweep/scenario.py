@@ -255,7 +255,7 @@ def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
     )  # fmt: skip
     machine.check_measured(args, traces, hw)  # type: ignore[arg-type]
     device = DeviceModel(hw, _latency_model(s.latency), lanes=s.lanes)
-    budget, cut = _budget(args, traces, device)
+    budget, cut = machine.resolve_budget_quietly(args, traces, device)  # type: ignore[arg-type]
     comparison = compare_planners(
         traces,
         device,
@@ -294,24 +294,6 @@ def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
             metrics["bound_ms"] = metrics["iteration_ms"] / (1 + metrics["gap"])
     reason = "; ".join(x for x in (cut, row.reason) if x)
     return status, _one_line(reason), metrics
-
-
-def _budget(args: Any, traces: list, device: Any) -> tuple[int | None, str]:
-    """The scenario's budget in bytes, as `memplan compare --budget` resolves
-    it, and what was said about it: a share above the device's memory is cut
-    to it (NOTE [ Budgets above the device ]), said in the reason instead of
-    a warning on stderr; a size above it is an error."""
-    from memplan.commands import machine
-    from memplan.comparison import vanilla_peak
-
-    share = machine.budget_fraction(args)
-    if share is None:
-        return machine.check_budget(machine.budget(args), device.hw, args), ""
-    peak = vanilla_peak(traces, device, **machine.memory_options(args))  # type: ignore[arg-type]
-    nbytes = int(peak * share)
-    if nbytes <= device.hw.memory_bytes:
-        return nbytes, ""
-    return device.hw.memory_bytes, f"budget {args.budget} cut to the device's memory"
 
 
 def _options(s: Scenario) -> dict[str, dict[str, Any]]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Roofline
-from memplan.hwmodels.profile import load_hardware
+from memplan.hwmodels.profile import load_hardware, profile_path
 from memplan.traces import io, synthetic
 
 import memplan
@@ -20,6 +21,8 @@ from memplan.comparison import best_bound
 from memplan.sweep import summary
 from memplan.sweep.grid import load_grid
 from memplan.sweep.scenario import Scenario, run_scenario
+
+MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,15 @@ def test_a_budget_above_the_gpu_is_an_error_record_and_oom_is_a_status(folder):
                                 budget="20GiB"))  # fmt: skip
     assert big["status"] == "error" and "more than the device memory" in big["reason"]
     assert big["metrics"] == dict.fromkeys(big["metrics"])
+    # a share above the device is cut to its memory, and the record says so
+    # (NOTE [ Budgets above the device ]: compare warns on stderr instead)
+    small = folder / "small.toml"
+    text = profile_path("rtx-a6000").read_text()
+    small.write_text(re.sub(r"(?m)^memory_bytes = .*$", f"memory_bytes = {MIB}", text, count=1))
+    cut = run_scenario(Scenario(traces=(trace,), gpu=str(small), planner="vdnn",
+                                budget="1000%"))  # fmt: skip
+    assert cut["metrics"]["budget_bytes"] == MIB and cut["metrics"]["vanilla_peak_bytes"] > MIB / 10
+    assert "more than the device memory" in cut["reason"] and "using 1.00 MiB" in cut["reason"]
     tight = run_scenario(Scenario(traces=(trace,), gpu="rtx-a6000", planner="vanilla",
                                   budget="50%"))  # fmt: skip
     assert tight["status"] == "oom" and tight["metrics"]["msr"] is None
