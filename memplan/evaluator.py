@@ -14,7 +14,7 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove
 from memplan.planners.core.plan import Plan, SwapOut
 from memplan.plannerview import rebound
-from memplan.sim import Job, SimResult, simulate
+from memplan.sim import Job, OomPolicy, SimResult, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.model import Trace
 
@@ -61,7 +61,7 @@ def evaluation(sim: SimResult, plans: Sequence[Plan] = ()) -> Evaluation:
         oom_at=oom_at,
         net_used=net_used,
         # under `fail` no net acts: nothing to read from the log (2 ms a run on densenet121)
-        moves=net_moves(sim, plans) if sim.oom_policy.value != "fail" else (),
+        moves=net_moves(sim, plans) if sim.oom_policy is not OomPolicy.FAIL else (),
     )
 
 
