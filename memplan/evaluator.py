@@ -7,11 +7,14 @@ through `planners.registry.run(..., evaluator=...)`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from memplan.hwmodels.device import DeviceModel
-from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove
+from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove, OpTimes
 from memplan.planners.core.plan import Plan, SwapOut
 from memplan.plannerview import rebound
 from memplan.sim import Job, OomPolicy, SimResult, simulate
@@ -62,7 +65,59 @@ def evaluation(sim: SimResult, plans: Sequence[Plan] = ()) -> Evaluation:
         net_used=net_used,
         # under `fail` no net acts: nothing to read from the log (2 ms a run on densenet121)
         moves=net_moves(sim, plans) if sim.oom_policy is not OomPolicy.FAIL else (),
+        op_times=functools.cache(functools.partial(op_times, sim)) if finished else None,
     )
+
+
+def _op_peaks(sim: SimResult, t0: float, end: np.ndarray) -> np.ndarray:
+    """Device bytes at most from the end of op i-1 (the iteration's start for
+    op 0) to the end of op i, `end` in microseconds of the run."""
+    t_us, nbytes = sim.memory.t_s * 1e6, sim.memory.bytes
+    out = np.zeros(len(end), np.int64)
+    if not len(t_us):
+        return out
+    lo = t0
+    for i, hi in enumerate(end.tolist()):
+        if math.isnan(hi):
+            out[i] = out[i - 1] if i else 0
+            continue
+        a = max(int(np.searchsorted(t_us, lo, "right")) - 1, 0)  # the bytes held at lo
+        b = max(int(np.searchsorted(t_us, hi, "right")), a + 1)
+        out[i] = int(nbytes[a:b].max())
+        lo = hi
+    return out
+
+
+def op_times(sim: SimResult) -> tuple[OpTimes, ...]:
+    """When each job's ops ran in its last iteration, from the log."""
+    out = []
+    for j, job in enumerate(sim.jobs):
+        n = sim.traces[j].n_ops
+        it = len(job.iteration_times_s) - 1
+        start, end = np.full(n, np.nan), np.full(n, np.nan)
+        t0 = period = math.nan
+        stalled: dict[tuple[int, int], float] = {}
+        stalls: dict[tuple[int, int], float] = {}
+        for e in sim.log:
+            if e.job != j or e.iteration != it:
+                continue
+            kind = e.kind
+            if kind is K.OP_START:
+                start[e.op] = e.t_us
+            elif kind is K.OP_END:
+                end[e.op] = e.t_us
+            elif kind is K.STALL_START:
+                stalled[e.op, e.buffer] = e.t_us
+            elif kind is K.STALL_END and (e.op, e.buffer) in stalled:
+                key = (e.op, e.buffer)
+                stalls[key] = stalls.get(key, 0.0) + e.t_us - stalled.pop(key)
+            elif kind is K.ITER_START:
+                t0 = e.t_us
+            elif kind is K.ITER_END:
+                period = e.t_us - t0
+        waits = tuple((op, b, us) for (op, b), us in stalls.items() if us > 0)
+        out.append(OpTimes(start - t0, end - t0, period, waits, _op_peaks(sim, t0, end)))
+    return tuple(out)
 
 
 def net_moves(sim: SimResult, plans: Sequence[Plan] = ()) -> tuple[NetMove, ...]:

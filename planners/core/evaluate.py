@@ -10,10 +10,11 @@ enough to turn the net's choices into plan events.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 from memplan.planners.core.plan import Plan
 
 
@@ -35,11 +36,29 @@ class NetMove:
 
 
 @dataclass(frozen=True, slots=True)
+class OpTimes:
+    """When each op of one job ran in the last simulated iteration, in
+    microseconds from that iteration's start (`start_us`, `end_us`), and that
+    iteration's length `period_us`: stalls and lane waits included, which a
+    prediction from op durations alone does not see. `stalls`: (op, buffer,
+    microseconds) where op waited for buffer (a swap-in, a swap-out's
+    deadline, or room for it); `peak_bytes`: the device's bytes at most
+    from the end of op i-1 to the end of op i."""
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+    period_us: float
+    stalls: tuple[tuple[int, int, float], ...] = ()
+    peak_bytes: np.ndarray | None = None  # device bytes at most while op i waited or ran
+
+
+@dataclass(frozen=True, slots=True)
 class Evaluation:
     """A simulated run of candidate plans. `iteration_s`: the mean steady
     iteration time over jobs (inf when it ran out of memory); `oom_at`:
     (job, iteration, op) of the failed allocation, op -1 at an iteration's
-    start; `moves`: what the net did, in time order."""
+    start; `moves`: what the net did, in time order; `op_times`: when the
+    ops ran, per job, computed when called (None if the run did not finish)."""
 
     fits: bool
     iteration_s: float
@@ -48,6 +67,9 @@ class Evaluation:
     oom_at: tuple[int, int, int] | None = None
     net_used: bool = False
     moves: tuple[NetMove, ...] = ()
+    op_times: Callable[[], tuple[OpTimes, ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 class Evaluator(Protocol):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
 from memplan.planners.analysis.bounds import joint_peak_lower_bound
 from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
@@ -34,13 +35,16 @@ from memplan.planners.heuristics.tensile import tensile
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.planners.heuristics.vdnn import vdnn
 from memplan.planners.search.moves import (
+    Batches,
     Search,
-    accept_batches,
     deadline_moves,
+    pair_prune_moves,
     prefetch_moves,
     prune_moves,
     recompute_moves,
+    stall_moves,
     swap_moves,
+    with_room,
 )
 from memplan.planners.search.netplan import plan_from_net
 from memplan.planners.search.offload import offload_candidates, offload_events
@@ -56,6 +60,18 @@ NETS = ("passive", "dtr")
 BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
 MAX_STARTS = 10  # NOTE [ Squeeze ]: starts improved in turn while evaluations are left
 DEADLINE_EVALS = 100  # NOTE [ Batched acceptance ]: a cap on dropping swap-out deadlines
+HIDDEN_EVALS = 100  # NOTE [ Hidden swaps ]: a cap on chains made swaps against the estimate
+# the kinds of moves of a round, in order (`_Run.improve`)
+PHASES = (
+    "recompute",
+    "swap",
+    "hidden swap",
+    "deadline",
+    "prefetch",
+    "prune",
+    "stall",
+    "pair prune",
+)
 NET_ROUNDS = 3  # NOTE [ Squeeze ]: a net's choices written down, run under the net again
 
 
@@ -137,14 +153,26 @@ def _scales(text: str) -> list[float]:
 #    dropped; swap-ins are prefetched as early as the predicted timeline
 #    hides them (not before their swap-out must be over); and what the plan
 #    added beyond release_only is removed, per buffer, costliest first (a
-#    swap or a recompute that the budget does not need). Rounds repeat while
-#    one gains and evaluations and time are left. The `MAX_STARTS` fastest
-#    starts are improved so in turn, each with half the evaluations and
-#    time left (the last with all; what one leaves goes to the next), and
-#    the fastest result is the plan: the fastest start is not always the
-#    one that improves most (vgg16 at 75%: the fastest, 130.5 ms, ends at
-#    126.8; the fifth, 136.8 ms, at 113.1; with ten starts and 3000
-#    evaluations, a checkpoint start reaches 105.2), but it is the likeliest.
+#    swap or a recompute that the budget does not need). Then the moves
+#    that read the simulated run of the best plans: chains cheaper than
+#    their copies become swaps all the same, where the lane hides them
+#    (NOTE [ Hidden swaps ]; at most `HIDDEN_EVALS` evaluations a round);
+#    swap-ins that made an op wait are triggered earlier by the wait, and
+#    swap-out deadlines that held an op are dropped (`stall_moves`); and
+#    each absence the plan added is removed alone (`pair_prune_moves`: a
+#    buffer absent twice may need only one). Rounds repeat while
+#    one gains and evaluations and time are left. `MAX_STARTS` starts are
+#    improved so in turn, each with half the evaluations and time left (the
+#    last with all; what one leaves goes to the next): first the nets'
+#    starts, fastest first, then the others, fastest first; the fastest
+#    result is the plan (the fastest start itself if nothing beats it).
+#    The fastest start is not the one that improves most: in session 11
+#    the best plan came from a net's start on 9 of the 9 cells read
+#    (release_only+offload1+dtr on 5), where the heuristics' plans, often
+#    faster to begin with, took the first half of the time for little:
+#    gpt2 at 40%, tensile's 725.8 ms to 724.9 in 1393 evaluations, then the
+#    fourth start, dtr's 750.4, to 671.8 in 154. Nets first: gpt2 at 40%
+#    655.9 ms, densenet121 at 40% 72.0 (from 76.5).
 # The search stops at `max_evaluations` simulations or `time_limit_s`,
 # whichever comes first; only the first makes the result independent of the
 # machine's speed, and `stats["stopped_by"]` says which it was.
@@ -183,17 +211,31 @@ def squeeze(
     if not starts:
         detail = f"no seed fits on its own; tried {', '.join(run.tried)}"
         return result(Status.STOPPED, (), Reason.NO_MOVE_LEFT, detail, **run.stats())
-    best: Search | None = None
+    ev, plans, run.origin = min(starts, key=lambda c: c[0].iteration_s)  # kept if none beats it
+    best = Search(plans, ev, run.evaluate, run.out_of_time)
     starts = starts[:MAX_STARTS]
     for i, (ev, plans, label) in enumerate(starts):  # NOTE [ Squeeze ], step 3
-        if best is not None and run.out_of_time():
+        if i and run.out_of_time():
             break
         search = Search(plans, ev, run.evaluate, run.share(len(starts) - i))
         run.improve(search, base)
         run.improved += 1
-        if best is None or search.best.iteration_s < best.best.iteration_s:
+        if search.best.iteration_s < best.best.iteration_s:
             best, run.origin = search, label
     return result(Status.PLANNED, best.plans, Reason.NONE, "", **run.stats(best))
+
+
+def start_order(
+    starts: Sequence[tuple[Evaluation, list[Plan], str]],
+) -> list[tuple[Evaluation, list[Plan], str]]:
+    """The order starts are improved in (NOTE [ Squeeze ], step 3): those
+    made from a net's choices (labelled "+<net>x<round>") first, each group
+    fastest first, ties in the order given."""
+
+    def from_net(label: str) -> bool:
+        return any(f"+{n}x" in label for n in NETS)
+
+    return sorted(starts, key=lambda c: (not from_net(c[2]), c[0].iteration_s))
 
 
 class _Run:
@@ -217,6 +259,7 @@ class _Run:
         self.tried: list[str] = []
         self.origin = ""
         self.improved = 0  # starts improved
+        self.moves: dict[str, list] = {}  # kind of move -> [evaluations, seconds gained]
         self.rng = random.Random(opts.seed)
         # NOTE [ Squeeze stops at the compute floor ]
         # One job's iteration is never shorter than its ops' durations; a plan
@@ -276,6 +319,8 @@ class _Run:
             "tried": list(self.tried),
             "start": self.origin,
             "starts_improved": self.improved,
+            # per kind of move, over all starts: evaluations, and ms it took off
+            "moves": {k: [n, round(g * 1e3, 3)] for k, (n, g) in self.moves.items()},
         }
         if search is not None:
             out["predicted_iteration_s"] = search.best.iteration_s
@@ -324,8 +369,7 @@ class _Run:
                     if offer(netted, f"{label}+{net}x{k}"):
                         break
                     cur = netted
-        fit.sort(key=lambda c: c[0].iteration_s)  # stable: ties in the order tried
-        return fit
+        return start_order(fit)
 
     def offloaded(
         self, base: list[Plan], offer: Callable[[Sequence[Plan], str], bool]
@@ -377,6 +421,7 @@ class _Run:
 
     # ---- step 3 ----------------------------------------------------------------------
     def improve(self, search: Search, base: list[Plan]) -> None:
+        """Rounds of moves on `search` while one gains (NOTE [ Squeeze ], step 3)."""
         timelines, durations = self.timelines, self.durations
 
         def cost(j: int, e: Event) -> float:
@@ -388,21 +433,47 @@ class _Run:
             return 0.0
 
         traces, device = self.traces, self.device
+
+        def rooms() -> list[np.ndarray | None]:
+            """Per job, the budget less the simulated bytes of each op of the best plans."""
+            ran = search.best.op_times
+            if ran is None:
+                return [None] * len(traces)
+            return [None if o.peak_bytes is None else self.budget - o.peak_bytes for o in ran()]
+
+        def phase(k: int) -> Batches:
+            """Phase `k` of a round: its moves on the plans as they are now."""
+            plans = search.plans
+            if k == 0:
+                return Batches.of(recompute_moves(traces, device, durations, plans), strict=True)
+            if k == 1:
+                moves = swap_moves(traces, device, timelines, durations, plans)
+                return Batches.of(moves, strict=True)
+            if k == 2:  # NOTE [ Hidden swaps ]
+                moves = swap_moves(traces, device, timelines, durations, plans, hidden=True)
+                return Batches.of(moves, strict=True, max_evaluations=HIDDEN_EVALS)
+            if k == 3:  # NOTE [ Batched acceptance ]: a few deadlines matter
+                moves = deadline_moves(traces, device, timelines, plans)
+                return Batches.of(moves, strict=True, max_evaluations=DEADLINE_EVALS)
+            if k == 4:
+                return Batches.of(prefetch_moves(traces, device, timelines, plans), strict=True)
+            if k == 5:
+                moves = with_room(traces, rooms(), prune_moves(base, plans, cost, self.rng))
+                return Batches.of(moves, strict=False)
+            if k == 6:
+                ran = search.best.op_times
+                moves = stall_moves(ran(), plans) if ran is not None else []
+                return Batches.of(moves, strict=True)
+            moves = with_room(traces, rooms(), pair_prune_moves(base, plans, cost, self.rng))
+            return Batches.of(moves, strict=False)
+
         while not search.out_of_time():
             before = search.best.iteration_s
-            moves = recompute_moves(traces, device, durations, search.plans)
-            accept_batches(search, moves, strict=True)
-            moves = swap_moves(traces, device, timelines, durations, search.plans)
-            accept_batches(search, moves, strict=True)
-            accept_batches(  # NOTE [ Batched acceptance ]: a few deadlines matter
-                search,
-                deadline_moves(traces, device, timelines, search.plans),
-                strict=True,
-                max_evaluations=DEADLINE_EVALS,
-            )
-            moves = prefetch_moves(traces, device, timelines, search.plans)
-            accept_batches(search, moves, strict=True)
-            moves = prune_moves(base, search.plans, cost, self.rng)
-            accept_batches(search, moves, strict=False)
+            for k, kind in enumerate(PHASES):
+                e0, t0 = search.evaluations, search.best.iteration_s
+                phase(k).run(search)
+                tally = self.moves.setdefault(kind, [0, 0.0])
+                tally[0] += search.evaluations - e0
+                tally[1] += t0 - search.best.iteration_s
             if not search.best.iteration_s < before - 1e-12:
                 break
