@@ -94,7 +94,7 @@ class SqueezeOptions:
     seeds: str = "tensile,capuchin,checkpoint,vdnn"
     scales: str = "1,0.9,0.8,0.7"
     nets: str = "passive,dtr"
-    offload: str = "1,0.5"
+    offload: str = "1,0.75,0.5"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -142,7 +142,10 @@ def _scales(text: str) -> list[float]:
 #    iteration start (NOTE [ Offload at the iteration start ]): it alone,
 #    each heuristic asked for the budget plus the bytes it frees, and the
 #    nets' choices around it (bert_base at 50%: 134.7 ms without, 115 ms
-#    with, from DTR's choices around the offload). Each
+#    with, from DTR's choices around the offload). Shares 1, 0.75 and 0.5:
+#    the lane all of it takes is lane DTR's choices cannot use (session 11,
+#    60 s: inception_v3 at 40% 59.7 ms with "1,0.5", 57.4 with 0.75 added,
+#    its best start; 0.9 or 0.25 added gave nothing more). Each
 #    candidate is checked and simulated without a net; those that fit alone
 #    are the starts, fastest first.
 # 3. Improve the fastest start with batched moves (NOTE [ Batched acceptance ]),
