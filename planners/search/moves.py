@@ -408,9 +408,12 @@ def with_room(
         j, gone, _ = m
         room = rooms[j]
         if room is not None:
-            nb = [int(traces[j].nbytes[g.buffer]) for g, _ in plan_pairs(gone)]
-            spans = [(g.after_op + 1, b.before_op) for g, b in plan_pairs(gone)]
-            if any(lo < hi and n > int(room[lo:hi].min()) for n, (lo, hi) in zip(nb, spans)):
+            nbytes = traces[j].nbytes
+            if any(
+                g.after_op + 1 < b.before_op
+                and int(nbytes[g.buffer]) > int(room[g.after_op + 1 : b.before_op].min())
+                for g, b in plan_pairs(gone)
+            ):
                 continue
         out.append(m)
     return out
