@@ -71,63 +71,36 @@ def apply_moves(plans: Sequence[Plan], moves: Sequence[Move]) -> list[Plan]:
     return out
 
 
-@dataclass
-class Batches:
-    """Moves waiting to be tried in batches (NOTE [ Batched acceptance ]):
-    `stack` of batches, top last; `left` evaluations they may still use.
-    `run` stops when the search is out of time and goes on where it stopped
-    when called again."""
-
-    stack: list[list[Move]]
-    strict: bool
-    left: float = math.inf
-
-    @classmethod
-    def of(
-        cls, moves: Sequence[Move], *, strict: bool, max_evaluations: int | None = None
-    ) -> Batches:
-        cap = math.inf if max_evaluations is None else max_evaluations
-        return cls([list(moves)] if moves else [], strict, cap)
-
-    @property
-    def finished(self) -> bool:
-        return not self.stack or self.left <= 0
-
-    def run(self, search: Search) -> int:
-        """Apply what the simulation accepts to `search`; how many moves were kept."""
-        kept = 0
-        stack = self.stack
-        while stack and self.left > 0 and not search.out_of_time():
-            batch = [m for m in stack.pop() if m not in search.refused]
-            if not batch:
-                continue
-            trial = apply_moves(search.plans, batch)
-            ev = search.score(trial)
-            self.left -= 1
-            best = search.best.iteration_s
-            ok = ev is not None and ev.fits
-            if ok and (
-                ev.iteration_s < best - 1e-12
-                or (not self.strict and ev.iteration_s <= best + 1e-12)
-            ):
-                search.plans, search.best = trial, ev
-                kept += len(batch)
-                continue
-            if len(batch) > 1:
-                half = len(batch) // 2
-                stack += [batch[half:], batch[:half]]  # first half first
-            else:
-                search.refused.add(batch[0])
-        return kept
-
-
 def accept_batches(
     search: Search, moves: Sequence[Move], *, strict: bool, max_evaluations: int | None = None
 ) -> int:
     """Apply what the simulation accepts of `moves` to `search` (NOTE
     [ Batched acceptance ]), scoring at most `max_evaluations` candidates;
-    returns how many were kept."""
-    return Batches.of(moves, strict=strict, max_evaluations=max_evaluations).run(search)
+    returns how many were kept. A single move refused is remembered (NOTE
+    [ Moves tried once ])."""
+    kept = 0
+    stack = [list(moves)]
+    stop = math.inf if max_evaluations is None else search.evaluations + max_evaluations
+    while stack and not search.out_of_time() and search.evaluations < stop:
+        batch = [m for m in stack.pop() if m not in search.refused]
+        if not batch:
+            continue
+        trial = apply_moves(search.plans, batch)
+        ev = search.score(trial)
+        best = search.best.iteration_s
+        ok = ev is not None and ev.fits
+        if ok and (
+            ev.iteration_s < best - 1e-12 or (not strict and ev.iteration_s <= best + 1e-12)
+        ):
+            search.plans, search.best = trial, ev
+            kept += len(batch)
+            continue
+        if len(batch) > 1:
+            half = len(batch) // 2
+            stack += [batch[half:], batch[:half]]  # first half first
+        else:
+            search.refused.add(batch[0])
+    return kept
 
 
 def prune_moves(

@@ -35,8 +35,9 @@ from memplan.planners.heuristics.tensile import tensile
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.planners.heuristics.vdnn import vdnn
 from memplan.planners.search.moves import (
-    Batches,
+    Move,
     Search,
+    accept_batches,
     deadline_moves,
     pair_prune_moves,
     prefetch_moves,
@@ -61,17 +62,6 @@ BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
 MAX_STARTS = 10  # NOTE [ Squeeze ]: starts improved in turn while evaluations are left
 DEADLINE_EVALS = 100  # NOTE [ Batched acceptance ]: a cap on dropping swap-out deadlines
 HIDDEN_EVALS = 100  # NOTE [ Hidden swaps ]: a cap on chains made swaps against the estimate
-# the kinds of moves of a round, in order (`_Run.improve`)
-PHASES = (
-    "recompute",
-    "swap",
-    "hidden swap",
-    "deadline",
-    "prefetch",
-    "prune",
-    "stall",
-    "pair prune",
-)
 NET_ROUNDS = 3  # NOTE [ Squeeze ]: a net's choices written down, run under the net again
 
 
@@ -262,7 +252,7 @@ class _Run:
         self.tried: list[str] = []
         self.origin = ""
         self.improved = 0  # starts improved
-        self.moves: dict[str, list] = {}  # kind of move -> [evaluations, seconds gained]
+        self.moves: dict[str, list] = {}  # kind of move -> [evaluations, seconds it took off]
         self.rng = random.Random(opts.seed)
         # NOTE [ Squeeze stops at the compute floor ]
         # One job's iteration is never shorter than its ops' durations; a plan
@@ -444,37 +434,47 @@ class _Run:
                 return [None] * len(traces)
             return [None if o.peak_bytes is None else self.budget - o.peak_bytes for o in ran()]
 
-        def phase(k: int) -> Batches:
-            """Phase `k` of a round: its moves on the plans as they are now."""
-            plans = search.plans
-            if k == 0:
-                return Batches.of(recompute_moves(traces, device, durations, plans), strict=True)
-            if k == 1:
-                moves = swap_moves(traces, device, timelines, durations, plans)
-                return Batches.of(moves, strict=True)
-            if k == 2:  # NOTE [ Hidden swaps ]
-                moves = swap_moves(traces, device, timelines, durations, plans, hidden=True)
-                return Batches.of(moves, strict=True, max_evaluations=HIDDEN_EVALS)
-            if k == 3:  # NOTE [ Batched acceptance ]: a few deadlines matter
-                moves = deadline_moves(traces, device, timelines, plans)
-                return Batches.of(moves, strict=True, max_evaluations=DEADLINE_EVALS)
-            if k == 4:
-                return Batches.of(prefetch_moves(traces, device, timelines, plans), strict=True)
-            if k == 5:
-                moves = with_room(traces, rooms(), prune_moves(base, plans, cost, self.rng))
-                return Batches.of(moves, strict=False)
-            if k == 6:
-                ran = search.best.op_times
-                moves = stall_moves(ran(), plans) if ran is not None else []
-                return Batches.of(moves, strict=True)
-            moves = with_room(traces, rooms(), pair_prune_moves(base, plans, cost, self.rng))
-            return Batches.of(moves, strict=False)
+        def stalls(plans: list[Plan]) -> list[Move]:
+            ran = search.best.op_times
+            return stall_moves(ran(), plans) if ran is not None else []
 
+        # the kinds of moves of a round, in order: (name, moves on the plans
+        # as they are now, strict, cap on evaluations)
+        kinds: tuple[tuple[str, Callable[[list[Plan]], list[Move]], bool, int | None], ...] = (
+            ("recompute", lambda p: recompute_moves(traces, device, durations, p), True, None),
+            ("swap", lambda p: swap_moves(traces, device, timelines, durations, p), True, None),
+            (  # NOTE [ Hidden swaps ]
+                "hidden swap",
+                lambda p: swap_moves(traces, device, timelines, durations, p, hidden=True),
+                True,
+                HIDDEN_EVALS,
+            ),
+            (  # NOTE [ Batched acceptance ]: a few deadlines matter
+                "deadline",
+                lambda p: deadline_moves(traces, device, timelines, p),
+                True,
+                DEADLINE_EVALS,
+            ),
+            ("prefetch", lambda p: prefetch_moves(traces, device, timelines, p), True, None),
+            (
+                "prune",
+                lambda p: with_room(traces, rooms(), prune_moves(base, p, cost, self.rng)),
+                False,
+                None,
+            ),
+            ("stall", stalls, True, None),
+            (
+                "pair prune",
+                lambda p: with_room(traces, rooms(), pair_prune_moves(base, p, cost, self.rng)),
+                False,
+                None,
+            ),
+        )
         while not search.out_of_time():
             before = search.best.iteration_s
-            for k, kind in enumerate(PHASES):
+            for kind, find, strict, cap in kinds:
                 e0, t0 = search.evaluations, search.best.iteration_s
-                phase(k).run(search)
+                accept_batches(search, find(search.plans), strict=strict, max_evaluations=cap)
                 tally = self.moves.setdefault(kind, [0, 0.0])
                 tally[0] += search.evaluations - e0
                 tally[1] += t0 - search.best.iteration_s

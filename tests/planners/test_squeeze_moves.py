@@ -13,8 +13,8 @@ from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
 from memplan.planners.core.evaluate import Evaluation, OpTimes
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.planners.search.moves import (
-    Batches,
     Search,
+    accept_batches,
     pair_prune_moves,
     plan_pairs,
     stall_moves,
@@ -145,9 +145,9 @@ def test_a_refused_move_is_not_scored_again():
     plan = Plan("fp", events)
     search = Search([plan], stub([plan]), stub, lambda: False)
     move = (0, events, ())
-    assert Batches.of([move], strict=False).run(search) == 0
+    assert accept_batches(search, [move], strict=False) == 0
     assert search.evaluations == 1 and search.refused == {move}
-    assert Batches.of([move], strict=False).run(search) == 0
+    assert accept_batches(search, [move], strict=False) == 0
     assert search.evaluations == 1
 
 
