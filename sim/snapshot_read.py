@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from memplan.sim.errors import SimError
 from memplan.traces import fields
-from memplan.traces.io import MAX_JSON_BYTES
+from memplan.traces.io import MAX_JSON_BYTES, read_capped
 
 
 class SnapshotError(SimError):
@@ -74,20 +74,11 @@ class _Refused(pickle.UnpicklingError):
 def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The snapshot in `path`, checked (NOTE [ Reading a snapshot ])."""
     p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_SNAPSHOT_BYTES:
-            raise SnapshotError(
-                f"{p}: {size} bytes, more than a snapshot may have ({MAX_SNAPSHOT_BYTES}; "
-                "NOTE [ File sizes ])"
-            )
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise SnapshotError(f"{p}: no such snapshot file") from None
-    except IsADirectoryError:
-        raise SnapshotError(f"{p}: is a directory, not a snapshot file") from None
-    except OSError as e:
-        raise SnapshotError(f"{p}: cannot read: {e.strerror}") from None
+
+    def too_big(n: int) -> str:
+        return f"{p}: {n} bytes, more than a snapshot may have ({MAX_SNAPSHOT_BYTES}; NOTE [ File sizes ])"
+
+    raw = read_capped(p, SnapshotError, "snapshot file", MAX_SNAPSHOT_BYTES, too_big)
     try:
         doc = _PlainData(io.BytesIO(raw)).load()
     except _Refused as e:

@@ -14,6 +14,7 @@ import os
 import tempfile
 import tomllib
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,26 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
 MAX_JSON_BYTES = 1 << 30
 
 
+def read_capped(
+    p: Path, error: type[MemplanError], what: str, max_bytes: int, too_big: Callable[[int], str]
+) -> bytes:
+    """The bytes of file `p`, at most `max_bytes` of them (else the message
+    `too_big` makes of its size); any problem reading it is a one-line
+    `error` naming the file and `what` it should have been. JSON, TOML and
+    snapshot files are read through it."""
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise error(too_big(size))
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{p}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+
+
 def read_json(
     path: str | os.PathLike[str], error: type[MemplanError], what: str = "file"
 ) -> tuple[Path, Any]:
@@ -158,14 +179,7 @@ def read_json(
     reading it is a one-line `error` naming the file."""
     p = Path(path)
     too_big = f"{p}: larger than {MAX_JSON_BYTES >> 20} MiB of JSON (NOTE [ File sizes ])"
-    try:
-        if p.stat().st_size > MAX_JSON_BYTES:
-            raise error(too_big)
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{p}: no such {what}") from None
-    except OSError as e:
-        raise error(f"{p}: cannot read: {e.strerror}") from None
+    raw = read_capped(p, error, what, MAX_JSON_BYTES, lambda _n: too_big)
     if raw[:2] == b"\x1f\x8b":
         try:
             unzip = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
@@ -192,16 +206,12 @@ def read_toml(
     scenario: `what` names it in messages); any problem reading it is a
     one-line `error` naming the file."""
     p = Path(path)
-    try:
-        if p.stat().st_size > max_bytes:
-            raise error(f"{p}: larger than {max_bytes} bytes: not a {what}")
-        return p, tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{p}: no such {what}") from None
-    except IsADirectoryError:
-        raise error(f"{p}: is a directory, not a {what}") from None
-    except OSError as e:
-        raise error(f"{p}: cannot read: {e.strerror or e}") from None
+    raw = read_capped(
+        p, error, what, max_bytes, lambda _n: f"{p}: larger than {max_bytes} bytes: not a {what}"
+    )
+    try:  # newlines as a file read as text has them
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        return p, tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise error(f"{p}: not valid TOML: {e}") from None
     except RecursionError:
