@@ -363,6 +363,59 @@ def stall_moves(ran: Sequence[OpTimes], plans: Sequence[Plan]) -> list[Move]:
     return [m[1] for m in scored]
 
 
+# NOTE [ Queues ahead of a stall ]
+# One lane carries every copy in the order they were triggered, so a
+# swap-in that arrives late has often waited behind others triggered about
+# when it was, not for its own bytes: densenet121 at 50% (squeeze's 69.6 ms
+# plan) fetches two 49 MiB activations after op 1486 and one of 24.5 MiB
+# after op 1510 for op 1520, on a lane idle until just before; op 1520
+# waits 2.2 ms, with 455 MiB of room over the ops between. Moving one of
+# them earlier by its own wait only reorders the queue (the other then
+# arrives late: `stall_moves` gained nothing there). `queue_moves` moves
+# the whole queue: every swap-in triggered from the earliest trigger of a
+# stalled op's late swap-ins up to that op, earlier by the op's whole wait
+# on the simulated timeline (each not before its swap-out's anchor), as one
+# move.
+def queue_moves(ran: Sequence[OpTimes], plans: Sequence[Plan]) -> list[Move]:
+    """Per op that waited for swap-ins (`OpTimes.stalls`), its wait summed:
+    the swap-ins triggered from the earliest of those swap-ins' triggers up
+    to the op, all triggered earlier by that wait (NOTE [ Queues ahead of a
+    stall ]); longest wait first."""
+    scored = []
+    for j, (o, p) in enumerate(zip(ran, plans, strict=True)):
+        ins: dict[tuple[int, int], SwapIn] = {}
+        anchors: dict[int, list[int]] = {}
+        for e in p.events:
+            if isinstance(e, SwapIn) and not e.next_iteration:
+                ins[e.buffer, e.before_op] = e
+            elif isinstance(e, SwapOut):
+                anchors.setdefault(e.buffer, []).append(max(e.after_op, e.before_op))
+        waits: dict[int, float] = {}
+        first: dict[int, int] = {}
+        for op, b, us in o.stalls:
+            e = ins.get((b, op))
+            if e is not None and e.after_op >= 0:
+                waits[op] = waits.get(op, 0.0) + us
+                first[op] = min(first.get(op, op), e.after_op)
+        ends = np.nan_to_num(o.end_us, nan=-np.inf)
+        for op, us in waits.items():
+            gone, new = [], []
+            for e in ins.values():
+                if first[op] <= e.after_op < op:
+                    floor = max(
+                        (a for a in anchors.get(e.buffer, ()) if a < e.before_op), default=-1
+                    )
+                    k = int(np.searchsorted(ends, float(ends[e.after_op]) - us, "right")) - 1
+                    k = max(k, floor)
+                    if k < e.after_op:
+                        gone.append(e)
+                        new.append(SwapIn(e.buffer, k, e.before_op, 0.0, False))
+            if gone:
+                scored.append((us, (j, tuple(gone), tuple(new))))
+    scored.sort(key=lambda m: -m[0])
+    return [m[1] for m in scored]
+
+
 # NOTE [ Prunes with room ]
 # A prune brings a buffer back for the span it was absent; where the
 # simulated run of the best plans already has less room than its bytes at

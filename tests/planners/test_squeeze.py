@@ -19,7 +19,7 @@ from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
 from memplan.planners.search.moves import Search, accept_batches, deadline_moves, prune_moves
 from memplan.planners.search.netplan import plan_from_net
-from memplan.planners.search.squeeze import SqueezeOptions, _Run, squeeze
+from memplan.planners.search.squeeze import POLISH, SqueezeOptions, _Run, squeeze
 from memplan.sim import Job, simulate
 from memplan.traces import synthetic
 from memplan.traces.io import fingerprint
@@ -327,3 +327,23 @@ def test_each_start_gets_half_of_the_evaluations_left():
     assert not out()
     run_.evaluations = 100
     assert out()
+
+
+def test_the_polish_keeps_a_share_of_the_evaluations_for_the_end():
+    """NOTE [ Polish ]: while the starts are improved, 5% of 100 evaluations
+    are held back (95 are all the starts may use, the last one included);
+    given back, the search may go on to 100."""
+    t = synthetic.chain(4)
+    run_ = _Run([t], DEV, 1 << 30, SqueezeOptions(max_evaluations=100), None, time.perf_counter())
+    run_.hold_back(POLISH)
+    assert POLISH == 0.05
+    run_.evaluations = 90
+    out = run_.share(1)
+    run_.evaluations = 94
+    assert not out() and not run_.out_of_time()
+    run_.evaluations = 95
+    assert out() and run_.out_of_time()
+    run_.hold_back(0.0)
+    assert not run_.out_of_time()
+    run_.evaluations = 100
+    assert run_.out_of_time()

@@ -17,6 +17,7 @@ from memplan.planners.search.moves import (
     accept_batches,
     pair_prune_moves,
     plan_pairs,
+    queue_moves,
     stall_moves,
     swap_moves,
     with_room,
@@ -72,6 +73,27 @@ def test_a_late_swap_in_moves_earlier_by_its_wait_not_before_its_swap_out():
         assert stall_moves(ran, [plan]) == [
             (0, (late,), (SwapIn(0, k, 4),)), (0, (y_out,), (SwapOut(1, 1),)),
         ]  # fmt: skip
+
+
+def test_the_swap_ins_queued_ahead_of_a_stall_move_earlier_together():
+    """NOTE [ Queues ahead of a stall ]. Ops end at 1, 2, ..., 9 ms. Op 7
+    waited 1.5 ms for X and 0.5 ms for Y, both fetched after op 5: 2 ms in
+    all. Fetched from op 5 up to op 7 are X, Y and Z (after op 6, for op 8):
+    each is triggered 2 ms earlier -- X after op 3 (the last op ending by
+    4 ms), Z after op 4 -- but Y not before its swap-out, after op 4. W,
+    fetched after op 2, is not in that queue; op 4 waited 0.3 ms for it
+    alone: W after op 1, the shorter wait second. A swap-out deadline's
+    wait (V at op 5) is not a queue."""
+    ends = np.arange(1, 10) * 1000.0
+    stalls = ((7, 0, 1500.0), (7, 1, 500.0), (4, 3, 300.0), (5, 4, 900.0))
+    ran = [OpTimes(ends - 1000.0, ends, 9000.0, stalls)]
+    x, y, z, w = SwapIn(0, 5, 7), SwapIn(1, 5, 7), SwapIn(2, 6, 8), SwapIn(3, 2, 4)
+    outs = (SwapOut(0, 0), SwapOut(1, 4), SwapOut(2, 0), SwapOut(3, 0), SwapOut(4, 1, before_op=5))
+    plan = Plan("fp", (*outs, x, y, z, w))
+    assert queue_moves(ran, [plan]) == [
+        (0, (x, y, z), (SwapIn(0, 3, 7), SwapIn(1, 4, 7), SwapIn(2, 4, 8))),
+        (0, (w,), (SwapIn(3, 1, 4),)),
+    ]
 
 
 def test_hidden_swaps_are_the_chains_cheaper_than_their_copies():
