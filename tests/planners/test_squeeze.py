@@ -19,7 +19,7 @@ from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
 from memplan.planners.search.moves import Search, accept_batches, deadline_moves, prune_moves
 from memplan.planners.search.netplan import plan_from_net
-from memplan.planners.search.squeeze import POLISH, SqueezeOptions, _Run, squeeze
+from memplan.planners.search.squeeze import POLISH, SPLIT, SqueezeOptions, _Run, squeeze
 from memplan.sim import Job, simulate
 from memplan.traces import synthetic
 from memplan.traces.io import fingerprint
@@ -310,17 +310,20 @@ def test_squeeze_stops_at_the_compute_floor():
     assert r.stats["evaluations"] < 500
 
 
-def test_each_start_gets_half_of_the_evaluations_left():
-    """NOTE [ Squeeze ], step 3: with 60 of 100 evaluations left and 3 starts
-    to improve, the next may use 30 of them; the last start, all that is left."""
+def test_each_start_gets_its_share_of_the_evaluations_left():
+    """NOTE [ Squeeze ], step 3: with 80 of 100 evaluations left and 9 starts
+    to improve, the next may use a quarter of them (SPLIT = 4), 20; with 60
+    left and 3 starts, a third, 20; the last start, all that is left."""
     t = synthetic.chain(4)
     run_ = _Run([t], DEV, 1 << 30, SqueezeOptions(max_evaluations=100), None, time.perf_counter())
-    run_.evaluations = 40
-    out = run_.share(3)
-    run_.evaluations = 69
-    assert not out()
-    run_.evaluations = 70
-    assert out()
+    assert SPLIT == 4
+    for used, starts_left in ((20, 9), (40, 3)):
+        run_.evaluations = used
+        out = run_.share(starts_left)
+        run_.evaluations = used + 19
+        assert not out()
+        run_.evaluations = used + 20
+        assert out()
     run_.evaluations = 50  # the start before stopped early: all 50 left for the last
     out = run_.share(1)
     run_.evaluations = 99
