@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import simpy
 from memplan.hwmodels.device import DeviceModel
+from memplan.sim.clock import Clock
 from memplan.sim.copies import CopyEngine
 from memplan.sim.dynamics import Dynamics, SlowLanes
 from memplan.sim.errors import SimError
@@ -157,41 +158,6 @@ __all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledge
 # returns at once), and the pool's `changed()` wakes its waiters in one
 # step, so a waiter woken after the process that stopped its job waits for
 # its interrupt rather than take memory (`StallPool.get`).
-
-
-# NOTE [ Kernels that nothing interleaves ]
-# A kernel is a timeout the job's process waits on. When no other event is
-# due before it ends (the heap's earliest is later), waiting on it through
-# SimPy changes nothing but the clock: nothing else runs meanwhile and the
-# process is the next to resume. `Clock.skip_to` then moves the clock to
-# the kernel's end at once (the same sum SimPy would schedule at, so the
-# same float) and the process goes on without the heap push, the pop and
-# the generator's resume. An event due at the very instant the kernel ends
-# is scheduled earlier, so SimPy would run it first: such a kernel is waited
-# on as before. A kernel skipped so still counts as one event (`n_events`).
-# A lone job's ops are mostly kernels nothing interleaves (a copy's end
-# falls in one kernel of the many it overlaps): densenet121 at 50% with
-# squeeze's plan steps about a fifth of its events through the heap.
-# `tests/sim/test_skip_to.py` runs the same cases with the skip off
-# (`Clock.skipping = False`) and compares the logs entry by entry.
-class Clock(simpy.Environment):
-    """SimPy's environment that can skip a kernel nothing interleaves."""
-
-    skipping = True  # off only to test against SimPy's own stepping
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.skipped = 0
-
-    def skip_to(self, t: float) -> bool:
-        """Move the clock to `t` if no event is due before or at `t` (NOTE
-        [ Kernels that nothing interleaves ]); False (nothing done) if one is."""
-        q = self._queue
-        if not self.skipping or (q and q[0][0] <= t):
-            return False
-        self._now = t
-        self.skipped += 1
-        return True
 
 
 class GpuModel:

@@ -225,7 +225,7 @@ def recompute_moves(
 # the others -- the chains cheaper than their copies -- with the chain's
 # whole cost as the gain, for the simulation to say whether the lane hides
 # them. Most do not (the lane is busy where the buffer must come back), so
-# their batches are capped (`squeeze.HIDDEN_EVALS`). Measured with 60 s
+# their batches are capped (`rounds.HIDDEN_EVALS`). Measured with 60 s
 # (session 11): densenet121 at 60% from 64.0 to 61.2 ms, resnet50 at 40%
 # from 50.9 to 50.3 (with `stall_moves` and the pair prunes: 45.5); offered
 # uncapped, the time they take cost inception_v3 at 40% 2.5 ms.

@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from memplan.hwmodels.device import DeviceModel, Direction
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.analysis.bounds import joint_peak_lower_bound
 from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
 from memplan.planners.core.check import check
@@ -20,36 +19,20 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.evaluate import Evaluation, Evaluator
 from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
-    Event,
     Plan,
     PlanResult,
     Reason,
-    Recompute,
     Status,
-    SwapIn,
-    SwapOut,
 )
 from memplan.planners.heuristics.capuchin import capuchin
 from memplan.planners.heuristics.checkpoint import checkpoint
 from memplan.planners.heuristics.tensile import tensile
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.planners.heuristics.vdnn import vdnn
-from memplan.planners.search.moves import (
-    Move,
-    Search,
-    accept_batches,
-    deadline_moves,
-    pair_prune_moves,
-    prefetch_moves,
-    prune_moves,
-    queue_moves,
-    recompute_moves,
-    stall_moves,
-    swap_moves,
-    with_room,
-)
+from memplan.planners.search.moves import Search
 from memplan.planners.search.netplan import plan_from_net
 from memplan.planners.search.offload import offload_candidates, offload_events
+from memplan.planners.search.rounds import Rounds
 from memplan.traces.model import Trace
 
 SEEDS: dict[str, Callable[..., PlanResult]] = {
@@ -61,8 +44,6 @@ SEEDS: dict[str, Callable[..., PlanResult]] = {
 NETS = ("passive", "dtr")
 BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
 MAX_STARTS = 10  # NOTE [ Squeeze ]: starts improved in turn while evaluations are left
-DEADLINE_EVALS = 100  # NOTE [ Batched acceptance ]: a cap on dropping swap-out deadlines
-HIDDEN_EVALS = 100  # NOTE [ Hidden swaps ]: a cap on chains made swaps against the estimate
 SPLIT = 4  # NOTE [ Time left over ]: a start may use 1/SPLIT of what is left
 FAR = 1.25  # NOTE [ Time left over ]: starts this much slower than the best plan are skipped
 POLISH = 0.05  # NOTE [ Polish ]: shares of the time and evaluations kept for the best plan
@@ -154,7 +135,7 @@ def _scales(text: str) -> list[float]:
 #    swap or a recompute that the budget does not need). Then the moves
 #    that read the simulated run of the best plans: chains cheaper than
 #    their copies become swaps all the same, where the lane hides them
-#    (NOTE [ Hidden swaps ]; at most `HIDDEN_EVALS` evaluations a round);
+#    (NOTE [ Hidden swaps ]; at most `rounds.HIDDEN_EVALS` evaluations a round);
 #    swap-ins that made an op wait are triggered earlier by the wait, first
 #    with the swap-ins queued ahead of them on the lane (`queue_moves`, NOTE
 #    [ Queues ahead of a stall ]), then alone, and swap-out deadlines that
@@ -309,8 +290,7 @@ class _Run:
         self.tried: list[str] = []
         self.origin = ""
         self.improved = 0  # starts improved
-        self.moves: dict[str, list] = {}  # kind of move -> [evaluations, seconds it took off]
-        self.rng = random.Random(opts.seed)
+        rng = random.Random(opts.seed)
         # NOTE [ Squeeze stops at the compute floor ]
         # One job's iteration is never shorter than its ops' durations; a plan
         # that fits and runs in that time cannot be beaten, so the search ends
@@ -320,6 +300,7 @@ class _Run:
         self.timelines = predict_timelines(traces, device)
         self.floor_s = float(sum(self.durations[0])) * 1e-6 if len(traces) == 1 else 0.0
         self.at_floor = False
+        self.rounds = Rounds(traces, device, budget, self.timelines, self.durations, rng)
 
     def out_of_time(self) -> bool:
         """No time for one more evaluation (the slowest so far, with a margin:
@@ -378,7 +359,7 @@ class _Run:
             "start": self.origin,
             "starts_improved": self.improved,
             # per kind of move, over all starts: evaluations, and ms it took off
-            "moves": {k: [n, round(g * 1e3, 3)] for k, (n, g) in self.moves.items()},
+            "moves": {k: [n, round(g * 1e3, 3)] for k, (n, g) in self.rounds.moves.items()},
         }
         if search is not None:
             out["predicted_iteration_s"] = search.best.iteration_s
@@ -479,79 +460,5 @@ class _Run:
 
     # ---- step 3 ----------------------------------------------------------------------
     def improve(self, search: Search, base: list[Plan], only: tuple[str, ...] = ()) -> bool:
-        """Rounds of moves on `search` while one gains (NOTE [ Squeeze ], step
-        3); `only`: those kinds of move alone. True if the last round gained
-        nothing, False if it stopped on its limits."""
-        timelines, durations = self.timelines, self.durations
-
-        def cost(j: int, e: Event) -> float:
-            if isinstance(e, Recompute):
-                return float(sum(durations[j][k] for k in e.ops))
-            if isinstance(e, SwapIn | SwapOut):
-                nbytes = int(self.traces[j].nbytes[e.buffer])
-                return float(self.device.copy_time(nbytes, Direction.H2D))
-            return 0.0
-
-        traces, device = self.traces, self.device
-
-        def rooms() -> list[np.ndarray | None]:
-            """Per job, the budget less the simulated bytes of each op of the best plans."""
-            ran = search.best.op_times
-            if ran is None:
-                return [None] * len(traces)
-            return [None if o.peak_bytes is None else self.budget - o.peak_bytes for o in ran()]
-
-        def stalls(plans: list[Plan]) -> list[Move]:
-            ran = search.best.op_times
-            return stall_moves(ran(), plans) if ran is not None else []
-
-        def queues(plans: list[Plan]) -> list[Move]:
-            ran = search.best.op_times
-            return queue_moves(ran(), plans) if ran is not None else []
-
-        # the kinds of moves of a round, in order: (name, moves on the plans
-        # as they are now, strict, cap on evaluations)
-        kinds: tuple[tuple[str, Callable[[list[Plan]], list[Move]], bool, int | None], ...] = (
-            ("recompute", lambda p: recompute_moves(traces, device, durations, p), True, None),
-            ("swap", lambda p: swap_moves(traces, device, timelines, durations, p), True, None),
-            (  # NOTE [ Hidden swaps ]
-                "hidden swap",
-                lambda p: swap_moves(traces, device, timelines, durations, p, hidden=True),
-                True,
-                HIDDEN_EVALS,
-            ),
-            (  # NOTE [ Batched acceptance ]: a few deadlines matter
-                "deadline",
-                lambda p: deadline_moves(traces, device, timelines, p),
-                True,
-                DEADLINE_EVALS,
-            ),
-            ("prefetch", lambda p: prefetch_moves(traces, device, timelines, p), True, None),
-            (
-                "prune",
-                lambda p: with_room(traces, rooms(), prune_moves(base, p, cost, self.rng)),
-                False,
-                None,
-            ),
-            ("queue", queues, True, None),  # NOTE [ Queues ahead of a stall ]
-            ("stall", stalls, True, None),
-            (
-                "pair prune",
-                lambda p: with_room(traces, rooms(), pair_prune_moves(base, p, cost, self.rng)),
-                False,
-                None,
-            ),
-        )
-        while not search.out_of_time():
-            before = search.best.iteration_s
-            for kind, find, strict, cap in kinds:
-                if only and kind not in only:
-                    continue
-                e0, t0 = search.evaluations, search.best.iteration_s
-                accept_batches(search, find(search.plans), strict=strict, max_evaluations=cap)
-                tally = self.moves.setdefault(kind, [0, 0.0])
-                tally[0] += search.evaluations - e0
-                tally[1] += t0 - search.best.iteration_s
-            if not search.best.iteration_s < before - 1e-12:
-                return True
-        return False
+        """Rounds of moves on `search` while one gains (`Rounds.improve`)."""
+        return self.rounds.improve(search, base, only)

@@ -1,4 +1,4 @@
-"""NOTE [ Kernels that nothing interleaves ] (sim/model.py): a kernel the
+"""NOTE [ Kernels that nothing interleaves ] (sim/clock.py): a kernel the
 clock skips leaves the run as SimPy's own stepping does, entry by entry of
 the log and figure by figure of the result, whatever else runs beside it."""
 
@@ -11,8 +11,8 @@ from memplan.hwmodels.profile import load_hardware
 from memplan.planners.heuristics.capuchin import capuchin
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.sim import Job, LaneSlowdown, simulate
+from memplan.sim.clock import Clock
 from memplan.sim.log import LogKind
-from memplan.sim.model import Clock
 from memplan.traces import synthetic
 
 GPU = load_hardware("rtx-a6000")
