@@ -10,7 +10,7 @@ one warm-up; machines are noisy, compare ratios measured in one run):
   under a budget of 60% of the liveness peak (swaps on every iteration).
 Compiling a job (building its per-op tables and latencies) is timed apart.
 - scaling: release_only on synthetic residual steps of 1k, 3k, 10k and 30k
-  ops, events per second: 7 rounds, the four sizes interleaved in each (a
+  ops, events per second: 21 rounds, the four sizes interleaved in each (a
   small step run again until its round has simulated 90k ops, as the 30k
   step does once), the median over rounds and the range of the rounds --
   target: flat within 20% from 1k to 30k ops (NOTE [ Garbage collection in
@@ -43,7 +43,7 @@ from memplan.traces import io, synthetic  # noqa: E402
 
 ITERATIONS = 3
 TARGET_EVENTS_PER_S = 100_000
-SCALING_ROUNDS = 7
+SCALING_ROUNDS = 21
 SCALING_OPS = 90_000  # simulated ops per size and round: 30k ops x 3 iterations
 TARGET_S_PER_ITERATION = 1.0
 
