@@ -7,6 +7,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
@@ -328,6 +329,39 @@ def pair_prune_moves(
     return [m[1] for m in moves]
 
 
+class _Swaps(NamedTuple):
+    """A plan's swaps by (buffer, op): swap-ins of the same iteration by the
+    op they are due before, swap-outs with a deadline by it; and per buffer
+    the ops its swap-outs are anchored at (no swap-in may be triggered
+    before the last of them ahead of its op)."""
+
+    ins: dict[tuple[int, int], SwapIn]
+    outs: dict[tuple[int, int], SwapOut]
+    anchors: dict[int, list[int]]
+
+    @classmethod
+    def of(cls, plan: Plan) -> _Swaps:
+        ins: dict[tuple[int, int], SwapIn] = {}
+        outs: dict[tuple[int, int], SwapOut] = {}
+        anchors: dict[int, list[int]] = {}
+        for e in plan.events:
+            if isinstance(e, SwapIn) and not e.next_iteration:
+                ins[e.buffer, e.before_op] = e
+            elif isinstance(e, SwapOut):
+                anchors.setdefault(e.buffer, []).append(max(e.after_op, e.before_op))
+                if e.before_op >= 0:
+                    outs[e.buffer, e.before_op] = e
+        return cls(ins, outs, anchors)
+
+    def earlier(self, e: SwapIn, ends: np.ndarray, us: float) -> SwapIn | None:
+        """`e` triggered `us` earlier on the simulated op ends `ends` (not
+        before its swap-out's anchor); None if that is not earlier."""
+        floor = max((a for a in self.anchors.get(e.buffer, ()) if a < e.before_op), default=-1)
+        k = int(np.searchsorted(ends, float(ends[e.after_op]) - us, "right")) - 1
+        k = max(k, floor)
+        return SwapIn(e.buffer, k, e.before_op, 0.0, False) if k < e.after_op else None
+
+
 def stall_moves(ran: Sequence[OpTimes], plans: Sequence[Plan]) -> list[Move]:
     """From where the simulated ops waited (`OpTimes.stalls`), longest wait
     first: a swap-in that arrived late, triggered earlier by the wait on the
@@ -336,27 +370,15 @@ def stall_moves(ran: Sequence[OpTimes], plans: Sequence[Plan]) -> list[Move]:
     not see a copy queued behind others on the lane; the simulated one does."""
     scored = []
     for j, (o, p) in enumerate(zip(ran, plans, strict=True)):
-        ins: dict[tuple[int, int], SwapIn] = {}
-        outs: dict[tuple[int, int], SwapOut] = {}
-        anchors: dict[int, list[int]] = {}
-        for e in p.events:
-            if isinstance(e, SwapIn) and not e.next_iteration:
-                ins[e.buffer, e.before_op] = e
-            elif isinstance(e, SwapOut):
-                anchors.setdefault(e.buffer, []).append(max(e.after_op, e.before_op))
-                if e.before_op >= 0:
-                    outs[e.buffer, e.before_op] = e
+        swaps = _Swaps.of(p)
         ends = np.nan_to_num(o.end_us, nan=-np.inf)
         for op, b, us in o.stalls:
-            e = ins.get((b, op))
+            e = swaps.ins.get((b, op))
             if e is not None and e.after_op >= 0:
-                floor = max((a for a in anchors.get(b, ()) if a < op), default=-1)
-                k = int(np.searchsorted(ends, float(ends[e.after_op]) - us, "right")) - 1
-                k = max(k, floor)
-                if k < e.after_op:
-                    moved = SwapIn(b, k, op, 0.0, False)
+                moved = swaps.earlier(e, ends, us)
+                if moved is not None:
                     scored.append((us, (j, (e,), (moved,))))
-            d = outs.get((b, op))
+            d = swaps.outs.get((b, op))
             if d is not None:
                 scored.append((us, (j, (d,), (SwapOut(b, d.after_op, d.delay_us),))))
     scored.sort(key=lambda m: -m[0])
@@ -383,34 +405,24 @@ def queue_moves(ran: Sequence[OpTimes], plans: Sequence[Plan]) -> list[Move]:
     stall ]); longest wait first."""
     scored = []
     for j, (o, p) in enumerate(zip(ran, plans, strict=True)):
-        ins: dict[tuple[int, int], SwapIn] = {}
-        anchors: dict[int, list[int]] = {}
-        for e in p.events:
-            if isinstance(e, SwapIn) and not e.next_iteration:
-                ins[e.buffer, e.before_op] = e
-            elif isinstance(e, SwapOut):
-                anchors.setdefault(e.buffer, []).append(max(e.after_op, e.before_op))
+        swaps = _Swaps.of(p)
         waits: dict[int, float] = {}
         first: dict[int, int] = {}
         for op, b, us in o.stalls:
-            e = ins.get((b, op))
+            e = swaps.ins.get((b, op))
             if e is not None and e.after_op >= 0:
                 waits[op] = waits.get(op, 0.0) + us
                 first[op] = min(first.get(op, op), e.after_op)
         ends = np.nan_to_num(o.end_us, nan=-np.inf)
         for op, us in waits.items():
-            gone, new = [], []
-            for e in ins.values():
-                if first[op] <= e.after_op < op:
-                    floor = max(
-                        (a for a in anchors.get(e.buffer, ()) if a < e.before_op), default=-1
-                    )
-                    k = int(np.searchsorted(ends, float(ends[e.after_op]) - us, "right")) - 1
-                    k = max(k, floor)
-                    if k < e.after_op:
-                        gone.append(e)
-                        new.append(SwapIn(e.buffer, k, e.before_op, 0.0, False))
-            if gone:
+            pairs = [
+                (e, swaps.earlier(e, ends, us))
+                for e in swaps.ins.values()
+                if first[op] <= e.after_op < op
+            ]
+            pairs = [(e, m) for e, m in pairs if m is not None]
+            if pairs:
+                gone, new = zip(*pairs, strict=True)
                 scored.append((us, (j, tuple(gone), tuple(new))))
     scored.sort(key=lambda m: -m[0])
     return [m[1] for m in scored]
