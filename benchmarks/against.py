@@ -17,7 +17,10 @@ finder maps those names onto REV's folders), whichever API generation REV has.
 Workloads, on the shipped traces with roofline latencies on rtx-a6000, one job:
 - sim: `simulate` of resnet50 for 3 iterations under release_only (plans
   checked first), vanilla, and passive mode at 60% of the liveness peak;
-  densenet121 vanilla, four jobs sharing the GPU, 3 iterations;
+  densenet121 vanilla, four jobs sharing the GPU, 3 iterations; and one
+  evaluation of a search planner (`memplan.evaluator`, where REV has it):
+  capuchin's plan for densenet121 at 50% of its peak under the dtr net,
+  2 iterations, and the net's moves read from the log;
 - planners: tensile, capuchin, vdnn and checkpoint on resnet50 and
   bert_base, each with a budget of 80% of the vanilla peak.
 """
@@ -112,6 +115,15 @@ if only in ("sim", "all"):
         lambda: sim([Job(t, p)], iterations=3, budget=budget, oom="passive"))
     d = load("densenet121")
     out["sim densenet121 x4 jobs x3"] = timed(lambda: sim([d] * 4, iterations=3))
+    try:  # a search planner's evaluation: the run and what the net did, from the log
+        from memplan.evaluator import sim_evaluator
+    except ImportError:
+        sim_evaluator = None
+    if sim_evaluator is not None:
+        half = int(d.peak("framework")[0] * 0.5)
+        cp = plan("capuchin", d, half).plans[0]
+        ev = sim_evaluator([d], dev, half)
+        out["evaluate densenet121 50% dtr"] = timed(lambda: ev([cp], "dtr"))
 if only in ("planners", "all"):
     for model in ("resnet50", "bert_base"):
         t = load(model)
@@ -164,6 +176,8 @@ def main() -> None:
     print(f"{'workload':<34}{'old':>10}{'new':>10}{'new/old':>9}")
     ratios = []
     for key in old_runs[0]["seconds"]:
+        if key not in new_runs[0]["seconds"]:
+            continue  # a workload only one of the commits has
         old = statistics.median(r["seconds"][key] for r in old_runs)
         new = statistics.median(r["seconds"][key] for r in new_runs)
         ratios.append(new / old)

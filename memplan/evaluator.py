@@ -18,7 +18,7 @@ from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove, OpTim
 from memplan.planners.core.plan import Plan, SwapOut
 from memplan.plannerview import rebound
 from memplan.sim import Job, OomPolicy, SimResult, simulate
-from memplan.sim.log import LogKind
+from memplan.sim.log import CODE, KINDS, LogKind
 from memplan.traces.model import Trace
 
 K = LogKind
@@ -89,35 +89,40 @@ def _op_peaks(sim: SimResult, t0: float, end: np.ndarray) -> np.ndarray:
 
 
 def op_times(sim: SimResult) -> tuple[OpTimes, ...]:
-    """When each job's ops ran in its last iteration, from the log."""
+    """When each job's ops ran in its last iteration, from the log's columns."""
+    t_us, cols = sim.log.columns()
+    job, iteration, code, op, buf = (cols[:, c] for c in range(5))
     out = []
-    for j, job in enumerate(sim.jobs):
+    for j, jr in enumerate(sim.jobs):
         n = sim.traces[j].n_ops
-        it = len(job.iteration_times_s) - 1
+        mine = (job == j) & (iteration == len(jr.iteration_times_s) - 1)
         start, end = np.full(n, np.nan), np.full(n, np.nan)
+        at = mine & (code == CODE[K.OP_START])
+        start[op[at]] = t_us[at]
+        at = mine & (code == CODE[K.OP_END])
+        end[op[at]] = t_us[at]
         t0 = period = math.nan
+        starts = t_us[mine & (code == CODE[K.ITER_START])]
+        ends = t_us[mine & (code == CODE[K.ITER_END])]
+        if len(starts):
+            t0 = float(starts[-1])
+            if len(ends):
+                period = float(ends[-1]) - t0
         stalled: dict[tuple[int, int], float] = {}
         stalls: dict[tuple[int, int], float] = {}
-        for e in sim.log:
-            if e.job != j or e.iteration != it:
-                continue
-            kind = e.kind
-            if kind is K.OP_START:
-                start[e.op] = e.t_us
-            elif kind is K.OP_END:
-                end[e.op] = e.t_us
-            elif kind is K.STALL_START:
-                stalled[e.op, e.buffer] = e.t_us
-            elif kind is K.STALL_END and (e.op, e.buffer) in stalled:
-                key = (e.op, e.buffer)
-                stalls[key] = stalls.get(key, 0.0) + e.t_us - stalled.pop(key)
-            elif kind is K.ITER_START:
-                t0 = e.t_us
-            elif kind is K.ITER_END:
-                period = e.t_us - t0
-        waits = tuple((op, b, us) for (op, b), us in stalls.items() if us > 0)
+        for r in np.flatnonzero(mine & np.isin(code, STALLS)).tolist():
+            key, t = (int(op[r]), int(buf[r])), float(t_us[r])
+            if code[r] == CODE[K.STALL_START]:
+                stalled[key] = t
+            elif key in stalled:
+                stalls[key] = stalls.get(key, 0.0) + t - stalled.pop(key)
+        waits = tuple((o, b, us) for (o, b), us in stalls.items() if us > 0)
         out.append(OpTimes(start - t0, end - t0, period, waits, _op_peaks(sim, t0, end)))
     return tuple(out)
+
+
+STALLS = [CODE[K.STALL_START], CODE[K.STALL_END]]
+NET = [CODE[k] for k in (K.EVICT_START, K.DISCARD, K.DROP, K.FETCH_START, K.RECOMPUTE_START)]
 
 
 def net_moves(sim: SimResult, plans: Sequence[Plan] = ()) -> tuple[NetMove, ...]:
@@ -125,36 +130,50 @@ def net_moves(sim: SimResult, plans: Sequence[Plan] = ()) -> tuple[NetMove, ...]
     its discard of a buffer whose host copy is valid, DTR's drop) and
     restores (an on-demand fetch, or a producer re-run, restored for the next
     op the job starts: DTR's remakes, and the ops of the plan's own recompute
-    chains, which `plan_from_net` recognises). See NOTE [ Net discards ]."""
+    chains, which `plan_from_net` recognises). See NOTE [ Net discards ].
+    Only the rows of those kinds are read, in order; the op a job last ended
+    and the op it starts next are found in its own rows by bisection."""
+    t_us, cols = sim.log.columns()
+    code = cols[:, 2]
+    rows = np.flatnonzero(np.isin(code, NET))
+    if not len(rows):
+        return ()
     planned = {
         (j, e.buffer, e.after_op) for j, p in enumerate(plans) for e in p.events
         if isinstance(e, SwapOut)
     }  # fmt: skip
-    out: list[NetMove] = []
-    pending: dict[int, list[tuple[int, int, int]]] = {}  # job -> (iteration, buffer, producer)
-    ended: dict[int, int] = {}  # job -> the last op that ended in its iteration
-    for e in sim.log:
-        kind = e.kind
-        if kind is K.OP_END:
-            ended[e.job] = e.op
-        elif kind is K.ITER_START:
-            ended[e.job] = -1
-        elif kind is K.EVICT_START:
-            out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, True))
+    job, iteration, op, buf = cols[:, 0], cols[:, 1], cols[:, 3], cols[:, 4]
+    marks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def marks_of(j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Job j's rows that end an op or start an iteration, and that start an op."""
+        if j not in marks:
+            mine = job == j
+            ends = mine & ((code == CODE[K.OP_END]) | (code == CODE[K.ITER_START]))
+            marks[j] = np.flatnonzero(ends), np.flatnonzero(mine & (code == CODE[K.OP_START]))
+        return marks[j]
+
+    keyed: list[tuple[int, int, NetMove]] = []  # (row it is known at, its own row, move)
+    for r in rows.tolist():
+        j, it, o, b, kind = int(job[r]), int(iteration[r]), int(op[r]), int(buf[r]), KINDS[code[r]]
+        if kind is K.EVICT_START or kind is K.DROP:
+            keyed.append((r, r, NetMove(j, it, "evict", o, b, kind is K.EVICT_START)))
         elif kind is K.DISCARD:
-            mine = (e.job, e.buffer, e.op) in planned and e.op <= ended.get(e.job, -1)
-            if not mine:
-                out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, True))
-        elif kind is K.DROP:
-            out.append(NetMove(e.job, e.iteration, "evict", e.op, e.buffer, False))
+            ends, _ = marks_of(j)
+            p = int(np.searchsorted(ends, r)) - 1  # the job's last op end since its iteration began
+            ended = int(op[ends[p]]) if p >= 0 and code[ends[p]] == CODE[K.OP_END] else -1
+            if not ((j, b, o) in planned and o <= ended):
+                keyed.append((r, r, NetMove(j, it, "evict", o, b, True)))
         elif kind is K.FETCH_START:
-            out.append(NetMove(e.job, e.iteration, "restore", e.op, e.buffer, True))
-        elif kind is K.RECOMPUTE_START:  # a remake, or an op of a plan's chain
-            pending.setdefault(e.job, []).append((e.iteration, e.buffer, e.op))
-        elif kind is K.OP_START and pending.get(e.job):
-            for it, b, producer in pending.pop(e.job):
-                out.append(NetMove(e.job, it, "restore", e.op, b, False, (producer,)))
-    return tuple(out)
+            keyed.append((r, r, NetMove(j, it, "restore", o, b, True)))
+        else:  # a remake, or an op of a plan's chain: restored for the next op the job starts
+            _, starts = marks_of(j)
+            q = int(np.searchsorted(starts, r))
+            if q < len(starts):
+                f = int(starts[q])
+                keyed.append((f, r, NetMove(j, it, "restore", int(op[f]), b, False, (o,))))
+    keyed.sort(key=lambda x: (x[0], x[1]))
+    return tuple(m for _f, _r, m in keyed)
 
 
 # NOTE [ Net discards ]

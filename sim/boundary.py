@@ -139,7 +139,7 @@ class Boundaries:
         stalls: dict[tuple[int, int], float] = {}
         in_start, in_end = self.in_start[j], self.in_end[j]
         log = m.log
-        for e in log[self.log_at[j] :]:
+        for e in log.since(self.log_at[j]):
             if e.job != j:
                 continue
             k = e.kind
@@ -161,9 +161,9 @@ class Boundaries:
         self.log_at[j] = len(log)
         samples = m.mem.samples
         held = peak = self.held[j]
-        for x in samples[self.sample_at[j] :]:
-            if x[1] == j:
-                held += x[3]
+        for _t, job, _kind, delta in samples.rows(self.sample_at[j]):
+            if job == j:
+                held += delta
                 peak = max(peak, held)
         self.sample_at[j], self.held[j] = len(samples), held
         return IterationReport(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
-from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.log import LogEntry, LogKind, Rows
 from memplan.sim.state import DEV, LEAVING, OFF, Gen, JobState
 from memplan.traces.model import BUFFER_KINDS, BufferKind
 
@@ -84,7 +84,8 @@ class MemoryPool:
         self.pending_out = 0
         # (time_us, job, kind index, +/- bytes) per change; peaks, per-job and
         # per-kind curves are cumulative sums over these (`sim.metrics`).
-        self.samples: list[tuple[float, int, int, int]] = []
+        self.samples = Rows(3)  # NOTE [ A flat log ] in sim/log.py
+        self._row = self.samples.flat.extend
         self._changed: simpy.Event | None = None
         # NOTE [ Pinned host memory ]: bytes off the device with a valid host copy
         self.parked_bytes = self.parked_peak = 0
@@ -102,11 +103,11 @@ class MemoryPool:
     def alloc(self, job: int, kind: int, nbytes: int) -> None:
         """Take `nbytes` (the caller checked `fits` or made room with `get`)."""
         self.used += nbytes
-        self.samples.append((self.env.now, job, kind, nbytes))
+        self._row((self.env.now, job, kind, nbytes))
 
     def free(self, job: int, kind: int, nbytes: int) -> None:
         self.used -= nbytes
-        self.samples.append((self.env.now, job, kind, -nbytes))
+        self._row((self.env.now, job, kind, -nbytes))
         if self._changed is not None:
             self.notify()
 
@@ -132,7 +133,7 @@ class MemoryPool:
         c = s.c
         n = c.nbytes[b]
         self.used += n
-        self.samples.append((self.env.now, c.index, c.kind[b], n))
+        self._row((self.env.now, c.index, c.kind[b], n))
         s.where[b] = DEV
         if s.parked[b]:  # made again on the device while its host copy holds
             self.unpark(s, b)
@@ -143,7 +144,7 @@ class MemoryPool:
         s.where[b] = OFF
         n = c.nbytes[b]
         self.used -= n
-        self.samples.append((self.env.now, c.index, c.kind[b], -n))
+        self._row((self.env.now, c.index, c.kind[b], -n))
         if s.host[b] and s.alive[b]:
             self.park(s, b)
         if self._changed is not None:
@@ -209,7 +210,7 @@ class MemoryPool:
         s.context_bytes = nbytes
         self.used += nbytes
         self.context_rows.append(len(self.samples))
-        self.samples.append((self.env.now, s.c.index, OTHER, nbytes))
+        self.samples.add(self.env.now, (s.c.index, OTHER, nbytes))
 
     def end_job(self, s: JobState) -> None:
         """The job is over: its context, workspace and parked bytes go."""

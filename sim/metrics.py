@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from memplan.sim.errors import SimError
-from memplan.sim.log import LogEntry
+from memplan.sim.log import Log, Rows
 from memplan.sim.model import GpuModel
 from memplan.sim.state import Allocator, JobState, OomPolicy
 from memplan.traces.model import BUFFER_KINDS, Trace
@@ -133,12 +133,11 @@ class MemoryCurve:
     by_job: np.ndarray
 
     @classmethod
-    def from_samples(cls, samples: list[tuple[float, int, int, int]], n_jobs: int) -> MemoryCurve:
-        m = len(samples)
-        t = np.fromiter((x[0] for x in samples), np.float64, m) / 1e6
-        job = np.fromiter((x[1] for x in samples), np.int64, m)
-        kind = np.fromiter((x[2] for x in samples), np.int64, m)
-        delta = np.fromiter((x[3] for x in samples), np.int64, m)
+    def from_samples(cls, samples: Rows, n_jobs: int) -> MemoryCurve:
+        """From the pool's samples: rows of (time_us, job, kind index, +/- bytes)."""
+        t_us, cols = samples.columns()
+        m, t = len(t_us), t_us / 1e6
+        job, kind, delta = cols[:, 0], cols[:, 1], cols[:, 2]
         rows = np.arange(m)
         by_kind = np.zeros((m, len(BUFFER_KINDS)), np.int64)
         by_kind[rows, kind] = delta
@@ -159,7 +158,7 @@ class SimResult:
     budget_bytes: int
     makespan_s: float
     memory: MemoryCurve
-    log: tuple[LogEntry, ...]
+    log: Log  # a sequence of LogEntry (NOTE [ A flat log ] in sim/log.py)
     hardware: str
     lanes: tuple[str, ...]
     oom_policy: OomPolicy
@@ -254,7 +253,7 @@ def build_result(model: GpuModel, hardware: str, seed: int) -> SimResult:
         budget_bytes=mem.budget,
         makespan_s=max(ends, default=0.0) / 1e6,
         memory=curve,
-        log=tuple(model.log),
+        log=model.log,
         hardware=hardware,
         lanes=model.pcie.names,
         oom_policy=model.policy,

@@ -22,7 +22,7 @@ from memplan.sim.dynamics import Dynamics, SlowLanes
 from memplan.sim.errors import SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
 from memplan.sim.ledger import POOLS, pool_class
-from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.log import CODE, Log, LogEntry, LogKind
 from memplan.sim.memory import OutOfMemory
 from memplan.sim.pcie import Pcie
 from memplan.sim.recompute import recompute
@@ -179,7 +179,7 @@ class GpuModel:
         self.shared = len(jobs) > 1  # alone, a job never queues for compute
         self.pcie = Pcie(env, device, lanes)
         self.policy = oom
-        self.log: list[LogEntry] = []
+        self.log = Log()  # NOTE [ A flat log ] in sim/log.py
         self.jobs = [JobState(c) for c in jobs]
         self.allocator = allocator
         self.context_bytes = context_bytes  # per job (NOTE [ Context reserve ] in sim/simulate.py)
@@ -205,6 +205,16 @@ class GpuModel:
         stuck = [s.c.name for s in self.jobs if not s.stopped]
         if stuck:  # every wait is on something that happens: this is a model bug
             raise RuntimeError(f"simulation ended with jobs still waiting: {stuck}")
+
+    def close(self) -> None:
+        """Let go of the run's state once its result is built (NOTE [ Garbage
+        collection in simulate ] in sim/simulate.py): the per-buffer and per-op
+        lists, the log and the samples go at once, by reference count; the
+        model itself is still a cycle (SimPy's environment, the pool's and
+        copy engine's `model`) but a few small objects."""
+        for s in self.jobs:
+            vars(s).clear()
+        vars(self).clear()
 
     # ---- the job process ---------------------------------------------------------------
     def _job(self, s: JobState) -> Gen:
@@ -249,7 +259,8 @@ class GpuModel:
         ledger, scratch = mem.ledger, c.workspace  # NOTE [ Workspaces ] in sim/job.py
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
         touch = mem.touch if mem.dtr else None
-        new, start, end = tuple.__new__, K.OP_START, K.OP_END  # LogEntry without its __new__
+        row = self.log.flat.extend  # a log row, inline (NOTE [ A flat log ] in sim/log.py)
+        start, end = CODE[K.OP_START], CODE[K.OP_END]
         skip_to = env.skip_to
         for i in c.order:  # the plan's order (NOTE [ Plans under another order ])
             s.pinned = accs[i]
@@ -289,7 +300,7 @@ class GpuModel:
                 except simpy.Interrupt:  # the job stopped while queued
                     compute.cancel(req)
                     raise
-            log(new(LogEntry, (env.now, j, it, start, i, -1, -1)))
+            row((env.now, j, it, start, i, -1, -1))
             for b in writes[i]:  # a copy overlapping the write in any way is stale
                 host[b] = False
                 wcount[b] += 1
@@ -304,7 +315,7 @@ class GpuModel:
                 compute.release()
             if scratch is not None and scratch[i]:
                 mem.drop_scratch(s, scratch[i])
-            log(new(LogEntry, (env.now, j, it, end, i, -1, -1)))
+            row((env.now, j, it, end, i, -1, -1))
             for b in writes[i]:
                 host[b] = False
                 wcount[b] += 1

@@ -220,6 +220,15 @@ def context_bytes(hw: Hardware, allocator: Allocator | str, reserve: int | None)
 # by reference count or in the collection that follows). `simulate`
 # therefore pauses the collector for the run and restores it after
 # (benchmarks/sim.py prints events per second from 1k to 30k ops).
+# What the run leaves behind matters too. The model is a reference cycle
+# (SimPy's environment, the pool's and the copy engine's `model`), so it
+# was freed only by the next collection, which then walked its per-buffer
+# lists, compiled tables and log: 7.7 ms a collection, one every 15 calls
+# on a 1k-op step. `GpuModel.close` lets go of all that once the result is
+# built, so it goes by reference count and the cycle left is a few small
+# objects; and the log and samples are flat lists, not an object per entry
+# (NOTE [ A flat log ] in sim/log.py), so a result the caller keeps
+# adds one object to walk, not one per entry.
 
 
 @contextlib.contextmanager
@@ -260,7 +269,10 @@ def _run(
         model.dyn = Dynamics(model, device, moves.seed, moves.jitter, moves.controller, check)
         model.dyn.progress = moves.progress
     model.run()
-    result = build_result(model, device.hw.name, moves.seed)
+    try:
+        result = build_result(model, device.hw.name, moves.seed)
+    finally:
+        model.close()
     if not math.isfinite(result.makespan_s):  # NOTE [ Trace sanity ranges ]: an error, not a result
         raise SimError(
             f"the simulated makespan is not finite ({result.makespan_s} s): the op or copy "

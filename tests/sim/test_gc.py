@@ -45,3 +45,24 @@ def test_the_collector_comes_back_after_an_error():
     with pytest.raises(PlanError):
         simulate([Job(synthetic.chain(3), wrong)], DEV, iterations=1)
     assert gc.isenabled()
+
+
+def test_a_finished_run_leaves_nothing_of_the_traces_size_to_the_collector():
+    """The model is a cycle (SimPy's environment), but `GpuModel.close` lets
+    go of the per-buffer and per-op state, the log and the samples: what is
+    left for the collector is a few small objects, however large the trace."""
+    t = synthetic.sized(2000, seed=0, family=synthetic.Family.RESIDUAL)
+    plan = release_only_plan(t)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        r = simulate([Job(t, plan)], DEV, iterations=2, oom="passive", budget=t.peak("liveness")[0])
+        assert len(r.log) >= 4 * t.n_ops  # the result keeps its log
+        del r
+        gc.collect()
+        left = list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert len(left) < 30
+    assert max(len(x) for x in left if isinstance(x, list | tuple | dict)) < 20

@@ -33,7 +33,7 @@ from memplan.planners.core.check import check as check_plan
 from memplan.planners.core.plan import Plan, PlanResult, Recompute, Release, SwapIn, SwapOut
 from memplan.sim import Job, OomPolicy, SimResult
 from memplan.sim.job import CompiledJob
-from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.log import CODE, Log, LogKind, Rows
 from memplan.sim.metrics import build_result
 from memplan.sim.model import GpuModel
 from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF
@@ -49,28 +49,40 @@ H2D_START, H2D_END = {K.SWAP_IN_START, K.FETCH_START}, {K.SWAP_IN_END, K.FETCH_E
 
 
 # ---- running the model with a probe ------------------------------------------------
-class _ProbedLog(list):
+class _ProbedLog(Log):
     """The model's log, also noting how many memory samples precede each entry
-    and where every buffer of the job is when an iteration ends."""
+    and where every buffer of the job is when an iteration ends. The model
+    extends the flat list by whole rows (NOTE [ A flat log ]), so the
+    list takes the notes."""
+
+    __slots__ = ("model", "samples_before", "where_at_end")
 
     def __init__(self, model: GpuModel):
         super().__init__()
         self.model = model
         self.samples_before: list[int] = []
         self.where_at_end: dict[int, tuple[int, ...]] = {}  # log index of iter_end -> where
+        self.flat = _Noting(self)
 
-    def append(self, entry: LogEntry) -> None:
-        if entry.kind is K.ITER_END:
-            self.where_at_end[len(self)] = tuple(self.model.jobs[entry.job].where)
-        self.samples_before.append(len(self.model.mem.samples))
-        super().append(entry)
+
+class _Noting(list):
+    def __init__(self, log: _ProbedLog):
+        super().__init__()
+        self.log = log
+
+    def extend(self, row: tuple) -> None:  # (t, job, iteration, kind code, op, buffer, lane)
+        log = self.log
+        if row[3] == CODE[K.ITER_END]:
+            log.where_at_end[len(log)] = tuple(log.model.jobs[row[1]].where)
+        log.samples_before.append(len(log.model.mem.samples))
+        super().extend(row)
 
 
 @dataclass
 class Probe:
     result: SimResult
     log: _ProbedLog
-    samples: list[tuple[float, int, int, int]]
+    samples: Rows
 
     def curve(self, job: int | None = None) -> list[tuple[float, float]]:
         """(ms, MiB) after every memory change (of one job, or of all)."""
