@@ -14,6 +14,7 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, fingerprint_of
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Recomputation
 from memplan.sim import Job, simulate
+from memplan.traces import synthetic
 from memplan.validate.replay.schedule import build_schedule
 
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
@@ -51,6 +52,24 @@ def test_op_table_of_a_hand_trace():
     # x after its last use, u where the trace says, y after op2, h and g after op3
     assert tab.frees == ((0, 5), (), (3,), (2, 4))
     assert (tab.persistent, tab.inputs) == ((1,), (0, 5))
+
+
+def test_an_op_table_holds_one_object_per_buffer_id():
+    """NOTE [ One object per buffer id ]: every access, creation, write and
+    free of a buffer in the table is the same int object."""
+    t = synthetic.sized(600, seed=0, family=synthetic.Family.RESIDUAL)
+    table = OpTable.of(t)
+    fields = (table.accesses, table.need, table.creates, table.writes, table.frees)
+    seen: dict[int, int] = {}  # buffer id -> id() of its object
+    n = 0
+    for per_op in fields:
+        for ids in per_op:
+            for b in ids:
+                n += 1
+                assert seen.setdefault(b, id(b)) == id(b), b
+    for b in table.persistent + table.inputs:
+        assert seen.setdefault(b, id(b)) == id(b), b
+    assert n > 5 * t.n_ops and len(seen) == t.n_buffers
 
 
 def test_indexed_plan_groups_events_by_trigger_in_plan_order():
