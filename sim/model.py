@@ -252,8 +252,7 @@ class GpuModel:
             yield from mem.make_group(s, c.inputs, c.input_bytes, -1, c.inputs[0])
         if c.triggers[0]:
             self._trigger(s, c.triggers[0], it)
-        accs, need, create, cbytes = c.accs, c.need, c.create, c.create_bytes
-        writes, frees, triggers, dur = c.writes, c.frees, c.triggers, s.dur
+        ops, dur = c.ops, s.dur  # per op: (accs, need, create, create_bytes, writes, frees, after)
         where, alive, host, keep = s.where, s.alive, s.host, s.keep
         wcount, deadlines, ready = s.wcount, s.deadlines, s.ready_us
         ledger, scratch = mem.ledger, c.workspace  # NOTE [ Workspaces ] in sim/job.py
@@ -263,21 +262,22 @@ class GpuModel:
         start, end = CODE[K.OP_START], CODE[K.OP_END]
         skip_to = env.skip_to
         for i in c.order:  # the plan's order (NOTE [ Plans under another order ])
-            s.pinned = accs[i]
+            acc, need, create, cbytes, writes, frees, after = ops[i]
+            s.pinned = acc
             if deadlines:
                 waits = deadlines.pop((it, i), None)
                 if waits:
                     yield from self._await_copies(s, waits, i)
-            for b in need[i]:
+            for b in need:
                 if where[b] != DEV:
                     yield from self._ensure(s, b, i)
-            if cbytes[i]:
+            if cbytes:
                 if ledger:  # an allocator model: block by block
-                    yield from mem.make_each(s, create[i], i)
+                    yield from mem.make_each(s, create, i)
                 else:
-                    if not mem.fits(cbytes[i]):
-                        yield from mem.get(s, cbytes[i], i, create[i][0], True)
-                    for b in create[i]:  # `_create`, inline
+                    if not mem.fits(cbytes):
+                        yield from mem.get(s, cbytes, i, create[0], True)
+                    for b in create:  # `_create`, inline
                         alive[b] = True
                         host[b] = keep[b] = False
                         take(s, b)
@@ -285,13 +285,13 @@ class GpuModel:
                 yield from mem.scratch_for(s, scratch[i], i)
             if passive:  # recency for the LRU eviction, see NOTE [ Out of memory ]
                 lru = mem.lru
-                for b in accs[i]:
+                for b in acc:
                     key = (j, b)
                     if key in lru:
                         del lru[key]
                         lru[key] = None
             elif touch is not None:  # and for DTR's staleness (NOTE [ DTR ])
-                touch(s, accs[i])
+                touch(s, acc)
             if shared:
                 ready[i] = env.now  # the queue's wait is IterationReport.op_queue_s
                 req = compute.request()
@@ -301,7 +301,7 @@ class GpuModel:
                     compute.cancel(req)
                     raise
             row((env.now, j, it, start, i, -1, -1))
-            for b in writes[i]:  # a copy overlapping the write in any way is stale
+            for b in writes:  # a copy overlapping the write in any way is stale
                 host[b] = False
                 wcount[b] += 1
             if not skip_to(env.now + dur[i]):  # NOTE [ Kernels that nothing interleaves ]
@@ -316,13 +316,13 @@ class GpuModel:
             if scratch is not None and scratch[i]:
                 mem.drop_scratch(s, scratch[i])
             row((env.now, j, it, end, i, -1, -1))
-            for b in writes[i]:
+            for b in writes:
                 host[b] = False
                 wcount[b] += 1
-            for b in frees[i]:
+            for b in frees:
                 self._framework_free(s, b)
-            if triggers[i + 1]:
-                self._trigger(s, triggers[i + 1], it)
+            if after:
+                self._trigger(s, after, it)
         s.pinned = ()  # no op of this job runs until the next iteration's first
         s.iter_end_us.append(env.now)
         log(LogEntry(env.now, j, it, K.ITER_END))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 from memplan.hwmodels.device import DeviceModel
-from memplan.planners.core.plan import Plan, fingerprint_of
+from memplan.planners.core.plan import Plan, Release, fingerprint_of
 from memplan.sim import Job, SimError, simulate
+from memplan.sim.job import CompiledJob
 
 from tests.planners.test_plan_order import BRANCHES_FIRST, interleaved
 from tests.sim.handtraces import MiB, fmt, gpu
@@ -46,3 +47,22 @@ def test_dtr_refuses_a_reordered_plan():
         simulate([Job(t, plan)], DeviceModel(gpu(), lat), budget=8 * MiB, oom="dtr")
     identity = Plan(fingerprint_of(t), order=tuple(range(5)))
     simulate([Job(t, identity)], DeviceModel(gpu(), lat), budget=16 * MiB, oom="dtr")
+
+
+def test_the_per_op_tuples_follow_the_plan_in_use():
+    """NOTE [ One tuple per op ]: `ops[i]` is op i's row of the tables, with
+    the events after op i, at the start and after a plan change."""
+    t, lat = interleaved()
+    dev = DeviceModel(gpu(), lat)
+    c = CompiledJob(0, Job(t, Plan(fingerprint_of(t), (Release(1, 0),))), 1, dev)
+
+    def rows(c):
+        return [
+            (c.accs[i], c.need[i], c.create[i], c.create_bytes[i], c.writes[i], c.frees[i],
+             c.triggers[i + 1])
+            for i in range(t.n_ops)
+        ]  # fmt: skip
+
+    assert list(c.ops) == rows(c) and c.ops[0][6]  # the release after op 0
+    c.use_plan(Plan(fingerprint_of(t), order=BRANCHES_FIRST), dev)
+    assert list(c.ops) == rows(c) and not any(op[6] for op in c.ops)
