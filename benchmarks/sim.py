@@ -10,7 +10,8 @@ one warm-up; machines are noisy, compare ratios measured in one run):
   under a budget of 60% of the liveness peak (swaps on every iteration).
 Compiling a job (building its per-op tables and latencies) is timed apart.
 - scaling: release_only on synthetic residual steps of 1k, 3k, 10k and 30k
-  ops, events per second: 21 rounds, the four sizes interleaved in each (a
+  ops, events per second: one warm-up call per size (its op table and
+  latencies are built then), then 21 rounds, the four sizes interleaved in each (a
   small step run again until its round has simulated 90k ops, as the 30k
   step does once), the median over rounds and the range of the rounds --
   target: flat within 20% from 1k to 30k ops (NOTE [ Garbage collection in
@@ -95,7 +96,9 @@ def scaling(hw, latency) -> None:
     cases = []
     for n in sizes:
         t = synthetic.sized(n, seed=0, family=synthetic.Family.RESIDUAL)
-        cases.append((n, t, release_only_plan(t), max(1, SCALING_OPS // (ITERATIONS * n))))
+        p = release_only_plan(t)
+        simulate([Job(t, p)], DeviceModel(hw, latency), iterations=1, check=False)  # warm-up
+        cases.append((n, t, p, max(1, SCALING_OPS // (ITERATIONS * n))))
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     per_op = {}
     for _ in range(SCALING_ROUNDS):

@@ -66,6 +66,8 @@ class _ProbedLog(Log):
 
 
 class _Noting(list):
+    """The log's flat list, taking the probe's notes as each row comes in."""
+
     def __init__(self, log: _ProbedLog):
         super().__init__()
         self.log = log
