@@ -104,10 +104,10 @@ class CompiledJob:
         self.departure_us = None if dep is None else float(dep) * 1e6
         self.iterations = iterations
         self.n_ops = n
-        self.nbytes: list[int] = t.nbytes.tolist()
         self.kind: list[int] = t.kind_index.tolist()
 
         table = self.table = OpTable.of(t)
+        self.nbytes = table.nbytes  # one object per size (NOTE [ One object per buffer id ])
         self.accs = table.accesses
         self.need = table.need
         self.create = table.creates

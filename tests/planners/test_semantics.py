@@ -72,6 +72,21 @@ def test_an_op_table_holds_one_object_per_buffer_id():
     assert n > 5 * t.n_ops and len(seen) == t.n_buffers
 
 
+def test_an_op_table_holds_one_object_per_size():
+    """NOTE [ One object per buffer id ]: `nbytes` and `create_bytes` are the
+    trace's sizes, equal values the same int object in both."""
+    t = synthetic.sized(600, seed=0, family=synthetic.Family.RESIDUAL)
+    table = OpTable.of(t)
+    assert table.nbytes == tuple(t.nbytes.tolist())
+    for i, made in enumerate(table.creates):
+        assert table.create_bytes[i] == sum(int(t.nbytes[b]) for b in made)
+    seen: dict[int, int] = {}  # size -> id() of its object
+    for x in table.nbytes + table.create_bytes:
+        assert seen.setdefault(x, id(x)) == id(x), x
+    big = [x for x in seen if x > 256]  # CPython shares small ints anyway
+    assert len(big) >= 2 and len(table.nbytes) > 10 * len(seen)
+
+
 def test_indexed_plan_groups_events_by_trigger_in_plan_order():
     t, _ = step()
     events = (

@@ -20,6 +20,7 @@ from memplan.sim import Job, SimResult, simulate
 from memplan.sim.log import Log, LogEntry, LogKind, Rows
 from memplan.traces import synthetic
 from memplan.traces.io import fingerprint
+from memplan.traces.model import BUFFER_KINDS
 
 from memplan.evaluator import net_moves, op_times
 from tests.sim.handtraces import B, Call, gpu, make
@@ -60,6 +61,36 @@ def test_samples_read_as_the_tuples_they_were():
     assert rows[1] == (2.0, 1, 0, -(2**40)) and rows[-1][3] == 7 and list(rows.rows(2)) == [rows[2]]
     t, ints = rows.columns()
     assert t.tolist() == [0.0, 2.0, 2.0] and ints.shape == (3, 3) and ints[1, 2] == -(2**40)
+
+
+def test_the_curve_by_kind_is_made_when_read_from_the_samples():
+    """NOTE [ The curve by kind ] in sim/metrics.py: `simulate` leaves it
+    unmade; read, it is each kind's running sum of the samples, summed
+    one by one here, and the kinds add up to the curve."""
+    t = synthetic.sized(300, seed=1, family=synthetic.Family.RESIDUAL)
+    jobs = [Job(t, release_only_plan(t)), Job(t, None, arrival_s=1e-4)]
+    r = simulate(jobs, DeviceModel(gpu(), Roofline()), iterations=2)
+    curve = r.memory
+    assert "by_kind" not in vars(curve)
+    running = [0] * len(BUFFER_KINDS)
+    want = []
+    for kind, delta in zip(curve.kind.tolist(), curve.delta.tolist(), strict=True):
+        running[kind] += delta
+        want.append(list(running))
+    assert curve.by_kind.tolist() == want
+    assert (curve.by_kind.sum(axis=1) == curve.bytes).all()
+    assert (curve.by_kind.max(axis=0) > 0).sum() >= 4  # params, grads, activations, states
+    assert curve.by_kind is curve.by_kind  # made once
+    # by job: the jobs' curves add up to the device's; one job's is the device's
+    assert (curve.by_job.sum(axis=1) == curve.bytes).all()
+    alone = simulate(jobs[:1], DeviceModel(gpu(), Roofline()), iterations=2).memory
+    assert alone.by_job.shape == (len(alone.t_s), 1)
+    assert (alone.by_job[:, 0] == alone.bytes).all() and not np.shares_memory(
+        alone.by_job, alone.bytes
+    )
+    before = int((curve.t_s < 1e-4).sum())  # until job 1 arrives, job 0 runs as it does alone
+    assert before > 10 and (curve.by_job[:before, 0] == alone.by_job[:before, 0]).all()
+    assert not curve.by_job[:before, 1].any()
 
 
 # ---- the evaluator's readers against the entries read one by one ------------------------
