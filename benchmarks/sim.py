@@ -121,7 +121,7 @@ def scaling(hw, latency) -> None:
         )
     spread = max(rates) / min(rates)
     verdict = "met" if spread <= 1.2 else "MISSED"
-    print(f"  fastest / slowest {spread:.2f}; target flat within 20%: {verdict}")
+    print(f"  fastest / slowest {spread:.3f}; target flat within 20%: {verdict}")
     dense = ROOT / "traces" / "data" / "densenet121_b16_adam.json.gz"
     if dense.exists():
         t = io.load(dense)
