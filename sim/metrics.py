@@ -139,34 +139,34 @@ class MemoryCurve:
     def from_samples(cls, samples: Rows, n_jobs: int) -> MemoryCurve:
         """From the pool's samples: rows of (time_us, job, kind index, +/- bytes)."""
         t_us, cols = samples.columns()
-        m = len(t_us)
         job, kind, delta = cols[:, 0], cols[:, 1], cols[:, 2]
-        total = np.cumsum(delta)
-        if n_jobs == 1:  # the job's curve is the device's
-            return cls(t_us / 1e6, total, total.reshape(m, 1).copy(), kind, delta)
-        by_job = np.zeros((m, n_jobs), np.int64)
-        by_job[np.arange(m), job] = delta
-        return cls(t_us / 1e6, total, np.cumsum(by_job, 0), kind, delta)
+        by_job = _running_sums(job, delta, n_jobs)
+        return cls(t_us / 1e6, np.cumsum(delta), by_job, kind, delta)
 
     @functools.cached_property
     def by_kind(self) -> np.ndarray:
-        m = len(self.t_s)
-        out = np.zeros((m, len(BUFFER_KINDS)), np.int64)
-        out[np.arange(m), self.kind] = self.delta
-        return np.cumsum(out, 0)
+        return _running_sums(self.kind, self.delta, len(BUFFER_KINDS))
+
+
+def _running_sums(which: np.ndarray, delta: np.ndarray, n: int) -> np.ndarray:
+    """int64[m, n]: column c the running sum of the deltas whose `which` is c."""
+    out = np.zeros((len(delta), n), np.int64)
+    out[np.arange(len(delta)), which] = delta
+    return np.cumsum(out, axis=0, out=out)
 
 
 # NOTE [ The curve by kind ]
-# `by_kind` is a samples x kinds matrix and its running sum, 2 x 48 bytes a
+# `by_kind` was a samples x kinds matrix and its running sum, 2 x 48 bytes a
 # sample: on a 30k-op step run 3 iterations (204k samples), 20 MB of fresh
 # memory that only a figure (the memory timeline's stack) reads. Made in
 # every `simulate`, it cost each call of a search loop its time and the page
 # faults of that memory (0.04-0.14 a simulated op from 3k to 30k ops, as the
 # C allocator gave the memory back between calls; none at 1k). It is made
 # when first read instead, from the samples' kinds and deltas the curve
-# keeps: no page faults after the first call at any size, and building the
-# result fell from 0.28-0.34 us a simulated op to 0.22-0.25 (three runs,
-# old and new alternated, 1k to 30k ops).
+# keeps, and summed in place as `by_job` is: no page faults after the first
+# call at any size, and building the result fell from 0.28-0.34 us a
+# simulated op to 0.22-0.25 (three runs, old and new alternated, 1k to 30k
+# ops).
 
 
 @dataclass(frozen=True, eq=False)

@@ -118,15 +118,14 @@ def _build_table(t: Trace) -> OpTable:
         for b, f in zip(ids, t.freed_after.tolist()):
             if not persistent[b]:
                 frees[min(f, n - 1)].append(b)
+    made = [sum(nbytes[b] for b in c) for c in creates]  # bytes op i creates
     return OpTable(
         n_ops=n,
         nbytes=nbytes,
         accesses=accesses,
         need=need,
         creates=tuple(tuple(c) for c in creates),
-        create_bytes=tuple(
-            sizes.setdefault(x, x) for x in (sum(nbytes[b] for b in c) for c in creates)
-        ),
+        create_bytes=tuple(sizes.setdefault(x, x) for x in made),
         writes=tuple(tuple(wb[wp[i] : wp[i + 1]]) for i in range(n)),
         frees=tuple(tuple(f) for f in frees),
         persistent=tuple(b for b in ids if persistent[b]),
