@@ -30,8 +30,13 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/memplan compare zoo:resnet50 --gpu rtx-a6000 --budget 60% --fallback dtr --planners all --option squeeze.time_limit_s=10 --out report/
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist): 2, the cores of
+# the machines it is sized for (under 10 minutes there); `make test
+# TEST_WORKERS=0` runs it in one process, without workers.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q -m "not cuda" tests
+	$(PY) -m pytest -q -m "not cuda" -n $(TEST_WORKERS) tests
 
 lint: setup
 	$(VENV)/bin/ruff check .
