@@ -121,6 +121,25 @@ def parse_options(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def options_of(planner: str, items: list[str]) -> list[str]:
+    """`--option` items of the commands that run one planner (`plan`,
+    `validate`): KEY=VALUE, or PLANNER.KEY=VALUE as `compare` takes them
+    when PLANNER is that planner (an option key has no dot)."""
+    out = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        head, dot, rest = key.partition(".")
+        if eq and dot:
+            if head.strip() != planner:
+                raise MemplanError(
+                    f"--option {item!r}: an option of {head.strip()!r}, "
+                    f"but the planner is {planner!r}"
+                )
+            item = f"{rest}={value}"
+        out.append(item)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from memplan import provenance, report
     from memplan.comparison import compare_planners

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from memplan.commands import machine
+from memplan.commands.compare import options_of
 from memplan.traces.fields import printable
 from memplan.units import format_bytes
 
@@ -39,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a planner option (repeatable); see the planner's options dataclass",
+        help="a planner option (repeatable; KEY=VALUE or, as compare takes them, "
+        "PLANNER.KEY=VALUE); see the planner's options dataclass",
     )
     p.add_argument("--out", metavar="PLAN", help="write the plan (memplan.plan/1 JSON) here")
     p.add_argument("--json", action="store_true", help="print the plan result summary as JSON")
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
     seen, plan_budget = planner_view(traces, device, budget, **memory)  # type: ignore[arg-type]
     result = registry.run(
-        args.planner, seen, device, budget_bytes=plan_budget, options=args.option,
+        args.planner, seen, device, budget_bytes=plan_budget,
+        options=options_of(args.planner, args.option),
         evaluator=evaluator,
     )  # fmt: skip
     result = rebound_result(result, traces)

@@ -12,7 +12,7 @@ import json
 import math
 
 from memplan.commands import machine
-from memplan.commands.compare import parse_options
+from memplan.commands.compare import options_of
 from memplan.planners.core.errors import PlanError
 from memplan.traces.errors import MemplanError
 from memplan.units import format_bytes, integer, parse_rate
@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option of --planner (repeatable)",
+        help="an option of --planner (repeatable; KEY=VALUE or PLANNER.KEY=VALUE)",
     )
     p.add_argument(
         "--seed", type=integer(0, 2**63 - 1), default=0, help="seed of the replays (default 0)"
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             lanes=args.lanes,
             budget_bytes=budget,
-            options=parse_options([f"{args.planner}.{o}" for o in args.option]).get(args.planner),
+            options=options_of(args.planner, args.option) if args.option else None,
             threads=args.threads if not args.device.startswith("cuda") else None,
         )
     except PlanError as e:  # a plan file's delays, checked on the measured device: name the file

@@ -72,6 +72,24 @@ def test_plan_writes_a_checked_plan(tmp_path, capsys):
     check(plan_io.load(out, [trace]).plans[0], trace)
 
 
+def test_plan_takes_an_option_with_or_without_its_planner_s_name(tmp_path, capsys):
+    def events(*option: str) -> list:
+        out = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        argv = ["plan", RESNET, "--planner", "checkpoint", "--gpu", "rtx-a6000", "--out", str(out)]
+        assert main([*argv, *option]) == 0
+        return json.loads(out.read_text())["plans"][0]["events"]
+
+    two = events("--option", "segments=2")
+    assert events("--option", "checkpoint.segments=2") == two  # as compare takes it
+    assert events("--option", "segments=3") != two  # the option is read
+    capsys.readouterr()
+    argv = ["plan", RESNET, "--planner", "checkpoint", "--gpu", "rtx-a6000",
+            "--option", "tensile.recompute=false"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "an option of 'tensile', but the planner is 'checkpoint'" in err[0]
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

@@ -60,6 +60,8 @@ def test_validate_table_with_a_planner(files, capsys):
         (["--planner", "vdnn", "--iterations", "1"], "argument --iterations"),
         (["--planner", "vdnn", "--device", "tpu"], "device='tpu'"),
         (["--planner", "vdnn", "--budget", "lots"], "--budget='lots'"),
+        (["--planner", "vdnn", "--option", "vdnn.nope=1"], "unknown option 'nope'"),
+        (["--planner", "vdnn", "--option", "tensile.recompute=0"], "an option of 'tensile'"),
         (["--plan", "VDNN"], "vdnn.json"),  # the plan of small_cnn, for mlp's trace
         (["--plan", "/nonexistent.json"], "no such plan file"),
     ],
