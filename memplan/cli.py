@@ -124,6 +124,12 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+def _interrupted(e: KeyboardInterrupt) -> int:
+    what = e.describe() if isinstance(e, interrupts.Interrupted) else "interrupted"
+    _say(f"memplan: {what}")
+    return e.exit_code if isinstance(e, interrupts.Interrupted) else 130
+
+
 def _internal_error() -> int:
     traceback.print_exc()
     _say("memplan: internal error (the traceback above is a bug in memplan; please report it)")
@@ -145,16 +151,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise swallowed
         return code
     except KeyboardInterrupt as e:
-        what = e.describe() if isinstance(e, interrupts.Interrupted) else "interrupted"
-        _say(f"memplan: {what}")
-        return e.exit_code if isinstance(e, interrupts.Interrupted) else 130
+        return _interrupted(e)
     except BrokenPipeError:
         if not _stdout_gone():
             return _internal_error()
         _silence_stdout()
         return EXIT_BROKEN_PIPE
-    except Exception:  # noqa: BLE001 -- a bug: loud, and never exit 1
-        return _internal_error()
+    except Exception as e:  # noqa: BLE001 -- a bug: loud, and never exit 1
+        cause = interrupts.raised_from(e)  # Python wrapped it (NOTE [ Signals in memplan ])
+        return _interrupted(cause) if cause is not None else _internal_error()
     finally:
         outputs = sys.modules.get("memplan.outputs")
         if outputs is not None:

@@ -43,6 +43,13 @@ from contextlib import contextmanager
 # SIGABRT (exit -6, "terminate called after throwing ... Interrupted"; seen
 # in the signal test 0.39 s into `compare`). `memplan.cli` therefore imports
 # torch and builds its parser inside `deferred()`.
+# Python itself wraps an exception in one place a signal can land: Python
+# 3.11 turns one raised in a descriptor's `__set_name__`, as a class is made,
+# into RuntimeError("Error calling __set_name__ ...") from it (seen in the
+# signal test with the suite on two workers: a SIGINT during matplotlib's
+# import, which `compare` makes late, for its figure). `main` looks for an
+# `Interrupted` among an exception's causes (`raised_from`) and exits as
+# interrupted, not as an internal error.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -123,6 +130,19 @@ def ignore() -> None:
     if threading.current_thread() is threading.main_thread():
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+
+
+def raised_from(e: BaseException) -> Interrupted | None:
+    """The `Interrupted` that `e` was raised from, following `__cause__`
+    (NOTE [ Signals in memplan ]), or None."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, Interrupted):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 def fired() -> Interrupted | None:

@@ -1,6 +1,7 @@
 """NOTE [ Signals in memplan ]: a signal that lands in a callback whose
 exceptions Python only reports (here a `__del__`) is not printed as an
-ignored traceback, and `fired()` still has it for `main`."""
+ignored traceback, and `fired()` still has it for `main`; one that Python
+re-raises wrapped in another exception still exits as interrupted."""
 
 from __future__ import annotations
 
@@ -66,3 +67,34 @@ def test_a_signal_while_the_parser_imports_is_raised_after_them(monkeypatch, cap
     assert cli.main(["hw", "list"]) == 143
     assert built == [True]
     assert capsys.readouterr().err == "memplan: terminated (SIGTERM)\n"
+
+
+class _SignalsWhenNamed:
+    def __set_name__(self, owner: type, name: str) -> None:
+        signal.raise_signal(signal.SIGINT)  # the handler raises inside __set_name__
+
+
+def test_an_interrupt_python_wraps_exits_as_interrupted(monkeypatch, capsys):
+    # Python 3.11 re-raises what `__set_name__` raised as RuntimeError("Error
+    # calling __set_name__ ...") from it: a SIGINT during an import that makes
+    # such a class (matplotlib's) must still exit 130, not as a bug
+    from memplan import cli
+
+    def run(argv):
+        type("Made", (), {"x": _SignalsWhenNamed()})
+        return 0
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert cli.main(["hw", "list"]) == 130
+    assert capsys.readouterr().err == "memplan: interrupted\n"
+
+
+def test_an_error_raised_from_another_is_still_a_bug(monkeypatch, capsys):
+    from memplan import cli
+
+    def run(argv):
+        raise RuntimeError("wrapped") from ValueError("inner")
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert cli.main(["hw", "list"]) == cli.EXIT_INTERNAL_ERROR
+    assert "internal error" in capsys.readouterr().err
