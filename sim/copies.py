@@ -91,6 +91,18 @@ class CopyEngine:
             self._arrived(s, b, ep, done)
 
     # ---- D2H ---------------------------------------------------------------------------
+    # NOTE [ Writes during a copy ]
+    # A swap-out leaves a valid host copy only if no op wrote the buffer while
+    # the bytes moved: `copy_out` takes `wcount[b]` when its transfer starts
+    # and compares it when it ends, and the model's loop adds one for each
+    # buffer an op writes, at the op's start and at its end. Only a write
+    # inside such a window can change a comparison, so the loop counts writes
+    # only while one of its job's swap-outs is moving bytes (`JobState.
+    # reading`, raised for the transfer alone: nothing yields between its end
+    # and the comparison). Most ops of most runs write with no copy moving;
+    # counting them anyway cost a list read and write per written buffer,
+    # twice per op: per op of `simulate`, 1k-op step 2.09 -> 1.98 us, 30k-op
+    # step 2.43 -> 2.28 (one process, interleaved, 9 rounds).
     def copy_out(self, s: JobState, b: int, op: int, passive: bool) -> Gen:
         """Swap `b` (DEV or LEAVING) out; memory freed when the copy ends.
         `passive`: an eviction, run by the process that needs the room."""
@@ -135,7 +147,11 @@ class CopyEngine:
                     (K.EVICT_START, K.EVICT_END) if passive else (K.SWAP_OUT_START, K.SWAP_OUT_END)
                 )
                 log(LogEntry(env.now, j, s.iteration, start, op, b, lane))
-                stop = yield from pcie.transfer(n, Direction.D2H)
+                s.reading += 1  # NOTE [ Writes during a copy ]
+                try:
+                    stop = yield from pcie.transfer(n, Direction.D2H)
+                finally:
+                    s.reading -= 1
                 log(LogEntry(env.now, j, s.iteration, end, op, b, lane))
                 if s.copying[b] == ep:
                     s.copying[b] = -1

@@ -49,7 +49,9 @@ class CompiledJob:
     under another order ] in planners/core/plan.py), and `frees` follow it.
     `ops[i]` is (accs, need, create, create_bytes, writes, frees)[i] and
     `triggers[i + 1]` in one tuple, what the model's loop reads (NOTE [ One
-    tuple per op ])."""
+    tuple per op ]); under a plan in the trace's order `order` is
+    `range(n_ops)`, and `kind_bytes[b]` is buffer b's (kind index, bytes)
+    (NOTE [ Fewer streams per op ])."""
 
     __slots__ = (
         "index",
@@ -62,6 +64,7 @@ class CompiledJob:
         "n_ops",
         "nbytes",
         "kind",
+        "kind_bytes",
         "accs",
         "need",
         "create",
@@ -108,6 +111,7 @@ class CompiledJob:
 
         table = self.table = OpTable.of(t)
         self.nbytes = table.nbytes  # one object per size (NOTE [ One object per buffer id ])
+        self.kind_bytes = table.kind_bytes  # NOTE [ Fewer streams per op ]
         self.accs = table.accesses
         self.need = table.need
         self.create = table.creates
@@ -127,7 +131,8 @@ class CompiledJob:
         table = OpTable.of(self.trace, plan.order)
         ip = IndexedPlan.of(plan, self.trace, table)
         self.plan = plan
-        self.order = ip.order
+        # the trace's order as a range (NOTE [ Fewer streams per op ])
+        self.order = ip.order if plan.order is not None else range(self.n_ops)
         self.frees = table.frees  # NOTE [ Frees under another order ]
         # Plan events by trigger, in plan order; inputs released at the start
         # are never loaded (NOTE [ Duplicate events ] in planners/core/semantics.py).
@@ -152,9 +157,11 @@ class CompiledJob:
         """Op durations in microseconds at outside load `usage` (NOTE [ Op
         durations ] in sim/model.py, NOTE [ Usage and jitter ] in sim/dynamics.py)."""
         try:
-            return device.op_durations(self.trace, TimeUnit.US, usage=usage).tolist()
+            d = device.op_durations(self.trace, TimeUnit.US, usage=usage).tolist()
         except LatencyError as e:
             raise SimError(f"job {self.index} ({self.name}): {e}") from None
+        seen: dict[float, float] = {}  # one object per value (NOTE [ Fewer streams per op ])
+        return [seen.setdefault(x, x) for x in d]
 
     def _durations(self, device: DeviceModel, plan: Plan) -> list[float]:
         """The kernels' durations, each op that triggers planned copies longer
@@ -179,6 +186,34 @@ class CompiledJob:
 # jitter replaces them per iteration). Measured with the sizes interleaved,
 # three runs each, per op of `simulate`: 3k-op step 2.52-2.99 us before,
 # 2.16-2.39 after; 30k-op step 2.98-3.19 and 2.72-2.88.
+# NOTE [ Fewer streams per op ]
+# Past a few thousand ops a step's tables no longer fit the core's L2 (1 MiB
+# here), and the loop's cost per op rises by what it waits on memory: on
+# this machine 2.1 us per op at 1k ops against 2.4-2.5 at 10k-30k (session
+# 14). The loop reads its tables in order, which a hardware prefetcher can
+# stream ahead of it, but it walks many independent streams at once -- each
+# per-op table, the buffer ids forwards and backwards, each per-buffer list
+# at the buffers being made and at those being freed, the log and the
+# samples it writes: about thirty. Replaying the loop's addresses (id() and
+# the lists' item arrays) through an LRU cache with a stream prefetcher of
+# 8, 16 or 32 trackers gave 10, 6 and 1 lines per op that nothing
+# prefetches on a 30k-op step: what costs is the number of streams. So:
+# - an op's tuples are made one after another (`OpTable`), so that those of
+#   one size follow each other in memory, and `writes[i]` is `creates[i]`
+#   when op i writes what it makes (24k of 30k ops of the synthetic step);
+# - `kind_bytes[b]`, one shared (kind, bytes) pair, is what the pool reads
+#   per allocation and free, where it read `kind[b]` and `nbytes[b]`;
+# - `durations` share one float per distinct value (a step repeats its
+#   layers'), like sizes (NOTE [ One object per buffer id ]);
+# - a plan in the trace's order runs `range(n_ops)`: fresh ints from a
+#   free list in cache, where a tuple of op ids was one more stream;
+# - `parked[b]` is read only while some buffer is parked (`JobState.
+#   n_parked`), and `wcount[b]` counted only while a swap-out reads
+#   (NOTE [ Writes during a copy ] in sim/copies.py).
+# benchmarks/sim.py's scaling, fastest over slowest size, in three pairs of
+# runs alternating the code before and after (a noisy hour): 1.226, 1.196,
+# 1.180 before; 1.139, 1.128, 1.101 after; the 30k-op step 367-389k events/s
+# before, 394-418k after, the 1k-op step 449-465k and 433-472k.
 def _compiled(e: int, ev: Triggered) -> tuple:
     """(code, buffer, delay_us, before_op, next_iteration, event index, after_op)."""
     if isinstance(ev, Release):

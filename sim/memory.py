@@ -131,20 +131,20 @@ class MemoryPool:
     def take(self, s: JobState, b: int) -> None:
         """Allocate `b`'s bytes; it is on the device and usable."""
         c = s.c
-        n = c.nbytes[b]
+        kind, n = c.kind_bytes[b]
         self.used += n
-        self._row((self.env.now, c.index, c.kind[b], n))
+        self._row((self.env.now, c.index, kind, n))
         s.where[b] = DEV
-        if s.parked[b]:  # made again on the device while its host copy holds
+        if s.n_parked and s.parked[b]:  # made again on the device while its host copy holds
             self.unpark(s, b)
 
     def drop(self, s: JobState, b: int) -> None:
         """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
         c = s.c
         s.where[b] = OFF
-        n = c.nbytes[b]
+        kind, n = c.kind_bytes[b]
         self.used -= n
-        self._row((self.env.now, c.index, c.kind[b], -n))
+        self._row((self.env.now, c.index, kind, -n))
         if s.host[b] and s.alive[b]:
             self.park(s, b)
         if self._changed is not None:
@@ -154,7 +154,7 @@ class MemoryPool:
         """`b` is on the device to stay: leaving, its swap-out found it
         needed; or arrived, its swap-in is over."""
         s.where[b] = DEV
-        if s.parked[b]:
+        if s.n_parked and s.parked[b]:
             self.unpark(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
@@ -177,6 +177,7 @@ class MemoryPool:
         if s.parked[b]:
             return
         s.parked[b] = True
+        s.n_parked += 1
         n = s.c.nbytes[b]
         s.parked_bytes += n
         s.parked_peak = max(s.parked_peak, s.parked_bytes)
@@ -185,6 +186,7 @@ class MemoryPool:
 
     def unpark(self, s: JobState, b: int) -> None:
         s.parked[b] = False
+        s.n_parked -= 1
         n = s.c.nbytes[b]
         s.parked_bytes -= n
         self.parked_bytes -= n

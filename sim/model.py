@@ -303,7 +303,9 @@ class GpuModel:
             row((env.now, j, it, start, i, -1, -1))
             for b in writes:  # a copy overlapping the write in any way is stale
                 host[b] = False
-                wcount[b] += 1
+            if s.reading:  # NOTE [ Writes during a copy ] in sim/copies.py
+                for b in writes:
+                    wcount[b] += 1
             if not skip_to(env.now + dur[i]):  # NOTE [ Kernels that nothing interleaves ]
                 kernel = env.timeout(dur[i])
                 try:
@@ -318,7 +320,9 @@ class GpuModel:
             row((env.now, j, it, end, i, -1, -1))
             for b in writes:
                 host[b] = False
-                wcount[b] += 1
+            if s.reading:
+                for b in writes:
+                    wcount[b] += 1
             for b in frees:
                 self._framework_free(s, b)
             if after:
@@ -400,7 +404,7 @@ class GpuModel:
         elif w == LEAVING and self.mem.ledger:  # its copy still reads the bytes
             self.mem.detach(s, b)
         s.where[b] = OFF
-        if s.parked[b]:
+        if s.n_parked and s.parked[b]:
             self.mem.unpark(s, b)
 
     def stop(self, s: JobState, oom: OutOfMemory | None = None) -> None:

@@ -56,6 +56,7 @@ class JobState:
         self.epoch = [0] * nb
         self.copying = [-1] * nb
         self.wcount = [0] * nb
+        self.reading = 0  # D2H copies reading a buffer now (NOTE [ Writes during a copy ])
         self.in_ev: dict[int, simpy.Event] = {}
         self.pinned: tuple[int, ...] = ()
         self.deadlines: dict[tuple[int, int], list[tuple[int, simpy.Event]]] = {}
@@ -79,6 +80,8 @@ class JobState:
         self.last_use = [0.0] * nb
         # NOTE [ Pinned host memory ] in sim/memory.py: off the device, data on the host
         self.parked = [False] * nb
+        # how many are; at 0 nothing reads `parked` (NOTE [ Fewer streams per op ])
+        self.n_parked = 0
         self.parked_bytes = self.parked_peak = 0
         self.scratch_bytes = 0  # the current op's workspace
         self.context_bytes = 0  # its CUDA context, while the job runs

@@ -49,11 +49,13 @@ class OpTable:
 
     `persistent` are the buffers that live across iterations (resident when
     the job arrives), `inputs` the non-persistent buffers allocated at every
-    iteration's start, `nbytes[b]` buffer b's bytes. Per-op fields are tuples
-    indexed by op id, as the simulator's loop over ops reads them."""
+    iteration's start, `nbytes[b]` buffer b's bytes and `kind_bytes[b]` its
+    (kind index, bytes). Per-op fields are tuples indexed by op id, as the
+    simulator's loop over ops reads them."""
 
     n_ops: int
     nbytes: tuple[int, ...]
+    kind_bytes: tuple[tuple[int, int], ...]
     accesses: tuple[Ids, ...]
     need: tuple[Ids, ...]
     creates: tuple[Ids, ...]
@@ -99,6 +101,8 @@ def _build_table(t: Trace) -> OpTable:
     n = t.n_ops
     sizes: dict[int, int] = {}  # one object per size (NOTE [ One object per buffer id ])
     nbytes = tuple(sizes.setdefault(x, x) for x in t.nbytes.tolist())
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}  # likewise one per (kind, size)
+    kind_bytes = tuple(pairs.setdefault(p, p) for p in zip(t.kind_index.tolist(), nbytes))
     ids = list(range(t.n_buffers))  # NOTE [ One object per buffer id ]
     ap, wp = t.access_csr[0].tolist(), t.writes_csr[0].tolist()
     ab, wb = ([ids[b] for b in a.tolist()] for a in (t.access_csr[1], t.writes_csr[1]))
@@ -108,26 +112,34 @@ def _build_table(t: Trace) -> OpTable:
     for b, c in zip(ids, t.created_at.tolist()):
         if c >= 0 and not start[b]:
             creates[c].append(b)
-    accesses = tuple(tuple(ab[ap[i] : ap[i + 1]]) for i in range(n))
-    need = tuple(
-        tuple(b for b in accesses[i] if b not in creates[i]) if creates[i] else accesses[i]
-        for i in range(n)
-    )
     frees: list[list[int]] = [[] for _ in range(n)]
     if n:
         for b, f in zip(ids, t.freed_after.tolist()):
             if not persistent[b]:
                 frees[min(f, n - 1)].append(b)
-    made = [sum(nbytes[b] for b in c) for c in creates]  # bytes op i creates
+    # an op's tuples are made one after another, and an op that writes just
+    # what it creates shares that tuple (NOTE [ Fewer streams per op ] in sim/job.py)
+    acc_of, need_of, made_of, made_bytes, writes_of, frees_of = [], [], [], [], [], []
+    for i in range(n):
+        a, c = tuple(ab[ap[i] : ap[i + 1]]), tuple(creates[i])
+        w = tuple(wb[wp[i] : wp[i + 1]])
+        acc_of.append(a)
+        need_of.append(tuple(b for b in a if b not in c) if c else a)
+        made_of.append(c)
+        m = sum(nbytes[b] for b in c)  # bytes op i creates
+        made_bytes.append(sizes.setdefault(m, m))
+        writes_of.append(c if w == c else w)
+        frees_of.append(tuple(frees[i]))
     return OpTable(
         n_ops=n,
         nbytes=nbytes,
-        accesses=accesses,
-        need=need,
-        creates=tuple(tuple(c) for c in creates),
-        create_bytes=tuple(sizes.setdefault(x, x) for x in made),
-        writes=tuple(tuple(wb[wp[i] : wp[i + 1]]) for i in range(n)),
-        frees=tuple(tuple(f) for f in frees),
+        kind_bytes=kind_bytes,
+        accesses=tuple(acc_of),
+        need=tuple(need_of),
+        creates=tuple(made_of),
+        create_bytes=tuple(made_bytes),
+        writes=tuple(writes_of),
+        frees=tuple(frees_of),
         persistent=tuple(b for b in ids if persistent[b]),
         inputs=tuple(b for b in ids if start[b] and not persistent[b]),
     )

@@ -87,6 +87,24 @@ def test_an_op_table_holds_one_object_per_size():
     assert len(big) >= 2 and len(table.nbytes) > 10 * len(seen)
 
 
+def test_an_op_table_shares_kind_size_pairs_and_writes_that_are_creations():
+    """NOTE [ Fewer streams per op ]: `kind_bytes` is the trace's (kind,
+    size) per buffer, one object per distinct pair; `writes[i]` is the
+    trace's writes of op i, the very tuple `creates[i]` when they are equal."""
+    t = synthetic.sized(600, seed=0, family=synthetic.Family.RESIDUAL)
+    table = OpTable.of(t)
+    assert table.kind_bytes == tuple(zip(t.kind_index.tolist(), t.nbytes.tolist()))
+    assert len({id(p) for p in table.kind_bytes}) == len(set(table.kind_bytes)) < 20
+    shared = 0
+    for i in range(t.n_ops):
+        w = table.writes[i]
+        assert w == tuple(int(b) for b in t.op_writes(i))
+        if w and w == table.creates[i]:
+            assert w is table.creates[i]
+            shared += 1
+    assert shared > t.n_ops // 2
+
+
 def test_indexed_plan_groups_events_by_trigger_in_plan_order():
     t, _ = step()
     events = (

@@ -140,6 +140,22 @@ def test_pinned_host_bytes_of_a_swap_worked_by_hand():
     assert simulate([Job(t, release_only_plan(t))], DeviceModel(gpu(), lat)).pinned_peak_bytes == 0
 
 
+def test_pinned_host_bytes_of_two_swaps_one_after_the_other():
+    # ops of 3 ms. A (4 MiB) copies out [3, 7) and back [9, 13) (op 3 waits
+    # for it until 13); B (2 MiB) out after op 3 [16, 18) and back after op 4
+    # [19, 21). A is parked 7-13, B 18-21: never both, so the peak is A's
+    # 4 MiB, not 6 -- A's return to the device unparks it.
+    t, lat = make(
+        [B(4), B(2)],
+        [Call([], [0], 3), Call([], [1], 3), Call([], [], 3), Call([0], [], 3),
+         Call([], [], 3), Call([1], [], 3)],
+    )  # fmt: skip
+    events = (SwapOut(0, 0), SwapIn(0, 2, 3), SwapOut(1, 3), SwapIn(1, 4, 5))
+    r = simulate([Job(t, Plan(fingerprint(t), events))], DeviceModel(gpu(), lat))
+    assert (r.pinned_peak_bytes, r.jobs[0].pinned_peak_bytes) == (4 * MiB, 4 * MiB)
+    assert r.jobs[0].iteration_time_s == pytest.approx(0.024)  # stalls 9-13 and 19-21
+
+
 @pytest.mark.parametrize("seed", [3, 8])
 @pytest.mark.parametrize("allocator", ["caching", "smartpool"])
 @pytest.mark.parametrize("oom", ["fail", "stall", "passive", "dtr"])

@@ -396,6 +396,29 @@ def test_write_during_a_swap_out_keeps_the_buffer_and_stales_the_copy():
     assert r.jobs[0].bytes_d2h == 4 * MiB
 
 
+def test_a_write_at_the_end_of_an_op_stales_a_copy_that_began_during_it():
+    # Unchecked plan: op1 (1->4) updates a in place; a's swap-out waits 2 ms
+    # after op0 and copies 3->5, so op1's write as it ends (4) lands inside
+    # the copy: a stays (op2 uses it) with a stale host copy, and the second
+    # swap-out (after op2, 6->8) copies again instead of discarding (the
+    # swap-in for op4 finds it leaving and keeps it). Only the end-of-op pass
+    # sees this write while the copy moves (NOTE [ Writes during a copy ] in
+    # sim/copies.py).
+    t, lat = make(
+        [B(2), B(1)],
+        [Call([], [0]), Call([0], [0], 3), Call([0], [], 2), Call([], [1]), Call([0, 1], [])],
+    )
+    p = plan(t, SwapOut(0, 0, delay_us=2000.0), SwapOut(0, 2), SwapIn(0, 3, 4))
+    r = simulate([Job(t, p)], DeviceModel(gpu(), lat), iterations=1, check=False)
+    moves = ("swap_out_start", "swap_out_end", "discard", "swap_in_start", "swap_in_end")
+    copies = [e[:2] for e in fmt(r.log) if e[1] in moves]
+    assert copies == [
+        (3.0, "swap_out_start"), (5.0, "swap_out_end"),  # a stays: op2 uses it
+        (6.0, "swap_out_start"), (8.0, "swap_out_end"),  # copied again: op1 wrote it at 4
+    ]  # fmt: skip
+    assert r.jobs[0].bytes_d2h == 4 * MiB
+
+
 def test_host_copy_dies_with_the_buffer():
     # a is swapped out for good (never read again) and freed by the framework
     # after op2: a swap-in after that has nothing to read (unchecked plan).

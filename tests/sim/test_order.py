@@ -5,7 +5,7 @@ lowers the peak, by bytes worked out by hand."""
 from __future__ import annotations
 
 import pytest
-from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.device import DeviceModel, TimeUnit
 from memplan.planners.core.plan import Plan, Release, fingerprint_of
 from memplan.sim import Job, SimError, simulate
 from memplan.sim.job import CompiledJob
@@ -66,3 +66,19 @@ def test_the_per_op_tuples_follow_the_plan_in_use():
     assert list(c.ops) == rows(c) and c.ops[0][6]  # the release after op 0
     c.use_plan(Plan(fingerprint_of(t), order=BRANCHES_FIRST), dev)
     assert list(c.ops) == rows(c) and not any(op[6] for op in c.ops)
+
+
+def test_the_loop_runs_the_plan_s_order_and_one_float_per_duration():
+    """NOTE [ Fewer streams per op ]: the trace's order as a range, the
+    plan's own as given; the kernels' durations, equal values one object."""
+    t, lat = interleaved()
+    dev = DeviceModel(gpu(), lat)
+    c = CompiledJob(0, Job(t, Plan(fingerprint_of(t))), 1, dev)
+    assert c.order == range(t.n_ops)
+    c.use_plan(Plan(fingerprint_of(t), order=BRANCHES_FIRST), dev)
+    assert tuple(c.order) == BRANCHES_FIRST
+    want = dev.op_durations(t, TimeUnit.US).tolist()
+    assert c.kernels == want and len(set(want)) < len(want)  # some ops last as long
+    seen: dict[float, int] = {}  # duration -> id() of its object
+    for x in c.kernels:
+        assert seen.setdefault(x, id(x)) == id(x), x
