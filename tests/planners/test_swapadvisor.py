@@ -52,6 +52,33 @@ def test_the_answer_does_not_depend_on_the_worker_count():
     assert run(workers=1, seed=3)[1].plans == run(workers=2, seed=3)[1].plans
 
 
+def test_a_generation_starts_only_if_one_as_slow_still_fits_the_limit(monkeypatch):
+    # A clock that moves 1 s per individual scored: the first population and
+    # each generation (8 children) take 8 s. At a 20 s limit the first
+    # generation starts at 8 s and ends at 16; a second would end at 24, so
+    # it does not start (checking only that 20 s had not passed ran it):
+    # NOTE [ SwapAdvisor search ].
+    from types import SimpleNamespace
+
+    from memplan.planners.search import swapadvisor
+
+    clock = [0.0]
+    monkeypatch.setattr(swapadvisor, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    score = swapadvisor._Search.score
+
+    def timed(self, inds, pool):
+        clock[0] += len(inds)
+        return score(self, inds, pool)
+
+    monkeypatch.setattr(swapadvisor._Search, "score", timed)
+    t, lat = interleaved()
+    dev = DeviceModel(gpu(), lat)
+    opts = {"population": 8, "generations": 50, "time_limit_s": 20.0}
+    ev = sim_evaluator([t], dev, 7 * MiB)
+    r = registry.run("swapadvisor", [t], dev, budget_bytes=7 * MiB, options=opts, evaluator=ev)
+    assert (r.stats["generations"], clock[0], r.solve_time_s) == (1, 16.0, 16.0)
+
+
 def test_without_budget_or_evaluator():
     t, lat = interleaved()
     dev = DeviceModel(gpu(), lat)
