@@ -15,7 +15,7 @@ Compiling a job (building its per-op tables and latencies) is timed apart.
   small step run again until its round has simulated 90k ops, as the 30k
   step does once), the median over rounds and the range of the rounds --
   target: flat within 20% from 1k to 30k ops (NOTE [ Garbage collection in
-  simulate ]), one event per op (a kernel the clock skips counts as one:
+  simulate ], NOTE [ Fewer streams per op ]), one event per op (a kernel the clock skips counts as one:
   NOTE [ Kernels that nothing interleaves ]);
 - densenet121 x 4 jobs x 3 iterations, vanilla (the workload of the
   garbage-collection finding).
