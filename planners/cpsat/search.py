@@ -43,10 +43,10 @@ RESERVE_SHARE, RESERVE_MAX_S = 0.02, 1.5  # NOTE [ The time limit is the planner
 # workers finish their current step; a call also gets at least 0.05 s) and
 # reading the solution out into plans comes after the last call. Measured in
 # `benchmarks/pressure.py` at a 60 s limit, two processes on 2 cores:
-# 60.10-60.23 s where the search ran to the limit, 60.67 s for a cell that
-# ended with no plan (densenet121 at 50%). The searches now end
-# RESERVE_SHARE of the limit before it, at most RESERVE_MAX_S (1.2 s of a
-# 60 s limit, 0.1 s of the 5 s a `capacity` probe gets).
+# 60.09-60.67 s in 17 of its 29 cells (the most at densenet121 60%, which
+# ended with no plan). The searches now end RESERVE_SHARE of the limit
+# before it, at most RESERVE_MAX_S (1.2 s of a 60 s limit, 0.1 s of the 5 s
+# a `capacity` probe gets): 58.24-59.31 s on 12 of those cells re-run.
 def _deadline(t0: float, time_limit_s: float) -> float:
     return t0 + time_limit_s - min(RESERVE_SHARE * time_limit_s, RESERVE_MAX_S)
 
