@@ -6,6 +6,7 @@ a coarse model, then windows around the memory peaks (NOTE [ Windows ]).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +35,14 @@ from memplan.planners.cpsat.spec import ModelSpec, Objective, Solution
 # its infeasibility a proof. Otherwise a restricted model proves nothing
 # globally, so the reported best bound is the analytic one of
 # `planners/analysis/bounds.py`; the stats say `search: "lns"`.
+# Building a model takes time the solver's limit does not see (0.7-1.3 s a
+# window on densenet121, 5.5 s its first coarse model; twice that with the
+# two cores shared), so a window starts only while the time left exceeds
+# the slowest window build so far plus 0.5 s, and an infeasible coarse model
+# is refined only while it exceeds its build plus 1 s (a finer one builds no
+# faster). Starting one with 0.5 s left had CP-SAT end at 61.0 s of a 60 s
+# limit (densenet121 at 50%, two processes; NOTE [ The time limit is the
+# planner's ] in cpsat/search.py).
 
 
 COARSE_SHARE = 0.4  # of what is left, for the coarse model before the windows
@@ -107,11 +116,13 @@ def _coarse(
         cspec = replace(
             spec, block=block, soft=soft_start is not None, incumbent=hint or soft_start
         )
+        t = time.perf_counter()
         bm = build(data, cspec)
+        built_s = time.perf_counter() - t  # NOTE [ Windows ]: a finer one builds no faster
         info["model_terms"] = bm.n_terms
         out = solve(bm, opts, coarse_t, hint or soft_start, "cpsat coarse")
         info["coarse_status"], info["block"] = out.status, block
-        if out.status != "INFEASIBLE" or hint is not None or time_left(deadline) < 1.0:
+        if out.status != "INFEASIBLE" or hint is not None or time_left(deadline) < 1.0 + built_s:
             break
         if block == 1:  # the coarsening was no restriction: a proof
             info["status"] = "INFEASIBLE"
@@ -137,7 +148,8 @@ def _windows(
     n_hot, half = len(data.hot), max(opts.lns_window_hot_ops // 2, 1)
     visited = np.zeros(n_hot, bool)
     target = spec.peak_floor if peak_mode else spec.time_floor
-    while time_left(deadline) > 0.5:
+    built_s = 0.0  # the slowest window build so far (NOTE [ Windows ])
+    while time_left(deadline) > 0.5 + built_s:
         if (inc.peak_bytes if peak_mode else inc.iteration_ticks) <= target:
             break  # at the analytic bound: nothing to gain
         cap = inc.peak_bytes if peak_mode else spec.budget
@@ -149,7 +161,9 @@ def _windows(
         w0, w1 = max(centre - half, 0), min(centre + half, n_hot - 1)
         visited[w0 : w1 + 1] = True
         free = _window_gaps(data, w0, w1, opts.lns_max_free_gaps)
+        t = time.perf_counter()
         wbm = build(data, replace(spec, free=free, incumbent=inc, fine=(w0, w1)))
+        built_s = max(built_s, time.perf_counter() - t)
         limit = min(opts.lns_window_time_s, time_left(deadline))
         wout = solve(wbm, opts, limit, inc, "cpsat window")
         info["windows"] += 1

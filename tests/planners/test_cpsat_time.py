@@ -36,3 +36,38 @@ def test_the_exact_search_gets_the_deadline_less_the_reserve(monkeypatch):
     r = search.run((t,), device, 5 * MiB, CpsatOptions(hint=None, time_limit_s=60.0), 100.0)
     assert seen == [pytest.approx(100.0 + 60.0 - 1.2)]
     assert r.stats["status"] == "UNKNOWN" and not r.plans
+
+
+def test_a_window_starts_only_if_its_build_still_fits(monkeypatch):
+    # NOTE [ Windows ]: a clock that moves 2 s per model build and a solve's
+    # whole limit per solve (2.7 s a window). Windows end at 4.7 and 9.4 s of
+    # a 10 s deadline; a third would be built from 9.4 to 11.4 s, past it,
+    # so it is not started (starting while 0.5 s were left ran to 11.45 s).
+    from types import SimpleNamespace
+
+    import numpy as np
+    from memplan.planners.cpsat import lns
+    from memplan.planners.cpsat.spec import ModelSpec, Objective
+
+    clock = [0.0]
+
+    def build(data, spec):
+        clock[0] += 2.0
+        return None
+
+    def solve(bm, opts, limit, start, what):
+        clock[0] += limit
+        return SimpleNamespace(solution=None)
+
+    monkeypatch.setattr(lns, "build", build)
+    monkeypatch.setattr(lns, "solve", solve)
+    monkeypatch.setattr(lns, "time_left", lambda deadline: max(deadline - clock[0], 0.05))
+    monkeypatch.setattr(lns, "slack", lambda data, sol, cap: np.zeros(len(data.hot)))
+    monkeypatch.setattr(lns, "_window_gaps", lambda data, w0, w1, most: frozenset())
+    monkeypatch.setattr(lns, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    inc = SimpleNamespace(iteration_ticks=10, peak_bytes=1)
+    info = {"windows": 0, "windows_improved": 0}
+    opts = CpsatOptions(lns_window_hot_ops=4, lns_window_time_s=2.7)
+    data = SimpleNamespace(hot=np.arange(12))
+    out = lns._windows(data, ModelSpec(Objective.TIME, 1), opts, inc, 10.0, info)
+    assert out is inc and info["windows"] == 2 and clock[0] == pytest.approx(9.4)
