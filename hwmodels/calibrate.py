@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 import torch
+from memplan.traces.target import TargetDevice
 from memplan.hwmodels.dataset import Dataset
 from memplan.hwmodels.hostmem import cache_host_allocations
 from memplan.hwmodels.microbench import (
@@ -65,6 +66,7 @@ def measure_profile(device: str = "cpu", threads: int = 1, name: str = "cpu-loca
         peak_flops=flops,
         mem_bw_bytes_per_s=bw,
         launch_overhead_s=launch,
+        device=TargetDevice.CPU,
         source={
             "memory_bytes": f"physical RAM (SC_PHYS_PAGES x SC_PAGE_SIZE), {when}",
             "h2d_bytes_per_s": f"{how}: best of 7 memcpy (Tensor.copy_) of 64 MiB",
@@ -130,8 +132,10 @@ def _measure_cuda(name: str, when: str) -> Hardware:
         peak_flops=flops,
         mem_bw_bytes_per_s=bw,
         launch_overhead_s=launch,
+        compute_capability=(props.major, props.minor),
         source={
             "memory_bytes": "torch.cuda.get_device_properties().total_memory",
+            "compute_capability": "torch.cuda.get_device_properties(): major.minor",
             "h2d_bytes_per_s": f"{how}: pinned 64 MiB host-to-device copies, CUDA events",
             "d2h_bytes_per_s": f"{how}: pinned 64 MiB device-to-host copies, CUDA events",
             "transfer_fixed_s": f"{how}: 4-byte pinned copy",

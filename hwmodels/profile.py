@@ -14,7 +14,14 @@ from typing import Any
 
 from memplan.hwmodels.errors import LatencyError
 from memplan.traces import fields
+from memplan.traces.errors import TraceError
 from memplan.traces.io import read_toml
+from memplan.traces.target import (
+    AttentionBackend,
+    Target,
+    TargetDevice,
+    parse_compute_capability,
+)
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -58,6 +65,21 @@ class Hardware:
     context_reserve_bytes: int = 0
     conv_workspace_bytes: int = 0
     matmul_workspace_bytes: int = 0
+    device: TargetDevice = TargetDevice.CUDA
+    compute_capability: tuple[int, int] | None = None
+
+    def target(self, attention: AttentionBackend = AttentionBackend.AUTO) -> Target:
+        """This device as a capture target (traces/target.py): a CUDA profile
+        needs its `compute_capability`, which picks the kernels emulated."""
+        if self.device is TargetDevice.CUDA and self.compute_capability is None:
+            raise LatencyError(
+                f"hardware {self.name}: no compute_capability, so it cannot be a capture "
+                "target (add compute_capability = \"MAJOR.MINOR\" to the profile)"
+            )
+        try:
+            return Target(self.name, self.device, self.compute_capability, attention)
+        except TraceError as e:
+            raise LatencyError(str(e)) from None
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for `dtype`; float32's figure for dtypes the profile
@@ -87,6 +109,8 @@ class Hardware:
 #   context_reserve_bytes    0 .. 64 GiB                  (integer)
 #   conv_workspace_bytes     0 .. 64 GiB                  (integer)
 #   matmul_workspace_bytes   0 .. 64 GiB                  (integer)
+#   device                   "cuda" (default) or "cpu"     (whose dispatch a capture for it follows)
+#   compute_capability       "MAJOR.MINOR" (cuda only)     (picks the kernels a capture emulates)
 # (whether they leave room in a budget is the simulator's check, which
 # refuses contexts that take all of it).
 # Shipped profiles sit well inside (the widest: cpu-local's 2.7e9 FLOP/s for
@@ -106,7 +130,9 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
 _OPTIONAL = ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_bytes")
 _TABLE_RANGES = {"peak_flops": (1e6, 1e18), "roofline_efficiency": (1e-3, 1e3)}
 _TABLES = ("peak_flops", "roofline_efficiency")
-_KNOWN = {"name", "description", "source", *_NUMBERS, *_OPTIONAL, *_TABLES}
+_KNOWN = {
+    "name", "description", "source", "device", "compute_capability", *_NUMBERS, *_OPTIONAL, *_TABLES
+}
 
 
 def list_profiles() -> list[str]:
@@ -167,6 +193,7 @@ def hardware_from_dict(doc: dict[str, Any], where: str, default_name: str = "") 
             raise LatencyError(f"{where}: source.{key}: missing (every figure needs a source line)")
     description = doc.get("description", "")
     fields.string(description, f"{where}: description", LatencyError)
+    values.update(_arch(doc, where, source))
     return Hardware(
         name=name,
         peak_flops=peak,
@@ -175,6 +202,27 @@ def hardware_from_dict(doc: dict[str, Any], where: str, default_name: str = "") 
         roofline_efficiency=eff,
         **values,
     )
+
+
+def _arch(doc: dict[str, Any], where: str, source: dict[str, Any]) -> dict[str, Any]:
+    """`device` and `compute_capability` (NOTE [ Profile sanity ranges ])."""
+    device = fields.enum_value(
+        TargetDevice, doc.get("device", "cuda"), f"{where}: device", LatencyError
+    )
+    out: dict[str, Any] = {"device": device}
+    if "compute_capability" in doc:
+        if device is not TargetDevice.CUDA:
+            raise LatencyError(f"{where}: compute_capability: only a cuda device has one")
+        text = fields.string(doc["compute_capability"], f"{where}: compute_capability", LatencyError)
+        try:
+            out["compute_capability"] = parse_compute_capability(text, f"{where}: compute_capability")
+        except TraceError as e:
+            raise LatencyError(str(e)) from None
+        if not str(source.get("compute_capability", "")).strip():
+            raise LatencyError(
+                f"{where}: source.compute_capability: missing (every figure needs a source line)"
+            )
+    return out
 
 
 def _table(
@@ -210,6 +258,10 @@ def to_toml(hw: Hardware, header: str = "") -> str:
         v = getattr(hw, key)
         lines.append(f"{key} = {v}" if isinstance(v, int) else f"{key} = {v:.6g}")
     lines += [f"{key} = {getattr(hw, key)}" for key in _OPTIONAL if key in hw.source]
+    if hw.device is not TargetDevice.CUDA:
+        lines.append(f"device = {_q(hw.device.value)}")
+    if hw.compute_capability is not None:
+        lines.append('compute_capability = "%d.%d"' % hw.compute_capability)
     for key in _TABLES:
         table = getattr(hw, key)
         if table:

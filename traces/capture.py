@@ -14,13 +14,13 @@ import math
 import os
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
-from memplan.traces import optim
+from memplan.traces import emulate, optim
 from memplan.traces.errors import TraceError
 from memplan.traces.model import (
     MAX_ACCUMULATE,
@@ -34,6 +34,7 @@ from memplan.traces.model import (
 )
 from memplan.traces.recorder import MODULE_KEY, CaptureMode, Recorder, tensors
 from memplan.traces.step import Trainer, run_step
+from memplan.traces.target import Target
 
 if TYPE_CHECKING:
     from memplan.traces.zoo import Workload
@@ -50,8 +51,9 @@ class CaptureOptions:
     traces/optim.py). `amp` runs forward and loss under `torch.autocast`
     (fp16 with a `GradScaler`; needs cpu or cuda: NOTE [ Autocast and the
     capture device ]); `accumulate` forward/backward passes make one
-    iteration (NOTE [ Gradient accumulation ]). Everything is checked here,
-    each problem a one-line `TraceError`."""
+    iteration (NOTE [ Gradient accumulation ]). `target` is the device the
+    trace is captured for (NOTE [ Capture targets ]). Everything is checked
+    here, each problem a one-line `TraceError`."""
 
     device: str = "meta"
     optimizer: str = "adam"
@@ -63,6 +65,7 @@ class CaptureOptions:
     optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     amp: Amp | str = Amp.NONE
     accumulate: int = 1
+    target: Target | None = None
     # what the optimizer is built with: `optimizer_kwargs` over the defaults
     # (kept apart, so `dataclasses.replace` re-derives it from what was given)
     resolved_kwargs: Mapping[str, Any] = field(init=False, repr=False, compare=False, hash=False)
@@ -82,10 +85,12 @@ class CaptureOptions:
             if amp not in {a.value for a in Amp}:
                 raise TraceError(f"amp={amp!r} must be one of {allowed}")
             object.__setattr__(self, "amp", Amp(amp))
-        if self.amp is not Amp.NONE and self.device == "meta":
+        _check_target(self.target, self.device)
+        if self.amp is not Amp.NONE and self.device == "meta" and self.target is None:
             raise TraceError(
                 f"amp={self.amp.value}: torch.autocast does not exist on the meta device; "
-                "capture with --device cpu (NOTE [ Autocast and the capture device ])"
+                "name the GPU with --target, or capture with --device cpu "
+                "(NOTE [ Autocast and the capture device ])"
             )
         acc = self.accumulate
         if not isinstance(acc, int) or isinstance(acc, bool) or not 1 <= acc <= MAX_ACCUMULATE:
@@ -102,9 +107,37 @@ class CaptureOptions:
         object.__setattr__(self, "resolved_kwargs", MappingProxyType(resolved))
 
     @property
+    def emulated(self) -> bool:
+        """Whether the step runs under the target's emulation (meta with a target)."""
+        return self.device == "meta" and self.target is not None
+
+    @property
     def optimizer_name(self) -> str:
         """The `torch.optim` class in lower case (`adamw`), as traces record it."""
         return optim.optimizer_class(self.optimizer).__name__.lower()
+
+
+# NOTE [ Capture targets ]
+# A trace says which device it describes (`TraceMeta.target`). On meta with a
+# target, the step runs under `emulate.Emulation` and records what the
+# target's dispatch would run (traces/emulate/). On a real device the target
+# must be that device's type (a cpu capture for a cpu target, a cuda capture
+# for a cuda one): the trace records what ran, and the target only names it.
+# Without a target a meta capture records meta's own dispatch (math
+# attention, per-step RNN cells, no autocast), as traces from before targets.
+def _check_target(target: Target | None, device: str) -> None:
+    if target is None:
+        return
+    if not isinstance(target, Target):
+        raise TraceError(f"target={target!r} must be a traces.target.Target")
+    if device == "meta":
+        return
+    kind = "cuda" if device.startswith("cuda") else device
+    if kind != target.device.value:
+        raise TraceError(
+            f"target {target.name} is a {target.device.value} device: capture it on meta "
+            f"(emulated) or on {target.device.value}, not on {device}"
+        )
 
 
 def _label_graph(outputs: Any, path: str) -> None:
@@ -175,12 +208,13 @@ def capture(
     with _theirs(name, "building the workload", opts.device, always=True), torch.device(device):
         w = workload(batch_size)
     _check_workload(w, name)
-    if device.type == "meta":
+    if device.type == "meta" and not opts.emulated:
         _refuse_recurrent(w.model, name)
-    with _theirs(name, "the training step", opts.device):
+    em = _emulation(opts)
+    with _theirs(name, "the training step", opts.device), em:
         w.model.train()
         opt = _make_optimizer(w.model, opts, name)
-        trainer = Trainer.make(w, opt, device, opts.amp, opts.accumulate)
+        trainer = Trainer.make(w, opt, device, opts.amp, opts.accumulate, em)
         _warm_up(trainer, opts.warmup_iterations, name)
 
     host = {
@@ -189,6 +223,7 @@ def capture(
         if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type == "cpu"
     }
     rec = Recorder(device, host, opts.measure, opts.measure_repeats, progress)
+    rec.rules = emulate.dispatch_rules(opts.target if opts.emulated else None)
     _register_persistent(trainer, rec)
     torch.manual_seed(opts.seed + 1)
 
@@ -203,6 +238,7 @@ def capture(
         _theirs(name, "the training step", opts.device),
         _module_hooks(w.model, rec),
         torch.autograd.graph.saved_tensors_hooks(pack, _identity),
+        em,
         CaptureMode(rec),
     ):
         run_step(trainer, rec)
@@ -217,6 +253,15 @@ def capture(
     del w, opt, trainer
     rec.poll_frees()
     return _build_trace(rec, opts, model_name, batch_size)
+
+
+def _emulation(opts: CaptureOptions) -> AbstractContextManager:
+    """The target's emulation for a meta capture with a target, else nothing."""
+    if not opts.emulated:
+        return nullcontext()
+    assert opts.target is not None
+    emulate.load_handlers()
+    return emulate.Emulation(opts.target)
 
 
 # NOTE [ Warm-up under a GradScaler ]
@@ -419,5 +464,6 @@ def _build_trace(rec: Recorder, opts: CaptureOptions, model_name: str, batch: in
         },
         amp=opts.amp,
         accumulate=opts.accumulate,
+        target=opts.target,
     )
     return Trace(meta, tuple(buffers), tuple(rec.views), tuple(rec.ops), tuple(rec.saved))

@@ -42,6 +42,7 @@ def to_dict(trace: Trace) -> dict[str, Any]:
             "optimizer_kwargs": m.optimizer_kwargs,
             "amp": m.amp.value,
             "accumulate": m.accumulate,
+            "target": None if m.target is None else m.target.to_json(),
         },
         "buffers": [
             {
@@ -86,11 +87,12 @@ def to_dict(trace: Trace) -> dict[str, Any]:
 
 
 # NOTE [ Meta fields added later ]
-# `optimizer_kwargs`, `amp` and `accumulate` (issue 18) are written always and
-# read with defaults ({}, "none", 1) when absent, so older trace files load.
+# `optimizer_kwargs`, `amp` and `accumulate` (issue 18) and `target` (issue
+# 32) are written always and read with defaults ({}, "none", 1, null) when
+# absent, so older trace files load.
 # The fingerprint leaves them out while they hold those defaults: a file
 # written before them keeps the fingerprint its plans were made for.
-_LATER_DEFAULTS = {"optimizer_kwargs": {}, "amp": "none", "accumulate": 1}
+_LATER_DEFAULTS = {"optimizer_kwargs": {}, "amp": "none", "accumulate": 1, "target": None}
 
 
 def fingerprint(trace: Trace) -> str:

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
+from memplan.traces.target import Target
 
 MemoryPolicy = Literal["framework", "liveness"]
 
@@ -174,6 +175,8 @@ class TraceMeta:
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     amp: Amp = Amp.NONE
     accumulate: int = 1
+    # the device captured for (traces/target.py): None is the capture device's own dispatch
+    target: Target | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from memplan.traces.emulate import NO_RULES, DispatchRules
 from memplan.traces.model import BufferKind, Op, Phase, SavedTensor, View
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -70,6 +71,7 @@ class Recorder:
     measure: bool
     repeats: int
     progress: Callable[[Phase, int], None] | None = None
+    rules: DispatchRules = NO_RULES  # what a target changes below autograd
     phase: Phase = Phase.FORWARD
     buffers: list[BufRec] = field(default_factory=list)
     views: list[View] = field(default_factory=list)
@@ -205,9 +207,12 @@ class CaptureMode(TorchDispatchMode):
         written += _hidden_writes(str(func), args, kwargs)
         inputs = [t for t in tensors((args, kwargs)) if rec.on_device(t)]
 
+        target = str(func)
+        kernel = rec.rules.kernels.get(target, func)
         t0 = time.perf_counter()
-        out = func(*args, **kwargs)
+        out = kernel(*args, **kwargs)
         elapsed = time.perf_counter() - t0
+        _to_host(rec, out, rec.rules.host_outputs.get(target, ()))
         outputs = [t for t in tensors(out) if rec.on_device(t)]
         if not inputs and not outputs:
             return out  # host-side work, no device memory touched
@@ -232,7 +237,7 @@ class CaptureMode(TorchDispatchMode):
         rec.ops.append(
             Op(
                 id=op_id,
-                target=str(func),
+                target=target,
                 phase=rec.phase,
                 reads=reads,
                 writes=writes,
@@ -299,6 +304,16 @@ def _hidden_writes(target: str, args: tuple, kwargs: dict) -> list[torch.Tensor]
     if hidden is None or len(args) <= hidden[1] or args[hidden[1]] is not True:
         return []
     return [args[p] for p in hidden[0] if isinstance(args[p], torch.Tensor)]
+
+
+def _to_host(rec: Recorder, out: Any, positions: tuple[int, ...]) -> None:
+    """The outputs at `positions`, which the target keeps in host memory,
+    are not device buffers: their storages join the host set."""
+    for i in positions:
+        t = out[i]
+        if isinstance(t, torch.Tensor):
+            rec.host_storages.add(t.untyped_storage()._cdata)
+            rec.pinned.append(t.untyped_storage())  # its address is never reused
 
 
 def _clone_written(args, kwargs, written):  # noqa: ANN001, ANN202

@@ -13,6 +13,7 @@ from typing import Any
 from memplan.traces import fields
 from memplan.traces.errors import TraceError
 from memplan.traces.fields import shown
+from memplan.traces.target import AttentionBackend, Target, TargetDevice
 from memplan.traces.model import (
     DTYPE_BYTES,
     MAX_ACCUMULATE,
@@ -114,7 +115,30 @@ def _meta(md: dict[str, Any]) -> TraceMeta:
         ),
         amp=fields.enum_value(Amp, _get(md, "amp", "meta", Amp.NONE.value), "meta.amp", _E),
         accumulate=_int(md, "accumulate", "meta", 1, MAX_ACCUMULATE, 1),
+        target=_target(_get(md, "target", "meta", None)),
     )
+
+
+def _target(raw: Any) -> Target | None:
+    if raw is None:
+        return None
+    w = "meta.target"
+    t = fields.obj(raw, w, _E)
+    device = fields.enum_value(TargetDevice, _get(t, "device", w), f"{w}.device", _E)
+    cc = None
+    if "compute_capability" in t:
+        items = _list(t, "compute_capability", w)
+        if len(items) != 2:
+            raise TraceError(f"{w}.compute_capability: expected [major, minor], got {shown(items)}")
+        at = f"{w}.compute_capability"
+        cc = (fields.integer(items[0], at, _E, 0, 99), fields.integer(items[1], at, _E, 0, 99))
+    attention = fields.enum_value(
+        AttentionBackend, _get(t, "attention", w, "auto"), f"{w}.attention", _E
+    )
+    try:
+        return Target(_str(t, "name", w), device, cc, attention)
+    except TraceError as e:
+        raise TraceError(f"{w}: {e}") from None
 
 
 def _check_ids(items: list[Any], section: str) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from memplan.traces.emulate import Emulation
 from memplan.traces.model import Amp, Phase
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class Trainer:
     amp: Amp = Amp.NONE
     accumulate: int = 1
     scaler: torch.amp.GradScaler | None = None
+    emulation: Emulation | None = None  # a meta capture for a target (traces/emulate)
 
     @classmethod
     def make(
@@ -62,9 +64,11 @@ class Trainer:
         device: torch.device,
         amp: Amp,
         accumulate: int,
+        emulation: Any = None,
     ) -> Trainer:
+        em = emulation if isinstance(emulation, Emulation) else None
         scaler = torch.amp.GradScaler(device.type) if amp is Amp.FP16 else None
-        return cls(workload, optimizer, device.type, amp, accumulate, scaler)
+        return cls(workload, optimizer, device.type, amp, accumulate, scaler, em)
 
     def scale(self) -> float | None:
         """The `GradScaler`'s current loss scale (None without one); it drops
@@ -75,6 +79,8 @@ class Trainer:
 def _autocast(t: Trainer) -> AbstractContextManager:
     if t.amp is Amp.NONE:  # no autocast at all: meta has none to disable
         return nullcontext()
+    if t.emulation is not None:  # meta for a target: its autocast, emulated
+        return t.emulation.autocast_region(AMP_DTYPE[t.amp])
     return torch.autocast(t.device_type, dtype=AMP_DTYPE[t.amp])
 
 

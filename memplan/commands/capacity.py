@@ -157,6 +157,7 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
         help="with --model: K forward/backward passes of the batch per step (default 1); "
         "the batch searched is each pass's",
     )
+    capture.add_target(p)
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
             "--jobs auto searches the number of jobs at one batch: give --batch B (or --trace T)"
         )
     if args.trace:
-        for opt in ("batch", "batches", "optimizer", "opt", "accumulate"):
+        for opt in ("batch", "batches", "optimizer", "opt", "accumulate", "target", "attention"):
             if getattr(args, opt) is not None:
                 raise MemplanError(
                     f"--{opt} with --trace: a trace is one captured step at its own batch; "
@@ -313,9 +314,10 @@ def _scaler(model: str, args: argparse.Namespace):  # noqa: ANN202
             optimizer=args.optimizer or "adam",
             optimizer_kwargs=kwargs,
             accumulate=args.accumulate or 1,
+            target=capture.target_of(args, default=args.gpu),
         )
     except MemplanError as e:
-        raise MemplanError(f"--optimizer, --opt or --accumulate: {e}") from None
+        raise MemplanError(f"--optimizer, --opt, --accumulate or --target: {e}") from None
     return BatchTraces(model_captures(model, opts))
 
 

@@ -12,6 +12,7 @@ from memplan.traces import io, optim
 from memplan.traces.capture import CaptureOptions, capture
 from memplan.traces.errors import MemplanError, TraceError
 from memplan.traces.model import MAX_ACCUMULATE, Phase
+from memplan.traces.target import AttentionBackend, Target
 from memplan.units import integer
 
 
@@ -72,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="meta (default), cpu or cuda. Models with LSTM/GRU/RNN layers, --amp, and "
         "optimizers that read tensor values (asgd, adafactor) need cpu or cuda",
     )
+    add_target(p)
     p.add_argument(
         "--measure",
         action="store_true",
@@ -94,6 +96,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
     p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
     p.set_defaults(func=run)
+
+
+def add_target(p: argparse.ArgumentParser) -> None:
+    """`--target` and `--attention`, shared with `memplan capacity`."""
+    p.add_argument(
+        "--target",
+        metavar="PROFILE",
+        help="the GPU (a profile of `memplan hw list`, or a .toml) the trace is captured for: "
+        "on meta, what PyTorch's CUDA dispatch runs there is recorded -- the attention kernel "
+        "it picks (flash, memory-efficient, cuDNN), cuDNN's fused RNNs, autocast's casts; "
+        "cpu-local: what cpu runs. Without it a meta capture records meta's own dispatch "
+        "(math attention: seq x seq matrices)",
+    )
+    p.add_argument(
+        "--attention",
+        choices=[b.value for b in AttentionBackend],
+        default=None,
+        help="with --target: pin F.scaled_dot_product_attention's kernel, as "
+        "torch.nn.attention.sdpa_kernel does (default auto: the one the target picks)",
+    )
+
+
+def target_of(args: argparse.Namespace, default: str | None = None) -> Target | None:
+    """The `Target` named by `--target` (or `default`), with `--attention`."""
+    from memplan.hwmodels.profile import load_hardware
+
+    name = args.target or default
+    if name is None:
+        if args.attention is not None:
+            raise MemplanError("--attention pins the kernel a --target runs: give --target")
+        return None
+    attention = AttentionBackend(args.attention or "auto")
+    try:
+        hw = load_hardware(name)
+        if args.target is None and hw.device.value == "cuda" and hw.compute_capability is None:
+            return None  # a profile of the user's that names no architecture: meta's dispatch
+        return hw.target(attention)
+    except MemplanError as e:
+        raise MemplanError(f"--target: {e}") from None
 
 
 def keywords(text: str) -> dict:
@@ -180,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer_kwargs=merged_keywords(args.opt),
         amp=args.amp or "none",
         accumulate=args.accumulate,
+        target=target_of(args),
         measure=args.measure,
         warmup_iterations=args.warmup,
         seed=args.seed,
@@ -197,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
     how = optim.describe(m.optimizer, m.optimizer_kwargs)
     how += "" if m.amp.value == "none" else f", amp {m.amp.value}"
     how += "" if m.accumulate == 1 else f", {m.accumulate} passes accumulated"
+    how += "" if m.target is None else f", for {m.target.describe()}"
     print(
         f"captured {args.model} batch {args.batch} on {args.device} ({how}): {trace.n_ops} ops, "
         f"{trace.n_buffers} buffers, vanilla peak {peak / 2**20:.1f} MiB at op {op} -> {args.out}"

@@ -70,6 +70,7 @@ def summary(trace: Trace, top: int = 10) -> dict:
         "amp": trace.meta.amp.value,
         "accumulate": trace.meta.accumulate,
         "device": trace.meta.device,
+        "target": None if trace.meta.target is None else trace.meta.target.to_json(),
         "fingerprint": fingerprint(trace),
         "ops": trace.n_ops,
         "ops_by_phase": {p.value: n for p, n in trace.ops_by_phase().items()},
@@ -107,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         f"amp {s['amp']}  accumulate {s['accumulate']}  "
         f"captured on {printable(s['device'])}  ({s['fingerprint'][:12]})"
     )
+    target = trace.meta.target
+    if target is not None:
+        print(f"target    {printable(target.describe())}: what its dispatch runs, emulated")
+    elif trace.meta.device == "meta":
+        print("target    none: meta's own dispatch (math attention, per-step RNN cells)")
     phases = "  ".join(f"{p.value} {s['ops_by_phase'][p.value]}" for p in Phase)
     print(f"ops       {s['ops']:>7}   ({phases})")
     print(f"buffers   {s['buffers']:>7}")

@@ -168,11 +168,12 @@ def test_a_file_without_the_new_fields_loads_with_defaults_and_keeps_its_fingerp
     """NOTE [ Meta fields added later ]: the fingerprint of an older file is
     the sha256 of its canonical JSON as it always was."""
     doc = io.to_dict(capture(ZOO["mlp"], 2, model_name="mlp"))
-    for key in ("optimizer_kwargs", "amp", "accumulate"):
+    for key in ("optimizer_kwargs", "amp", "accumulate", "target"):
         del doc["meta"][key]
     (tmp_path / "old.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
     old = io.load(tmp_path / "old.json.gz")
     assert (old.meta.optimizer_kwargs, old.meta.amp, old.meta.accumulate) == ({}, Amp.NONE, 1)
+    assert old.meta.target is None
     canonical = json.loads(json.dumps(doc))
     for op in canonical["ops"]:
         del op["duration_us"]
