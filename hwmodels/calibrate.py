@@ -16,7 +16,6 @@ import threading
 
 import numpy as np
 import torch
-from memplan.traces.target import TargetDevice
 from memplan.hwmodels.dataset import Dataset
 from memplan.hwmodels.hostmem import cache_host_allocations
 from memplan.hwmodels.microbench import (
@@ -31,6 +30,7 @@ from memplan.hwmodels.microbench import (
     time_cuda,
 )
 from memplan.hwmodels.profile import Hardware
+from memplan.traces.target import TargetDevice
 
 _MATMUL_N = {"float32": 1024, "float64": 768, "bfloat16": 512, "float16": 512}
 

@@ -74,7 +74,7 @@ class Hardware:
         if self.device is TargetDevice.CUDA and self.compute_capability is None:
             raise LatencyError(
                 f"hardware {self.name}: no compute_capability, so it cannot be a capture "
-                "target (add compute_capability = \"MAJOR.MINOR\" to the profile)"
+                'target (add compute_capability = "MAJOR.MINOR" to the profile)'
             )
         try:
             return Target(self.name, self.device, self.compute_capability, attention)
@@ -131,7 +131,14 @@ _OPTIONAL = ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_
 _TABLE_RANGES = {"peak_flops": (1e6, 1e18), "roofline_efficiency": (1e-3, 1e3)}
 _TABLES = ("peak_flops", "roofline_efficiency")
 _KNOWN = {
-    "name", "description", "source", "device", "compute_capability", *_NUMBERS, *_OPTIONAL, *_TABLES
+    "name",
+    "description",
+    "source",
+    "device",
+    "compute_capability",
+    *_NUMBERS,
+    *_OPTIONAL,
+    *_TABLES,
 }
 
 
@@ -213,9 +220,13 @@ def _arch(doc: dict[str, Any], where: str, source: dict[str, Any]) -> dict[str, 
     if "compute_capability" in doc:
         if device is not TargetDevice.CUDA:
             raise LatencyError(f"{where}: compute_capability: only a cuda device has one")
-        text = fields.string(doc["compute_capability"], f"{where}: compute_capability", LatencyError)
+        text = fields.string(
+            doc["compute_capability"], f"{where}: compute_capability", LatencyError
+        )
         try:
-            out["compute_capability"] = parse_compute_capability(text, f"{where}: compute_capability")
+            out["compute_capability"] = parse_compute_capability(
+                text, f"{where}: compute_capability"
+            )
         except TraceError as e:
             raise LatencyError(str(e)) from None
         if not str(source.get("compute_capability", "")).strip():
@@ -261,7 +272,8 @@ def to_toml(hw: Hardware, header: str = "") -> str:
     if hw.device is not TargetDevice.CUDA:
         lines.append(f"device = {_q(hw.device.value)}")
     if hw.compute_capability is not None:
-        lines.append('compute_capability = "%d.%d"' % hw.compute_capability)
+        major, minor = hw.compute_capability
+        lines.append(f'compute_capability = "{major}.{minor}"')
     for key in _TABLES:
         table = getattr(hw, key)
         if table:

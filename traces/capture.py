@@ -14,7 +14,7 @@ import math
 import os
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -34,10 +34,10 @@ from memplan.traces.model import (
 )
 from memplan.traces.recorder import MODULE_KEY, CaptureMode, Recorder, tensors
 from memplan.traces.step import Trainer, run_step
-from memplan.traces.target import Target
+from memplan.traces.target import Target, TargetDevice, check_target
 
 if TYPE_CHECKING:
-    from memplan.traces.zoo import Workload
+    from memplan.traces.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +47,12 @@ class CaptureOptions:
     `optimizer` names any `torch.optim` class (any case) and
     `optimizer_kwargs` its keywords, built over memplan's defaults into
     `resolved_kwargs` (`lr`,
-    `foreach=False`, SGD's momentum 0.9: NOTE [ Optimizer defaults ] in
-    traces/optim.py). `amp` runs forward and loss under `torch.autocast`
-    (fp16 with a `GradScaler`; needs cpu or cuda: NOTE [ Autocast and the
-    capture device ]); `accumulate` forward/backward passes make one
-    iteration (NOTE [ Gradient accumulation ]). `target` is the device the
+    `foreach` as torch picks it for the device the trace describes: True on
+    CUDA, False elsewhere; SGD's momentum 0.9: NOTE [ Optimizer defaults ]
+    in traces/optim.py). `amp` runs forward and loss under `torch.autocast`
+    (fp16 with a `GradScaler`; on cpu or cuda, or on meta for a target:
+    NOTE [ Autocast and the capture device ]); `accumulate` forward/backward
+    passes make one iteration (NOTE [ Gradient accumulation ]). `target` is the device the
     trace is captured for (NOTE [ Capture targets ]). Everything is checked
     here, each problem a one-line `TraceError`."""
 
@@ -85,7 +86,7 @@ class CaptureOptions:
             if amp not in {a.value for a in Amp}:
                 raise TraceError(f"amp={amp!r} must be one of {allowed}")
             object.__setattr__(self, "amp", Amp(amp))
-        _check_target(self.target, self.device)
+        check_target(self.target, self.device)
         if self.amp is not Amp.NONE and self.device == "meta" and self.target is None:
             raise TraceError(
                 f"amp={self.amp.value}: torch.autocast does not exist on the meta device; "
@@ -102,7 +103,9 @@ class CaptureOptions:
         if not isinstance(self.lr, int | float) or not math.isfinite(self.lr) or self.lr < 0:
             raise TraceError(f"lr={self.lr!r} must be a finite number >= 0")
         given = MappingProxyType(dict(self.optimizer_kwargs))
-        resolved = optim.resolve_kwargs(self.optimizer, given, self.lr, self.device)
+        resolved = optim.resolve_kwargs(
+            self.optimizer, given, self.lr, self.describes, meta=self.device == "meta"
+        )
         object.__setattr__(self, "optimizer_kwargs", given)
         object.__setattr__(self, "resolved_kwargs", MappingProxyType(resolved))
 
@@ -112,32 +115,19 @@ class CaptureOptions:
         return self.device == "meta" and self.target is not None
 
     @property
+    def describes(self) -> TargetDevice | None:
+        """The device type the trace describes: the target's, else the capture
+        device's; None on meta without a target (meta's own dispatch)."""
+        if self.target is not None:
+            return self.target.device
+        if self.device == "meta":
+            return None
+        return TargetDevice.CUDA if self.device.startswith("cuda") else TargetDevice.CPU
+
+    @property
     def optimizer_name(self) -> str:
         """The `torch.optim` class in lower case (`adamw`), as traces record it."""
         return optim.optimizer_class(self.optimizer).__name__.lower()
-
-
-# NOTE [ Capture targets ]
-# A trace says which device it describes (`TraceMeta.target`). On meta with a
-# target, the step runs under `emulate.Emulation` and records what the
-# target's dispatch would run (traces/emulate/). On a real device the target
-# must be that device's type (a cpu capture for a cpu target, a cuda capture
-# for a cuda one): the trace records what ran, and the target only names it.
-# Without a target a meta capture records meta's own dispatch (math
-# attention, per-step RNN cells, no autocast), as traces from before targets.
-def _check_target(target: Target | None, device: str) -> None:
-    if target is None:
-        return
-    if not isinstance(target, Target):
-        raise TraceError(f"target={target!r} must be a traces.target.Target")
-    if device == "meta":
-        return
-    kind = "cuda" if device.startswith("cuda") else device
-    if kind != target.device.value:
-        raise TraceError(
-            f"target {target.name} is a {target.device.value} device: capture it on meta "
-            f"(emulated) or on {target.device.value}, not on {device}"
-        )
 
 
 def _label_graph(outputs: Any, path: str) -> None:
@@ -208,10 +198,10 @@ def capture(
     with _theirs(name, "building the workload", opts.device, always=True), torch.device(device):
         w = workload(batch_size)
     _check_workload(w, name)
-    if device.type == "meta" and not opts.emulated:
-        _refuse_recurrent(w.model, name)
+    if device.type == "meta":
+        _recurrent_on_meta(w.model, name, opts.target)
     em = _emulation(opts)
-    with _theirs(name, "the training step", opts.device), em:
+    with _theirs(name, "the training step", opts.device), em or nullcontext():
         w.model.train()
         opt = _make_optimizer(w.model, opts, name)
         trainer = Trainer.make(w, opt, device, opts.amp, opts.accumulate, em)
@@ -238,7 +228,7 @@ def capture(
         _theirs(name, "the training step", opts.device),
         _module_hooks(w.model, rec),
         torch.autograd.graph.saved_tensors_hooks(pack, _identity),
-        em,
+        em or nullcontext(),
         CaptureMode(rec),
     ):
         run_step(trainer, rec)
@@ -255,10 +245,10 @@ def capture(
     return _build_trace(rec, opts, model_name, batch_size)
 
 
-def _emulation(opts: CaptureOptions) -> AbstractContextManager:
-    """The target's emulation for a meta capture with a target, else nothing."""
+def _emulation(opts: CaptureOptions) -> emulate.Emulation | None:
+    """The target's emulation for a meta capture with a target, else None."""
     if not opts.emulated:
-        return nullcontext()
+        return None
     assert opts.target is not None
     emulate.load_handlers()
     return emulate.Emulation(opts.target)
@@ -274,6 +264,9 @@ def _emulation(opts: CaptureOptions) -> AbstractContextManager:
 # 2**-7: grads that overflow then do so at any scale), and the recorded step
 # is checked the same way. Without warm-up (`warmup_iterations=0`) nothing is
 # added: the recorded step is the first, as asked, and is refused if skipped.
+# On meta the grads have no values: its scaler assumes them finite, takes
+# every step and keeps its scale (NOTE [ GradScaler on meta ]), so nothing is
+# added or refused there.
 MAX_SKIPPED = 24
 
 
@@ -304,14 +297,29 @@ def _warm_up(trainer: Trainer, iterations: int, name: str) -> None:
 # projection of the whole sequence done at once. On meta every one of them
 # falls back to the per-time-step cells, input projections included: the
 # LSTM above gives 923 ops and a peak 23% lower than cpu, a GRU 118 more ops
-# than cpu. No setting makes meta take the fused path, so a meta capture of a
-# model holding one of these layers is refused, naming cpu: its trace has the
-# fused kernel a GPU runs for an LSTM, and the closer op list for the others.
-def _refuse_recurrent(model: torch.nn.Module, name: str) -> None:
+# than cpu. For a CUDA target the emulation runs cuDNN's path instead, the
+# layers' weights first laid out in one buffer as building them on a GPU does
+# (traces/emulate/rnn.py). Without a target, or for a cpu target (oneDNN's
+# path is not emulated), such a model is refused, naming cpu.
+def _recurrent_on_meta(model: torch.nn.Module, name: str, target: Target | None) -> None:
+    """Flatten the recurrent layers' weights for a CUDA target, else refuse
+    a model holding one (NOTE [ Recurrent layers on meta ])."""
+    if target is not None and target.device is TargetDevice.CUDA:
+        from memplan.traces.emulate import rnn
+
+        rnn.flatten_weights(model)
+        return
     for path, mod in model.named_modules():
         if isinstance(mod, torch.nn.RNNBase):
+            kind, at = type(mod).__name__, path or "the model"
+            if target is not None:
+                raise TraceError(
+                    f"workload {name}: {kind} at {at!r}: meta does not emulate the fused "
+                    f"oneDNN kernel cpu target {target.name} runs "
+                    "(NOTE [ Recurrent layers on meta ]): capture with --device cpu"
+                )
             raise TraceError(
-                f"workload {name}: {type(mod).__name__} at {path or 'the model'!r} runs per "
+                f"workload {name}: {kind} at {at!r} runs per "
                 "time step on meta, not as the fused kernel cpu and cuda run "
                 "(NOTE [ Recurrent layers on meta ]): capture with --device cpu"
             )
@@ -329,13 +337,19 @@ def _identity(x: Any) -> Any:
 # factory is always theirs (`os:getcwd` cannot take a batch size). In the
 # training step we look at the innermost frame outside torch and the
 # standard library: their code, traces/step.py (which only calls their
-# model, loss, backward and optimizer) or the recorder's call of the op
-# itself make it theirs; any other line of the recorder or of this module is
-# a bug here and keeps its traceback. The line named is their own code's,
-# never step.py's.
+# model, loss, backward and optimizer), traces/emulate/ (which runs their
+# calls as the target would) or the recorder's call of the op itself make it
+# theirs; any other line of the recorder or of this module is a bug here and
+# keeps its traceback. The line named is their own code's, never ours.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STEP = os.path.join(_HERE, "step.py")
-_MACHINERY = (os.path.join(_HERE, "capture.py"), os.path.join(_HERE, "recorder.py"), _STEP)
+_EMULATE = os.path.join(_HERE, "emulate")
+_MACHINERY = (
+    os.path.join(_HERE, "capture.py"),
+    os.path.join(_HERE, "recorder.py"),
+    _STEP,
+    *(os.path.join(_EMULATE, f) for f in sorted(os.listdir(_EMULATE)) if f.endswith(".py")),
+)
 _LIBRARY = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(os.__file__))
 
 
@@ -357,8 +371,9 @@ def _blame(tb: TracebackType | None) -> tuple[bool, str | None]:
     if not frames or os.path.abspath(frames[-1].filename) not in _MACHINERY:
         return True, where
     last = frames[-1]
-    calls_op = last.name == "__torch_dispatch__" and "func(*args" in (last.line or "")
-    return os.path.abspath(last.filename) == _STEP or calls_op, where
+    calls_op = last.name == "__torch_dispatch__" and "kernel(*args" in (last.line or "")
+    path = os.path.abspath(last.filename)
+    return path == _STEP or path.startswith(_EMULATE + os.sep) or calls_op, where
 
 
 @contextmanager
@@ -386,7 +401,7 @@ def _theirs(name: str, what: str, device: str, *, always: bool = False) -> Itera
 
 
 def _check_workload(w: Any, name: str) -> None:
-    from memplan.traces.zoo import Workload
+    from memplan.traces.workload import Workload
 
     if not isinstance(w, Workload):
         raise TraceError(

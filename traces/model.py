@@ -20,7 +20,21 @@ from memplan.traces.target import Target
 
 MemoryPolicy = Literal["framework", "liveness"]
 
-# Bytes per element of each dtype a view may have (the file format's enum).
+# NOTE [ Trace dtypes ]
+# A view's `dtype` is the name `str(torch.<dtype>)` gives without "torch."
+# (`float32`, not its alias `float`), and DTYPE_BYTES lists every dtype torch
+# exports: a capture can record any tensor, so the reader takes all of them.
+# Bytes per element are `torch.dtype.itemsize` (torch/csrc/Dtype.cpp's
+# `THPDtype_itemsize`: the scalar type's TypeMeta size), which is what a
+# tensor's storage holds per element:
+# - packed dtypes hold several values in one element and count one byte:
+#   float4_e2m1fn_x2 (two fp4), quint4x2, quint2x4, bits1x8/2x4/4x2;
+# - sub-byte shells (int1..int7, uint1..uint7) count one byte per element,
+#   as torch allocates them (their packing is left to the kernels using them);
+# - quantized dtypes count their integer storage (qint32: 4), not the
+#   scale and zero point, which live in the quantizer, not in the storage.
+# The first fourteen keep their order (hwmodels indexes dtypes by position);
+# tests/traces/test_dtypes.py checks the table against the installed torch.
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8,
     "float32": 4,
@@ -36,6 +50,31 @@ DTYPE_BYTES: dict[str, int] = {
     "bool": 1,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
+    # the rest of the floating and complex dtypes
+    "complex32": 4,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    # unsigned integers wider than a byte
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    # quantized
+    "qint8": 1,
+    "quint8": 1,
+    "qint32": 4,
+    "quint4x2": 1,
+    "quint2x4": 1,
+    # untyped bits
+    "bits8": 1,
+    "bits16": 2,
+    "bits1x8": 1,
+    "bits2x4": 1,
+    "bits4x2": 1,
+    # sub-byte shells: one byte per element
+    **{f"int{n}": 1 for n in range(1, 8)},
+    **{f"uint{n}": 1 for n in range(1, 8)},
 }
 
 # NOTE [ Trace sanity ranges ]

@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin
 
 import torch
 from memplan.traces.errors import TraceError
+from memplan.traces.target import TargetDevice
 
 # lower-case name -> class, every `torch.optim.Optimizer` subclass torch exports
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
@@ -42,12 +43,19 @@ _INT = re.compile(r"[+-]?\d+")
 # memplan builds `torch.optim.<Name>(params, **kwargs)` with these defaults
 # under what the user gives (theirs always win):
 # - `lr`: `CaptureOptions.lr` (1e-3). Memory does not depend on it.
-# - `foreach=False` unless `foreach` or `fused` is given: one update per
-#   parameter, so a planner can move one parameter's state at a time (the
-#   multi-tensor `_foreach_*` ops read and write every parameter at once).
-#   `foreach=True` records those ops on meta, cpu and cuda; `fused=True` runs
-#   on cpu and cuda only (torch refuses meta parameters): on meta it is
-#   refused naming cpu.
+# - `foreach`, unless `foreach` or `fused=True` is given, is torch's default
+#   for the device the trace describes (torch/optim/optimizer.py
+#   `_default_to_fused_or_foreach`, called when neither flag is given): True
+#   on CUDA (a cuda capture, or meta for a cuda target), where the step runs
+#   multi-tensor `_foreach_*` ops over every parameter at once, with their
+#   temporaries; False on cpu, which is not a foreach device, and on meta
+#   without a target, so the trace has one update per parameter. Not True
+#   when torch would not pick it either: `fused=False` given, or
+#   `differentiable=True`, or Adafactor (its step reads foreach=None as False).
+# - `fused=True` runs on cpu and cuda. On meta torch refuses it in the first
+#   step (`_device_dtype_check_for_fused` when state is created); for a target
+#   memplan creates Adam's state itself (NOTE [ Fused Adam on meta ]), so
+#   the step runs torch's own fused path. Elsewhere on meta it is refused.
 # - SGD: `momentum=0.9`, what `--optimizer sgd` meant before any keyword could
 #   be given (and what the ResNet-50 anchor of issue 18 trained with).
 #   `momentum=0` is plain SGD: no momentum buffer, no optimizer state.
@@ -77,13 +85,15 @@ def keywords(cls: type[torch.optim.Optimizer]) -> tuple[str, ...]:
 
 
 def resolve_kwargs(
-    name: str, given: Mapping[str, Any], lr: float, device: str
+    name: str, given: Mapping[str, Any], lr: float, device: TargetDevice | None, *, meta: bool
 ) -> dict[str, Scalar | tuple[Scalar, ...]]:
     """The keyword arguments optimizer `name` is built with: `given`, checked,
-    over memplan's defaults (NOTE [ Optimizer defaults ]). Unknown names,
-    values that are not numbers, booleans, strings or tuples of them, values
-    the optimizer itself rejects, and a fused kernel on meta are one-line
-    `TraceError`s."""
+    over memplan's defaults (NOTE [ Optimizer defaults ]). `device` is the
+    device type the trace describes (None: meta's own dispatch, a meta
+    capture without a target) and `meta` whether the step runs on meta
+    tensors. Unknown names, values that are not numbers, booleans, strings
+    or tuples of them, values the optimizer itself rejects, and a fused
+    kernel meta cannot run are one-line `TraceError`s."""
     cls = optimizer_class(name)
     known = keywords(cls)
     label = cls.__name__.lower()
@@ -99,17 +109,58 @@ def resolve_kwargs(
             raise TraceError(f"optimizer {label}: {key}={value!r} must be {_type_text(ann)}")
     kwargs: dict[str, Any] = {"lr": lr} if "lr" in known else {}
     if "foreach" in known and "foreach" not in given and not given.get("fused"):
-        kwargs["foreach"] = False
+        kwargs["foreach"] = (
+            device is TargetDevice.CUDA
+            and given.get("fused") is None
+            and not given.get("differentiable")
+            and cls not in _NO_FOREACH_DEFAULT
+        )
     if cls is torch.optim.SGD:
         kwargs["momentum"] = 0.9
     kwargs.update({k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
-    if kwargs.get("fused") and device == "meta":
-        raise TraceError(
-            f"optimizer {label} with fused=True: the fused kernel runs on cpu and cuda, not on "
-            "meta; capture with --device cpu, or use foreach=True on meta"
-        )
+    if kwargs.get("fused") and meta:
+        _check_fused_on_meta(cls, label, device)
     _try_build(cls, kwargs, label)
     return kwargs
+
+
+# Optimizers with a `foreach` keyword whose step does not ask
+# `_default_to_fused_or_foreach` when it is None (torch/optim/_adafactor.py
+# `adafactor`: `if foreach:` picks the multi-tensor path, None does not).
+_NO_FOREACH_DEFAULT: frozenset[type[torch.optim.Optimizer]] = frozenset({torch.optim.Adafactor})
+
+# optimizer -> the aten kernel its fused step runs (torch/optim/<name>.py `_fused_<name>`)
+FUSED_KERNELS: dict[str, str] = {
+    "adam": "_fused_adam_",
+    "adamw": "_fused_adamw_",
+    "sgd": "_fused_sgd_",
+    "adagrad": "_fused_adagrad_",
+}
+
+
+def _check_fused_on_meta(
+    cls: type[torch.optim.Optimizer], label: str, device: TargetDevice | None
+) -> None:
+    """Refuse `fused=True` on meta unless a target is named, the optimizer is
+    Adam's (whose state memplan creates, NOTE [ Fused Adam on meta ]) and
+    torch has a meta kernel for its fused op."""
+    if device is None:
+        raise TraceError(
+            f"optimizer {label} with fused=True: the fused kernel runs on cpu and cuda, not on "
+            "meta; name the GPU with --target, capture with --device cpu, or use foreach=True"
+        )
+    kernel = FUSED_KERNELS.get(label, f"_fused_{label}_")
+    has_meta = torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{kernel}", "Meta")
+    if not (issubclass(cls, torch.optim.Adam) and has_meta):
+        why = (
+            f"torch has no meta kernel for aten.{kernel}"
+            if not has_meta
+            else "memplan creates fused state on meta for adam and adamw only"
+        )
+        raise TraceError(
+            f"optimizer {label} with fused=True on meta: {why}; capture with --device cpu "
+            "or cuda, or use foreach=True"
+        )
 
 
 def _check_value(label: str, key: str, value: Any) -> None:
@@ -169,15 +220,56 @@ def build(
     name: str, kwargs: Mapping[str, Any], params: Iterable[torch.nn.Parameter], workload: str
 ) -> torch.optim.Optimizer:
     """`torch.optim.<name>(params, **kwargs)`; what the constructor raises for
-    these parameters (Muon takes 2-D ones only) is a one-line `TraceError`."""
+    these parameters (Muon takes 2-D ones only) is a one-line `TraceError`.
+    Fused Adam on meta parameters creates its state itself
+    (NOTE [ Fused Adam on meta ])."""
     cls = optimizer_class(name)
+    params = list(params)
     try:
-        return cls(list(params), **kwargs)
+        opt = cls(params, **kwargs)
     except (ValueError, TypeError, RuntimeError) as e:
         raise TraceError(
             f"workload {workload}: optimizer {cls.__name__.lower()}({_shown(kwargs)}) "
             f"refuses its parameters: {_first_line(e)}"
         ) from None
+    on_meta = any(p.device.type == "meta" for p in params)
+    if isinstance(opt, torch.optim.Adam) and kwargs.get("fused") and on_meta:
+        opt.register_step_pre_hook(_fused_adam_state)
+    return opt
+
+
+# NOTE [ Fused Adam on meta ]
+# Adam and AdamW with fused=True create each parameter's state lazily, in the
+# first step (torch/optim/adam.py `Adam._init_group`), after
+# `_device_dtype_check_for_fused(p)` (torch/optim/optimizer.py), which refuses
+# a device outside `_get_fused_kernels_supported_devices()`: meta is not in
+# it. Everything after that runs on meta: `_fused_adam` groups the tensors,
+# adds 1 to the steps (`_foreach_add_`) and calls `aten._fused_adam_` /
+# `_fused_adamw_`, which have meta kernels (torch/_meta_registrations.py).
+# So a step pre-hook of this one optimizer (`register_step_pre_hook`, run
+# inside `step()`, where the recorder sees it) creates the state first, as
+# `_init_group` does for fused: `step` a 0-d float32 on the parameter's device
+# (`_get_scalar_dtype(is_fused=True)`), `exp_avg` and `exp_avg_sq` (and
+# `max_exp_avg_sq` with amsgrad) `zeros_like` the parameter. torch's check of
+# the dtype is kept: floating-point parameters only. Nothing of torch changes.
+def _fused_adam_state(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is None or opt.state[p]:
+                continue
+            if not torch.is_floating_point(p):
+                raise RuntimeError(
+                    f"`fused=True` requires floating point parameters, got {p.dtype}"
+                )
+            opt.state[p] = {
+                "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
+            if group["amsgrad"]:
+                opt.state[p]["max_exp_avg_sq"] = torch.zeros_like(
+                    p, memory_format=torch.preserve_format
+                )
 
 
 def describe(name: str, kwargs: Mapping[str, Any]) -> str:
@@ -206,7 +298,7 @@ def parse_kwargs(text: str) -> dict[str, Scalar | tuple[Scalar, ...]]:
     Values are read as bool (true/false), None (none), int, float, or a
     tuple in parentheses or brackets; anything else stays a string."""
     out: dict[str, Any] = {}
-    for item in _split_top(text):
+    for item in split_top(text):
         key, eq, raw = item.partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():
@@ -224,21 +316,22 @@ def parse_kwargs(text: str) -> dict[str, Scalar | tuple[Scalar, ...]]:
     return out
 
 
-def _split_top(text: str) -> list[str]:
-    """`text` split at the commas outside parentheses and brackets."""
+def split_top(text: str, what: str = "optimizer keywords") -> list[str]:
+    """`text` split at the commas outside parentheses, brackets and braces;
+    unbalanced ones are a `TraceError` naming `what` (the option read)."""
     items, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        if ch in "([":
+        if ch in "([{":
             depth += 1
-        elif ch in ")]":
+        elif ch in ")]}":
             depth -= 1
             if depth < 0:
-                raise TraceError(f"optimizer keywords {text!r}: unbalanced {ch!r}")
+                raise TraceError(f"{what} {text!r}: unbalanced {ch!r}")
         elif ch == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
     if depth:
-        raise TraceError(f"optimizer keywords {text!r}: unbalanced parentheses")
+        raise TraceError(f"{what} {text!r}: unbalanced brackets")
     items.append(text[start:])
     return [s for s in items if s.strip()]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from memplan.traces.emulate import NO_RULES, DispatchRules
+from memplan.traces.emulate.mode import NO_RULES, DispatchRules
 from memplan.traces.model import BufferKind, Op, Phase, SavedTensor, View
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -41,6 +41,12 @@ RNG_OPS = frozenset(
         "multinomial",
         "rrelu_with_noise",
         "_fused_dropout",
+        # the fused attention kernels draw their dropout mask (when dropout_p > 0)
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
     }
 )
 MODULE_KEY = "memplan_module"
@@ -245,7 +251,7 @@ class CaptureMode(TorchDispatchMode):
                     "args": [rec.encode(a) for a in args],
                     "kwargs": {k: rec.encode(v) for k, v in kwargs.items()},
                 },
-                flops=_flops(func, args, kwargs, out),
+                flops=_flops(func, args, kwargs, out, rec.rules.flops.get(target)),
                 duration_us=duration_us,
                 module=self._module(reads + writes),
                 rng=name.removesuffix("_") in RNG_OPS or name in RNG_OPS,
@@ -351,7 +357,9 @@ def _unique(ids) -> tuple[int, ...]:  # noqa: ANN001
     return tuple(dict.fromkeys(ids))
 
 
-def _flops(func, args, kwargs, out) -> int:  # noqa: ANN001
+def _flops(func, args, kwargs, out, emulated=None) -> int:  # noqa: ANN001
+    if emulated is not None:  # a target's kernel the FLOP counter does not know
+        return int(emulated(*args, **kwargs))
     f = flop_registry.get(func._overloadpacket)
     if f is None:
         return 0

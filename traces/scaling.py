@@ -27,6 +27,7 @@ from memplan.traces.model import (
 from memplan.traces.schema import _span_bytes
 
 if TYPE_CHECKING:
+    from memplan.traces.builders import ModelOptions
     from memplan.traces.capture import CaptureOptions
 
 # NOTE [ Batch scaling ]
@@ -477,15 +478,20 @@ class BatchTraces:
             self._turn_off(str(e))
 
 
-def model_captures(model: str, options: CaptureOptions | None = None) -> Callable[[int], Trace]:
-    """`batch -> Trace`: captures of the workload `model` (a zoo name or
-    ``package.module:callable``) with `options`."""
+def model_captures(
+    model: str, options: CaptureOptions | None = None, built: ModelOptions | None = None
+) -> Callable[[int], Trace]:
+    """`batch -> Trace`: captures of the workload `model` (a name
+    `traces.zoo.resolve` takes) with `options`, its model built with `built`
+    (recorded in each trace's ``meta.extra``)."""
+    from memplan.traces.builders import ModelOptions, recorded
     from memplan.traces.capture import capture
     from memplan.traces.zoo import resolve
 
-    factory = resolve(model)
+    built = built or ModelOptions()
+    factory = resolve(model, built)
 
     def capture_at(batch: int) -> Trace:
-        return capture(factory, batch, options, model_name=model)
+        return recorded(capture(factory, batch, options, model_name=model), built)
 
     return capture_at

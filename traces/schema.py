@@ -13,7 +13,6 @@ from typing import Any
 from memplan.traces import fields
 from memplan.traces.errors import TraceError
 from memplan.traces.fields import shown
-from memplan.traces.target import AttentionBackend, Target, TargetDevice
 from memplan.traces.model import (
     DTYPE_BYTES,
     MAX_ACCUMULATE,
@@ -30,6 +29,7 @@ from memplan.traces.model import (
     TraceMeta,
     View,
 )
+from memplan.traces.target import AttentionBackend, Target, TargetDevice
 
 SCHEMA = "memplan.trace/1"
 _MISSING = object()
@@ -195,7 +195,8 @@ def _views(raw_views: list[Any], buffers: list[Buffer]) -> list[View]:
         dtype = _str(v, "dtype", w)
         if dtype not in DTYPE_BYTES:
             raise TraceError(
-                f"{w}.dtype: unknown dtype {shown(dtype)} (one of {', '.join(DTYPE_BYTES)})"
+                f"{w}.dtype: unknown dtype {shown(dtype)} (a torch dtype name such as "
+                "float32 or uint64; NOTE [ Trace dtypes ] in traces/model.py)"
             )
         if len(shape) != len(stride):
             raise TraceError(f"{w}.shape: {list(shape)} does not match stride {list(stride)}")

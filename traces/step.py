@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from memplan.traces.emulate import Emulation
+from memplan.traces.emulate.autocast import GradScalerOnMeta
+from memplan.traces.emulate.mode import Emulation
 from memplan.traces.model import Amp, Phase
 
 if TYPE_CHECKING:
     from memplan.traces.recorder import Recorder
-    from memplan.traces.zoo import Workload
+    from memplan.traces.workload import Workload
 
 AMP_DTYPE = {Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
 
@@ -29,20 +30,21 @@ AMP_DTYPE = {Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
 # `torch.autocast` exists per device type (cpu, cuda, ...), not for meta:
 # `torch.autocast("meta")` is refused by torch, and cpu autocast leaves meta
 # tensors alone (their dispatch keys carry no Autocast key). A capture with
-# `amp` therefore needs cpu or cuda, and the policy is that device's: which
-# ops run in bf16/fp16 (convolutions, matmuls, linear), which are kept in
-# float32 and which follow their widest input is autocast's list for the
-# capture device type. The lists of cpu and cuda agree on the ops that carry
-# the bytes (convolution, mm/addmm/bmm, linear, matmul: low precision) and
-# differ on some pointwise ops and losses; a cpu capture stands for a GPU run
-# on those. Autocast caches the low-precision copy of each weight for the
-# autocast region (forward and loss), so those copies are recorded as
-# activations that live until backward has used them, as on a GPU. fp16 adds
-# a `GradScaler` (device type of the capture device): the loss is scaled
-# before backward, and its step unscales the grads, checks them for inf/NaN
-# and steps the optimizer; `update` adjusts the scale. Those ops are recorded
-# in the optimizer phase (the scaling multiply in backward). Its `scale` and
-# `growth_tracker` are persistent buffers.
+# `amp` runs on cpu or cuda under that device type's autocast, or on meta for
+# a target under the target device type's autocast, emulated
+# (NOTE [ Autocast on meta ] in traces/emulate/autocast.py). Which ops run in
+# bf16/fp16 (convolutions, matmuls, linear), which are kept in float32 and
+# which follow their widest input is autocast's list for that device type:
+# cpu and cuda agree on the ops that carry the bytes and differ on
+# layer_norm, softmax, pointwise ops and losses (float32 on cuda). Autocast
+# caches the low-precision copy of each weight for the autocast region
+# (forward and loss), so those copies are recorded as activations that live
+# until backward has used them, as on a GPU. fp16 adds a `GradScaler` (of the
+# capture device type; on meta, NOTE [ GradScaler on meta ]): the loss is
+# scaled before backward, and its step unscales the grads, checks them for
+# inf/NaN and steps the optimizer; `update` adjusts the scale. Those ops are
+# recorded in the optimizer phase (the scaling multiply in backward). Its
+# `scale` and `growth_tracker` are persistent buffers.
 @dataclass(slots=True)
 class Trainer:
     """The ingredients of one iteration. `scaler` is set exactly when `amp`
@@ -64,15 +66,17 @@ class Trainer:
         device: torch.device,
         amp: Amp,
         accumulate: int,
-        emulation: Any = None,
+        em: Emulation | None = None,
     ) -> Trainer:
-        em = emulation if isinstance(emulation, Emulation) else None
-        scaler = torch.amp.GradScaler(device.type) if amp is Amp.FP16 else None
+        scaler = None
+        if amp is Amp.FP16:  # on meta, NOTE [ GradScaler on meta ] in traces/emulate/autocast.py
+            scaler = torch.amp.GradScaler(device.type) if em is None else GradScalerOnMeta()
         return cls(workload, optimizer, device.type, amp, accumulate, scaler, em)
 
     def scale(self) -> float | None:
         """The `GradScaler`'s current loss scale (None without one); it drops
-        exactly when a step found inf/NaN grads and was skipped."""
+        exactly when a step found inf/NaN grads and was skipped (never on
+        meta, where grads are assumed finite)."""
         return None if self.scaler is None else self.scaler.get_scale()
 
 

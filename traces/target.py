@@ -26,7 +26,7 @@ class TargetDevice(enum.Enum):
 class AttentionBackend(enum.Enum):
     """The kernel `F.scaled_dot_product_attention` runs. AUTO: the one the
     target's dispatch picks (NOTE [ SDPA backend selection ] in
-    traces/emulate/attention.py); the others pin it, as
+    traces/emulate/sdpa_selection.py); the others pin it, as
     `torch.nn.attention.sdpa_kernel` does."""
 
     AUTO = "auto"
@@ -84,7 +84,9 @@ class Target:
         attention backend after a semicolon."""
         cc = self.compute_capability
         arch = f"{self.device.value}, sm {cc[0]}.{cc[1]}" if cc else self.device.value
-        pinned = "" if self.attention is AttentionBackend.AUTO else f"; attention {self.attention.value}"
+        pinned = (
+            "" if self.attention is AttentionBackend.AUTO else f"; attention {self.attention.value}"
+        )
         return f"{self.name} ({arch}{pinned})"
 
     def to_json(self) -> dict:
@@ -101,3 +103,27 @@ def parse_compute_capability(text: str, where: str) -> tuple[int, int]:
     if not dot or not major.isdigit() or not minor.isdigit() or len(minor) != 1:
         raise TraceError(f"{where}: compute capability {text!r} must read MAJOR.MINOR (8.0, 9.0)")
     return int(major), int(minor)
+
+
+# NOTE [ Capture targets ]
+# A trace says which device it describes (`TraceMeta.target`). On meta with a
+# target, the step runs under `emulate.Emulation` and records what the
+# target's dispatch would run (traces/emulate/). On a real device the target
+# must be that device's type (a cpu capture for a cpu target, a cuda capture
+# for a cuda one): the trace records what ran, and the target only names it.
+# Without a target a meta capture records meta's own dispatch (math
+# attention, per-step RNN cells, no autocast), as traces from before targets.
+def check_target(target: Target | None, device: str) -> None:
+    """That `target` may be captured on `device` (NOTE [ Capture targets ])."""
+    if target is None:
+        return
+    if not isinstance(target, Target):
+        raise TraceError(f"target={target!r} must be a traces.target.Target")
+    if device == "meta":
+        return
+    kind = "cuda" if device.startswith("cuda") else device
+    if kind != target.device.value:
+        raise TraceError(
+            f"target {target.name} is a {target.device.value} device: capture it on meta "
+            f"(emulated) or on {target.device.value}, not on {device}"
+        )

@@ -1,8 +1,9 @@
 """Workloads: a model, a batch and a loss, built for a given batch size.
 
 `ZOO` maps a name to a factory ``batch_size -> Workload``; `resolve` also
-accepts ``linear_chain_N`` and ``package.module:callable`` for workloads
-defined elsewhere.
+accepts ``linear_chain_N``, ``package.module:callable`` for workloads
+defined elsewhere, and ``tv:NAME`` / ``hf:ARCH`` for any torchvision or
+transformers model (traces/builders/), each built with `ModelOptions`.
 
 Factories create everything on the *current default device*: capture calls
 them inside ``with torch.device("meta"):`` (or cpu, cuda), so they use
@@ -24,31 +25,17 @@ import importlib
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from memplan.traces.errors import TraceError
+from memplan.traces.workload import IMAGENET_CLASSES, Workload, output_loss, with_labels
 from torch import Tensor, nn
 
-IMAGENET_CLASSES = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """One training step's ingredients: ``loss_fn(model(*inputs), *targets)``
-    is the scalar loss to call ``backward()`` on."""
-
-    model: nn.Module
-    inputs: tuple[Tensor, ...]
-    targets: tuple[Tensor, ...]
-    loss_fn: Callable[..., Tensor]
-
-    def loss(self) -> Tensor:
-        """Run the forward pass and the loss."""
-        return self.loss_fn(self.model(*self.inputs), *self.targets)
+if TYPE_CHECKING:
+    from memplan.traces.builders import ModelOptions
 
 
 # ---- built-in models (torch only) -----------------------------------------------------
@@ -265,11 +252,6 @@ def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def output_loss(output: Any) -> Tensor:
-    """The ``.loss`` a Hugging Face model computed from the labels it was given."""
-    return output.loss
-
-
 # ---- built-in factories ------------------------------------------------------------
 def _classification(model: nn.Module, x: Tensor, n_classes: int) -> Workload:
     y = torch.randint(0, n_classes, (x.shape[0],))
@@ -310,8 +292,8 @@ def tiny_transformer(batch_size: int) -> Workload:
 
 def lstm(batch_size: int) -> Workload:
     """`LSTMClassifier` on sequences of 12 steps of 32 features, 10 classes.
-    Captured on cpu (or cuda) only: NOTE [ Recurrent layers on meta ] in
-    traces/capture.py."""
+    Captured on cpu or cuda, or on meta for a CUDA target (cuDNN's kernel,
+    emulated): NOTE [ Recurrent layers on meta ] in traces/capture.py."""
     return _classification(LSTMClassifier(), torch.randn(batch_size, 12, 32), 10)
 
 
@@ -356,21 +338,6 @@ def densenet121(batch_size: int) -> Workload:
     return _torchvision("densenet121", batch_size, 224)
 
 
-@functools.cache
-def _with_labels(cls: type) -> type:
-    """`cls` (a Hugging Face model class) with ``forward(input_ids, labels)``,
-    so capture's ``model(*inputs)`` passes the labels. A subclass, not a
-    wrapper module: parameter and module paths stay Hugging Face's own."""
-
-    class WithLabels(cls):  # type: ignore[misc, valid-type]
-        def forward(self, input_ids: Tensor, labels: Tensor) -> Any:
-            return super().forward(input_ids=input_ids, labels=labels)
-
-    # transformers picks the loss from the class name ("...ForMaskedLM"): keep it in
-    WithLabels.__name__ = WithLabels.__qualname__ = f"{cls.__name__}WithLabels"
-    return WithLabels
-
-
 def _language_model(model: nn.Module, vocab: int, batch_size: int, seq_len: int) -> Workload:
     ids = torch.randint(0, vocab, (batch_size, seq_len))
     return Workload(model.train(), (ids, ids), (), output_loss)
@@ -382,7 +349,7 @@ def bert_base(batch_size: int) -> Workload:
     attention, so it runs on meta and cpu."""
     tf = _extra("transformers", "bert_base")
     config = tf.BertConfig(attn_implementation="eager")
-    model = _with_labels(tf.BertForMaskedLM)(config)
+    model = with_labels(tf.BertForMaskedLM)(config)
     return _language_model(model, config.vocab_size, batch_size, 128)
 
 
@@ -391,7 +358,7 @@ def gpt2(batch_size: int) -> Workload:
     of 512 random token ids that are also the labels. Eager attention."""
     tf = _extra("transformers", "gpt2")
     config = tf.GPT2Config(attn_implementation="eager")
-    model = _with_labels(tf.GPT2LMHeadModel)(config)
+    model = with_labels(tf.GPT2LMHeadModel)(config)
     model.loss_type = "ForCausalLM"  # transformers guesses it from the class name, and warns
     return _language_model(model, config.vocab_size, batch_size, 512)
 
@@ -412,27 +379,54 @@ ZOO: dict[str, Callable[[int], Workload]] = {
     "gpt2": gpt2,
 }
 BUILTIN: tuple[str, ...] = ("mlp", "small_cnn", "linear_chain", "tiny_resnet", "tiny_transformer")
-# Built in too (torch only), but captured on cpu or cuda, never meta.
+# Built in too (torch only), but captured on cpu or cuda, or on meta for a CUDA target.
 RECURRENT: tuple[str, ...] = ("lstm",)
 NEEDS_EXTRA: tuple[str, ...] = tuple(n for n in ZOO if n not in BUILTIN + RECURRENT)
 _LINEAR_CHAIN_N = re.compile(r"linear_chain_(\d+)")
 
 
-def resolve(name_or_spec: str) -> Callable[[int], Workload]:
-    """The factory for a zoo name, ``linear_chain_N`` (N >= 1 layers), or
-    ``package.module:callable`` (imported; dotted attributes allowed).
-    Anything wrong is a one-line `TraceError` saying what."""
-    if ":" in name_or_spec:
-        return _import_factory(name_or_spec)
-    if name_or_spec in ZOO:
-        return ZOO[name_or_spec]
-    m = _LINEAR_CHAIN_N.fullmatch(name_or_spec)
+def resolve(name_or_spec: str, options: ModelOptions | None = None) -> Callable[[int], Workload]:
+    """The factory for a zoo name, ``linear_chain_N`` (N >= 1 layers),
+    ``package.module:callable`` (imported; dotted attributes allowed),
+    ``tv:NAME`` (torchvision) or ``hf:ARCH`` (transformers), building its
+    model with `options` (NOTE [ Model options ] in traces/builders/options.py; the
+    ``tv:`` and ``hf:`` prefixes are never modules). With default options a
+    zoo name's or a callable's factory is returned as it is. Anything wrong,
+    an option that does not apply to the kind of name included, is a
+    one-line `TraceError` saying what."""
+    from memplan.traces import builders
+
+    opts = options or builders.ModelOptions()
+    prefix, _, rest = name_or_spec.partition(":")
+    if prefix in ("tv", "hf"):
+        if not rest:
+            raise TraceError(f"workload {name_or_spec!r}: expected {prefix}:NAME")
+        kind = builders.Kind(prefix)
+        builders.check_applies(kind, opts, name_or_spec)
+        if kind is builders.Kind.TORCHVISION:
+            tv = builders.torchvision_model(rest, opts)
+            return functools.partial(builders.build_torchvision, tv)
+        hf = builders.transformers_model(rest, opts)
+        return functools.partial(builders.build_transformers, hf)
+    kind = builders.Kind.MODULE if ":" in name_or_spec else builders.Kind.ZOO
+    factory = _import_factory(name_or_spec) if ":" in name_or_spec else _zoo_factory(name_or_spec)
+    builders.check_applies(kind, opts, name_or_spec)
+    if not opts.given():
+        return factory
+    return builders.with_options(factory, opts, name_or_spec)
+
+
+def _zoo_factory(name: str) -> Callable[[int], Workload]:
+    if name in ZOO:
+        return ZOO[name]
+    m = _LINEAR_CHAIN_N.fullmatch(name)
     if m and int(m[1]) >= 1:
         return functools.partial(linear_chain, n_layers=int(m[1]))
     known = ", ".join(ZOO)
     raise TraceError(
-        f"unknown workload {name_or_spec!r}: known are {known}, linear_chain_N, "
-        "or package.module:callable"
+        f"unknown workload {name!r}: known are {known}, linear_chain_N, "
+        "or package.module:callable; or tv:NAME for a torchvision model, hf:ARCH for a "
+        "transformers one (tv:resnet152, hf:llama)"
     )
 
 
@@ -458,11 +452,11 @@ def _import_factory(spec: str) -> Callable[[int], Workload]:
     return obj
 
 
-def build(name_or_spec: str, batch_size: int) -> Workload:
+def build(name_or_spec: str, batch_size: int, options: ModelOptions | None = None) -> Workload:
     """`resolve` and call the factory, checking what it returns."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise TraceError(f"batch_size={batch_size!r} must be an integer >= 1")
-    workload = resolve(name_or_spec)(batch_size)
+    workload = resolve(name_or_spec, options)(batch_size)
     if not isinstance(workload, Workload):
         raise TraceError(
             f"workload {name_or_spec!r} returned {type(workload).__name__}, "

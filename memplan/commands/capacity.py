@@ -17,6 +17,7 @@ from memplan.units import integer, number, parse_size
 if TYPE_CHECKING:
     from memplan.capacity import Capacity, Settings
     from memplan.hwmodels.device import DeviceModel
+    from memplan.traces.builders import ModelOptions
 
 MAX_BATCH = 1_000_000
 DEFAULT_HI = 65_536
@@ -59,8 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument(
         "--model",
-        help="a zoo name (resnet50, bert_base, mlp, ...) or package.module:callable: captured "
-        "on the meta device at the batches the search needs",
+        help="a zoo name (resnet50, bert_base, mlp, ...), tv:NAME (torchvision: tv:resnet152), "
+        "hf:ARCH (transformers, from its config: hf:llama) or package.module:callable: "
+        "captured on the meta device at the batches the search needs, built as --dtype, "
+        "--config, --seq, --image, --freeze, --lora, --gradient-checkpointing say",
     )
     what.add_argument(
         "--trace",
@@ -158,6 +161,7 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
         "the batch searched is each pass's",
     )
     capture.add_target(p)
+    capture.add_model_options(p)  # with --jobs M1:C1,M2:C2: every model is built so
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -292,10 +296,12 @@ def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
             "--jobs auto searches the number of jobs at one batch: give --batch B (or --trace T)"
         )
     if args.trace:
-        for opt in ("batch", "batches", "optimizer", "opt", "accumulate", "target", "attention"):
+        for opt in ("batch", "batches", "optimizer", "opt", "accumulate", "target", "attention",
+                    *_MODEL_OPTIONS):  # fmt: skip
             if getattr(args, opt) is not None:
+                flag = opt.replace("_", "-")
                 raise MemplanError(
-                    f"--{opt} with --trace: a trace is one captured step at its own batch; "
+                    f"--{flag} with --trace: a trace is one captured step at its own batch; "
                     "use --model to search batches"
                 )
     if args.batches is not None and (args.batch is not None or jobs == "auto"):
@@ -304,7 +310,11 @@ def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
         )
 
 
-def _scaler(model: str, args: argparse.Namespace):  # noqa: ANN202
+# `capture.add_model_options`' arguments: None when not given
+_MODEL_OPTIONS = ("dtype", "config", "seq", "image", "freeze", "lora", "gradient_checkpointing")
+
+
+def _scaler(model: str, args: argparse.Namespace, built: ModelOptions):  # noqa: ANN202
     from memplan.traces.capture import CaptureOptions
     from memplan.traces.scaling import BatchTraces, model_captures
 
@@ -318,7 +328,7 @@ def _scaler(model: str, args: argparse.Namespace):  # noqa: ANN202
         )
     except MemplanError as e:
         raise MemplanError(f"--optimizer, --opt, --accumulate or --target: {e}") from None
-    return BatchTraces(model_captures(model, opts))
+    return BatchTraces(model_captures(model, opts, built))
 
 
 def search(args: argparse.Namespace) -> Capacity:
@@ -330,9 +340,10 @@ def search(args: argparse.Namespace) -> Capacity:
     _check_modes(args, jobs)
     lo, hi = parse_range(args.batches)
     models = jobs if isinstance(jobs, list) else [(args.model, jobs)] if args.model else []
-    for name, _ in models:  # an unknown model fails before any work
+    built = capture.model_options_of(args)
+    for name, _ in models:  # an unknown model, or an option it cannot take, fails before any work
         try:
-            resolve(name)
+            resolve(name, built)
         except MemplanError as e:
             raise MemplanError(f"--jobs: {e}" if isinstance(jobs, list) else str(e)) from None
     device = machine.device(args)
@@ -345,7 +356,7 @@ def search(args: argparse.Namespace) -> Capacity:
             n_lo, n_hi = (1, machine.MAX_JOBS) if jobs == "auto" else (jobs, jobs)
             name = trace.meta.model or Path(args.trace).name
             return jobs_capacity(trace, name, device, s, n_lo, n_hi, bar)
-        scalers = [(name, _scaler(name, args), n) for name, n in models]
+        scalers = [(name, _scaler(name, args, built), n) for name, n in models]
         if jobs == "auto":
             trace = scalers[0][1].trace(args.batch).trace
             return jobs_capacity(trace, models[0][0], device, s, 1, machine.MAX_JOBS, bar)

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from memplan.traces import io, optim
+from memplan.traces import builders, io, optim
+from memplan.traces.builders import Dtype, ModelOptions
 from memplan.traces.capture import CaptureOptions, capture
 from memplan.traces.errors import MemplanError, TraceError
 from memplan.traces.model import MAX_ACCUMULATE, Phase
@@ -30,8 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="a zoo name (mlp, small_cnn, resnet50, bert_base, ...) or package.module:callable "
-        "taking the batch size and returning a traces.zoo.Workload",
+        help="a zoo name (mlp, small_cnn, resnet50, bert_base, ...), tv:NAME (any torchvision "
+        "classification or segmentation model: tv:resnet152), hf:ARCH (any transformers "
+        "architecture from its config, no download: hf:llama, hf:LlamaForCausalLM) or "
+        "package.module:callable taking the batch size and returning a traces.zoo.Workload",
     )
     p.add_argument("--batch", type=integer(1, 1_000_000), required=True, help="batch size")
     p.add_argument(
@@ -57,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("bf16", "fp16"),
         default=None,
         help="mixed precision: torch.autocast to bf16, or to fp16 with a GradScaler, around "
-        "forward and loss; needs --device cpu or cuda (autocast does not exist on meta)",
+        "forward and loss; on --device cpu or cuda, or on meta with a --target (its autocast "
+        "emulated; fp16 assumes finite grads: every step is taken)",
     )
     p.add_argument(
         "--accumulate",
@@ -70,10 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device",
         default="meta",
-        help="meta (default), cpu or cuda. Models with LSTM/GRU/RNN layers, --amp, and "
+        help="meta (default), cpu or cuda. Models with LSTM/GRU/RNN layers need cpu or cuda, "
+        "or on meta a CUDA --target (cuDNN's fused kernel, emulated); --amp and "
         "optimizers that read tensor values (asgd, adafactor) need cpu or cuda",
     )
     add_target(p)
+    add_model_options(p)
     p.add_argument(
         "--measure",
         action="store_true",
@@ -115,6 +121,100 @@ def add_target(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --target: pin F.scaled_dot_product_attention's kernel, as "
         "torch.nn.attention.sdpa_kernel does (default auto: the one the target picks)",
+    )
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """How --model's model is built (traces.builders.ModelOptions), shared
+    with `memplan capacity`; read by `model_options_of`."""
+    g = p.add_argument_group(
+        "how the model is built",
+        "NOTE [ Model options ] in traces/builders/options.py: which apply to which models",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=[d.value for d in Dtype],
+        default=None,
+        help="the dtype the model is built in (default fp32): pure low-precision training, "
+        "parameters, grads, optimizer state and activations all in it, e.g. --dtype bf16 "
+        "(--amp instead keeps fp32 parameters). Zoo and package.module:callable models are "
+        "converted with .to(dtype), floating inputs and targets too",
+    )
+    g.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="K=V,...|FILE.json",
+        help="hf: only: config fields over the config class's defaults, typed by them, e.g. "
+        "hidden_size=2048,num_hidden_layers=16 or attn_implementation=eager (default: the "
+        "model's own, sdpa where supported); or a config.json (its dtype is ignored: --dtype "
+        "decides). Repeatable: a file first, then fields over it",
+    )
+    g.add_argument(
+        "--seq",
+        type=integer(1, 10_000_000),
+        default=None,
+        metavar="N",
+        help="hf: only: tokens per sequence (default min(512, max_position_embeddings)), "
+        "e.g. --seq 2048",
+    )
+    g.add_argument(
+        "--image",
+        type=integer(32, 100_000),
+        default=None,
+        metavar="S",
+        help="tv: only: random images of S x S pixels (default 224; 299 for inception_v3), "
+        "e.g. --image 480",
+    )
+    g.add_argument(
+        "--freeze",
+        action="append",
+        default=None,
+        metavar="PATTERN,...",
+        help="parameters left untrained (no grad, no optimizer state): fnmatch patterns on "
+        "their names, each must match one, e.g. 'model.embed_tokens.*,lm_head.*'",
+    )
+    g.add_argument(
+        "--lora",
+        default=None,
+        metavar="K=V,...",
+        help="LoRA adapters through peft (pip install peft), every other parameter frozen: "
+        "r, alpha, dropout, target_modules, e.g. r=8,alpha=16,target_modules=q_proj,v_proj "
+        "(hf: models default to peft's modules for the architecture)",
+    )
+    g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        default=None,
+        help="hf: only: transformers' gradient checkpointing (non-reentrant): each layer's "
+        "forward runs again in backward, its activations not kept",
+    )
+
+
+def model_options_of(args: argparse.Namespace) -> ModelOptions:
+    """The `ModelOptions` of `add_model_options`' arguments."""
+    config: dict = {}
+    config_file = None
+    for text in args.config or []:
+        if "=" not in text:
+            if config_file is not None:
+                raise MemplanError(f"--config {text}: one config file at most ({config_file})")
+            config_file = text
+            continue
+        for key, value in builders.parse_assignments(text, "--config").items():
+            if key in config:
+                raise MemplanError(f"--config: {key!r} is given twice")
+            config[key] = value
+    freeze = tuple(p for text in args.freeze or [] for p in builders.parse_freeze(text))
+    return ModelOptions(
+        dtype=args.dtype or "fp32",
+        config=config,
+        config_file=config_file,
+        seq=args.seq,
+        image=args.image,
+        freeze=freeze,
+        lora=None if args.lora is None else builders.parse_lora(args.lora),
+        gradient_checkpointing=bool(args.gradient_checkpointing),
     )
 
 
@@ -214,7 +314,13 @@ def run(args: argparse.Namespace) -> int:
         )
     args.threads = args.threads or 1
     outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
-    factory = resolve(args.model)
+    built = model_options_of(args)
+    if args.amp and built.dtype is not Dtype.FP32:
+        raise MemplanError(
+            f"--amp {args.amp} with --dtype {built.dtype.value}: --amp is mixed precision over "
+            "fp32 parameters, --dtype pure low-precision training; give one"
+        )
+    factory = resolve(args.model, built)
     opts = CaptureOptions(
         device=args.device,
         optimizer=args.optimizer,
@@ -232,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
     progress.done()
     if measured:  # NOTE [ Measured on ] in memplan/commands/machine.py
         trace = replace(trace, meta=replace(trace.meta, extra={**trace.meta.extra, **measured}))
+    trace = builders.recorded(trace, built)
     with outputs.writing(args.out):
         io.save(trace, args.out)
     peak, op = trace.peak()
@@ -240,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
     how += "" if m.amp.value == "none" else f", amp {m.amp.value}"
     how += "" if m.accumulate == 1 else f", {m.accumulate} passes accumulated"
     how += "" if m.target is None else f", for {m.target.describe()}"
+    how += f", {built.describe()}" if built.describe() else ""
     print(
         f"captured {args.model} batch {args.batch} on {args.device} ({how}): {trace.n_ops} ops, "
         f"{trace.n_buffers} buffers, vanilla peak {peak / 2**20:.1f} MiB at op {op} -> {args.out}"

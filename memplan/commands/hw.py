@@ -59,7 +59,8 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     hw = load_hardware(args.name)
     if args.json:
-        print(json.dumps(asdict(hw), indent=2))
+        doc = {**asdict(hw), "device": hw.device.value}
+        print(json.dumps(doc, indent=2))
         return 0
     print(f"{hw.name}: {hw.description}  ({profile_path(args.name)})")
     rows = [

@@ -30,8 +30,10 @@ METRICS = (
     "bytes_in", "net_evictions",
 )  # fmt: skip
 STATUSES = ("alone", "net", "oom", "infeasible", "stopped", "error")
-# Profile fields that describe a profile rather than the device it models.
-_PROFILE_PROSE = ("source", "description")
+# Profile fields that describe a profile rather than the device it models, or
+# that only a capture reads (the architecture a trace is captured for): a
+# scenario simulates given traces, and its identity is what the simulation reads.
+_PROFILE_PROSE = ("source", "description", "device", "compute_capability")
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,10 @@ def test_largest_refuses_an_empty_range():
 # of fc1.weight (sqrt and div make two temporaries of its size), up to a few
 # hundred samples: the params, their grads and both Adam moments (4 P), the
 # two temporaries (2 W1), and the batch (B x 784 float32) with its int64
-# labels, still alive until the step ends.
+# labels, still alive until the step ends. The tests pass --opt foreach=false:
+# capacity captures for its --gpu, whose default is foreach (NOTE [ Optimizer
+# defaults ]), and the formula counts one update per parameter.
+FOR_LOOP = ["--opt", "foreach=false"]
 P = 4 * (784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10)
 W1 = 4 * 784 * 512
 PER_SAMPLE = 784 * 4 + 8
@@ -79,7 +82,7 @@ def mlp_peak(batch: int) -> int:
 
 def test_the_largest_vanilla_batch_of_an_mlp_by_hand():
     assert mlp_peak(300) == 12_727_552
-    common = [*GPU, "--model", "mlp", "--batches", "2:800", "--no-progress"]
+    common = [*GPU, "--model", "mlp", "--batches", "2:800", "--no-progress", *FOR_LOOP]
     doc = _json([*common, "--planners", "vanilla", "--budget", str(mlp_peak(300))])
     vanilla = _answers(doc)["vanilla"]
     assert vanilla["largest"] == 300 and vanilla["peak_bytes"] == mlp_peak(300)
@@ -143,7 +146,7 @@ def grows(batch_size: int) -> Workload:
 
 def test_a_failed_scaling_check_is_said_and_every_batch_is_captured():
     argv = ["capacity", "--model", "tests.app.test_capacity:grows", *GPU, "--planners",
-            "vanilla", "--budget", str(mlp_peak(300)), "--batches", "2:800"]  # fmt: skip
+            "vanilla", "--budget", str(mlp_peak(300)), "--batches", "2:800", *FOR_LOOP]  # fmt: skip
     o = run_cli(argv, 60)
     assert o.code == 0, o.describe()
     assert "note: tests.app.test_capacity:grows: scaling off, every batch is captured" in o.stderr

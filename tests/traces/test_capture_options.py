@@ -51,7 +51,7 @@ def test_keywords_are_read_as_numbers_bools_and_tuples(text, expected):
         ("=1", "'=1' is not name=value"),
         ("1x=2", "'1x=2' is not name=value"),
         ("lr=1,lr=2", "'lr' is given twice"),
-        ("betas=(0.9,0.99", "unbalanced parentheses"),
+        ("betas=(0.9,0.99", "unbalanced brackets"),
         ("betas=0.9)", "unbalanced ')'"),
         ("lr=" + "9" * 40, "more than 30 digits"),
     ],

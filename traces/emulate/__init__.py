@@ -8,91 +8,33 @@ target runs:
 - `attention.py`: `F.scaled_dot_product_attention` to the SDPA backend the
   target's dispatch picks (flash, memory-efficient, cuDNN, math);
 - `rnn.py`: `nn.LSTM` / `GRU` / `RNN` to the fused `_cudnn_rnn` kernel;
-- `autocast.py`: `--amp` casts as the target device type's autocast does.
+- `autocast.py`: `--amp` casts as the target device type's autocast does;
+- `dropout.py`: dropout as CUDA's one fused `native_dropout`.
 
 Below autograd, the recorder asks `dispatch_rules(target)` for the few aten
-kernels meta lacks (cuDNN's RNN backward) and for outputs the target keeps on
-the host (the philox seed and offset of CUDA's attention kernels).
+kernels meta lacks (cuDNN's RNN backward), for outputs the target keeps on the
+host (memory-efficient attention's philox seed and offset) and for the FLOPs
+of kernels torch's counter does not know (`mode.DispatchRules`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from memplan.traces.emulate.mode import (
+    CASTERS,
+    HANDLERS,
+    NO_RULES,
+    Caster,
+    DispatchRules,
+    Emulation,
+    Handler,
+    handles,
+)
 from memplan.traces.target import Target
-from torch.overrides import TorchFunctionMode
 
-# A handler runs in place of a torch-level function: (emulation, func, args, kwargs) -> result.
-Handler = Callable[["Emulation", Callable, tuple, dict], Any]
-
-# torch-level function -> handler, filled by the modules of this package
-HANDLERS: dict[Callable, Handler] = {}
-
-
-def handles(*funcs: Callable) -> Callable[[Handler], Handler]:
-    """Register a handler for the torch-level functions `funcs`."""
-
-    def register(handler: Handler) -> Handler:
-        for f in funcs:
-            HANDLERS[f] = handler
-        return handler
-
-    return register
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchRules:
-    """What the recorder's dispatch mode does differently for a target:
-    `kernels` maps an aten target (`aten._cudnn_rnn_backward.default`) to a
-    Python function computing its outputs on meta, for ops with no meta
-    kernel; `host_outputs` maps an aten target to the positions of its outputs
-    that the target keeps in host memory (not device buffers)."""
-
-    kernels: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
-    host_outputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-
-
-NO_RULES = DispatchRules()
-
-
-class Emulation(TorchFunctionMode):
-    """Routes torch-level calls to what `target` runs (see the module doc).
-    `autocast_dtype` is set inside `autocast_region` only."""
-
-    def __init__(self, target: Target) -> None:
-        super().__init__()
-        self.target = target
-        self.autocast_dtype: torch.dtype | None = None
-        # autocast's cache of cast leaf tensors, for one region (autocast.py)
-        self.cast_cache: dict[int, torch.Tensor] = {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        if self.autocast_dtype is not None:
-            from memplan.traces.emulate import autocast
-
-            args, kwargs = autocast.cast_inputs(self, func, args, kwargs)
-        handler = HANDLERS.get(func)
-        if handler is None:
-            return func(*args, **kwargs)
-        return handler(self, func, args, kwargs)
-
-    @contextmanager
-    def autocast_region(self, dtype: torch.dtype) -> Iterator[None]:
-        """Forward and loss under the target's autocast to `dtype`; the cast
-        cache lives for the region, as `torch.autocast`'s does."""
-        before = self.autocast_dtype
-        self.autocast_dtype = dtype
-        try:
-            yield
-        finally:
-            self.autocast_dtype = before
-            if before is None:
-                self.cast_cache.clear()
+__all__ = [
+    "CASTERS", "HANDLERS", "NO_RULES", "Caster", "DispatchRules", "Emulation", "Handler",
+    "dispatch_rules", "handles", "load_handlers",
+]  # fmt: skip
 
 
 def dispatch_rules(target: Target | None) -> DispatchRules:
@@ -104,9 +46,10 @@ def dispatch_rules(target: Target | None) -> DispatchRules:
     return DispatchRules(
         kernels={**rnn.meta_kernels(target)},
         host_outputs={**attention.host_outputs(target)},
+        flops={**rnn.flop_counts(target)},
     )
 
 
 def load_handlers() -> None:
     """Import the modules that register handlers (once; cheap after)."""
-    from memplan.traces.emulate import attention, rnn  # noqa: F401
+    from memplan.traces.emulate import attention, autocast, dropout, rnn  # noqa: F401
