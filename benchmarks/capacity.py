@@ -2,7 +2,8 @@
 behind it.
 
 For resnet50 on p100-pcie-16gb and bert_base on a100-pcie-40gb (Adam, meta
-captures, roofline latencies, one PCIe lane):
+captures for the GPU -- what its dispatch runs, as `memplan capacity
+--model` captures -- roofline latencies, one PCIe lane):
 1. `memplan capacity --model M --gpu G --planners all --json --no-progress`
    in a subprocess: its wall-clock seconds, imports and captures included
    (target: under 60 s on this machine's 2 shared cores), and the answers;
@@ -70,6 +71,11 @@ def run_command(model: str, gpu: str, *extra: str) -> tuple[float, dict]:
     return seconds, json.loads(done.stdout)
 
 
+def _for(gpu: str) -> CaptureOptions:
+    """What `memplan capacity --model` captures with: Adam, for `--gpu`."""
+    return CaptureOptions(target=load_hardware(gpu).target())
+
+
 def bisect_real(model: str, gpu: str) -> tuple[int, int]:
     """(vanilla's largest batch, captures taken): the first power of two
     that does not fit, then bisection; each step a real capture."""
@@ -80,7 +86,7 @@ def bisect_real(model: str, gpu: str) -> tuple[int, int]:
     def fits(batch: int) -> bool:
         nonlocal captures
         captures += 1
-        t = capture(factory, batch, CaptureOptions(), model_name=model)
+        t = capture(factory, batch, _for(gpu), model_name=model)
         return not simulate([t], device, iterations=2, check=False).oom
 
     good, bad = 0, 1
@@ -111,10 +117,10 @@ def check_model(model: str, gpu: str, batches: tuple[int, ...]) -> list[str]:
           f"context): vanilla largest batch {caching['answers'][0]['largest']} "
           f"({seconds:.1f} s)")  # fmt: skip
 
-    traces = BatchTraces(model_captures(model))
+    traces = BatchTraces(model_captures(model, _for(gpu)))
     for b in batches:
         scaled = traces.trace(b).trace
-        real = capture(resolve(model), b, CaptureOptions(), model_name=model)
+        real = capture(resolve(model), b, _for(gpu), model_name=model)
         worst, reason = mismatch(scaled, real, TARGET_PEAK)
         sp, rp = scaled.peak()[0], real.peak()[0]
         err = abs(sp - rp) / rp

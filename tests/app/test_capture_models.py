@@ -5,25 +5,15 @@ line with exit code 2."""
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
 from memplan.traces import io
 from memplan.traces.model import BufferKind
 
+from tests.extras import needs_transformers
 from tests.fuzz.harness import assert_clean, assert_rejected, run_cli
 
-
-def _has(package: str) -> bool:
-    try:
-        importlib.import_module(package)
-    except Exception:
-        return False
-    return True
-
-
-needs_transformers = pytest.mark.skipif(not _has("transformers"), reason="needs transformers")
 TINY = (
     "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,vocab_size=128"
 )

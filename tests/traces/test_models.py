@@ -7,7 +7,6 @@ worked out by hand."""
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -29,19 +28,9 @@ from memplan.traces.errors import TraceError
 from memplan.traces.model import BufferKind, Phase, Trace
 from memplan.traces.zoo import ZOO, build, resolve
 
+from tests.extras import has, needs_torchvision, needs_transformers
 
-def _has(package: str) -> bool:
-    """True when `package` imports (torchvision built for another torch does not)."""
-    try:
-        importlib.import_module(package)
-    except Exception:
-        return False
-    return True
-
-
-needs_transformers = pytest.mark.skipif(not _has("transformers"), reason="needs transformers")
-needs_torchvision = pytest.mark.skipif(not _has("torchvision"), reason="needs torchvision")
-needs_peft = pytest.mark.skipif(not _has("peft"), reason="needs peft")
+needs_peft = pytest.mark.skipif(not has("peft"), reason="needs peft")
 
 # A llama of 2 layers, 4 heads, hidden 64, MLP 128, vocabulary 128, on 16 tokens.
 TINY = {

@@ -4,7 +4,6 @@ the ones worked out by hand (or published), and `resolve` fails in one line."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 import textwrap
 
@@ -22,6 +21,8 @@ from memplan.traces.zoo import (
     resolve,
 )
 from torch import nn
+
+from tests.extras import has
 
 # Parameter counts by hand. mlp: 784*512+512 + 512*256+256 + 256*10+10.
 # small_cnn: convs 3*16*9, 16*32*9, 32*64*9; BatchNorms 2*(16+32+64);
@@ -55,15 +56,6 @@ PACKAGE = {n: "torchvision" for n in ("vgg16", "resnet50", "inception_v3", "dens
 PACKAGE |= {"bert_base": "transformers", "gpt2": "transformers"}
 
 
-def _has(package: str) -> bool:
-    """True when `package` imports (torchvision built for another torch does not)."""
-    try:
-        importlib.import_module(package)
-    except Exception:
-        return False
-    return True
-
-
 def _train_step(name: str, device: str) -> Workload:
     torch.manual_seed(0)
     with torch.device(device):
@@ -92,7 +84,7 @@ def test_builtin_workloads_train_one_step(name, device):
 
 @pytest.mark.parametrize("name", NEEDS_EXTRA)
 def test_zoo_extra_workloads_train_one_step_on_meta(name):
-    if not _has(PACKAGE[name]):
+    if not has(PACKAGE[name]):
         pytest.skip(f"{PACKAGE[name]} is not importable here")
     _train_step(name, "meta")
 
@@ -124,7 +116,7 @@ def test_tiny_transformer_trains_with_dropout():
 
 
 def test_hugging_face_models_keep_their_own_parameter_paths():
-    if not _has("transformers"):
+    if not has("transformers"):
         pytest.skip("transformers is not importable here")
     with torch.device("meta"):
         bert, gpt = ZOO["bert_base"](2), ZOO["gpt2"](2)
