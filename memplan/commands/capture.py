@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="adam",
         metavar="NAME",
         help="any torch.optim optimizer, any case: adam (default), adamw, sgd, rmsprop, adagrad, "
-        "... (not lbfgs, sparseadam). Built with foreach=False (one update per parameter) "
-        "unless --opt says foreach or fused; sgd means momentum 0.9 unless --opt momentum=... "
+        "... (not lbfgs, sparseadam). Built as the trace's device runs it: foreach on CUDA "
+        "(a cuda capture or a CUDA --target), one update per parameter elsewhere, unless --opt "
+        "says foreach or fused; sgd means momentum 0.9 unless --opt momentum=... "
         "(momentum=0: plain SGD, no optimizer state)",
     )
     p.add_argument(
@@ -75,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--device",
         default="meta",
         help="meta (default), cpu or cuda. Models with LSTM/GRU/RNN layers need cpu or cuda, "
-        "or on meta a CUDA --target (cuDNN's fused kernel, emulated); --amp and "
-        "optimizers that read tensor values (asgd, adafactor) need cpu or cuda",
+        "or on meta a CUDA --target (cuDNN's fused kernel, emulated); --amp needs cpu, cuda "
+        "or a --target; optimizers that read tensor values (asgd, adafactor) need cpu or cuda",
     )
     add_target(p)
     add_model_options(p)
