@@ -70,9 +70,9 @@ BAD_CAPTURE = [
     (["--model", "mlp", "--amp", "bf16", "--dtype", "bf16"], ["--amp", "--dtype"]),
     (["--model", "hf:llama", "--config", "a.json", "--config", "b.json"], ["--config", "one"]),
     (["--model", "hf:llama", "--config", "x=1", "--config", "x=2"], ["--config", "twice"]),
-    (["--model", "hf:llama", "--config", "DIR/missing.json"], ["--config", "cannot read"]),
 ]
-BAD_HF = [
+BAD_HF = [  # the config file is read once transformers has the config class
+    (["--model", "hf:llama", "--config", "DIR/missing.json"], ["--config", "cannot read"]),
     (["--model", "hf:lama"], ["hf:lama", "hf:llama"]),
     (["--model", "hf:llama", "--config", "num_hidden_layers=two"], ["num_hidden_layers", "whole"]),
     (["--model", "hf:llama", "--config", "hidden_sise=64"], ["hidden_sise", "hidden_size"]),
