@@ -226,7 +226,9 @@ PUBLISHED: tuple[Published, ...] = (
 #   Trainer whose autocast and GradScaler may have kept more than 2.x does.
 
 # What Hugging Face states its CUDA context takes ("GPU memory occupied:
-# 1343 MB" after one `torch.ones((1, 1)).to("cuda")`, MiB as NVML reads it).
+# 1343 MB" after one `torch.ones((1, 1)).to("cuda")`, MiB as NVML reads it;
+# huggingface/transformers docs/source/en/model_memory_anatomy.md, the same
+# walkthrough perf_train_gpu_one used: "the kernels alone take up 1.3GB").
 HF_CONTEXT_BYTES = 1343 * MIB
 
 
