@@ -101,6 +101,15 @@ def run(args: argparse.Namespace) -> int:
         raise MemplanError(f"--budget={args.budget!r}: validate takes bytes (8GiB), not a share")
     budget = machine.budget(args)
     trace = machine.one_trace(args.trace, "validate")
+    target = trace.meta.target
+    if target is not None and target.device.value != (
+        "cuda" if args.device.startswith("cuda") else "cpu"
+    ):
+        raise MemplanError(
+            f"{args.trace}: captured for {target.describe()}, whose kernels "
+            f"{args.device} does not run: validate it on {target.device.value}, or capture "
+            f"the model with --device {args.device}"
+        )
     if args.plan:
         result = plan_io.load(args.plan, [trace])  # one plan, made for this trace
         plan: object = result.plans[0]

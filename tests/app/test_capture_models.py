@@ -122,3 +122,14 @@ def test_capacity_captures_the_model_as_built():
     assert [a["planner"] for a in doc["answers"]] == ["vanilla"]
     options = doc["provenance"]["options"]
     assert (options["dtype"], options["seq"], options["config"]) == ("bf16", 16, [TINY])
+
+
+def test_a_trace_captured_for_a_gpu_is_not_replayed_on_cpu(tmp_path):
+    """Its kernels (flash attention, cuDNN's RNN) do not run on cpu: validate
+    refuses it in one line naming the target, before any replay."""
+    trace = tmp_path / "mlp.json"
+    o = run_cli(["capture", "--model", "mlp", "--batch", "2", "--target", "a100-sxm-80gb",
+                 "--out", str(trace)], 60)  # fmt: skip
+    assert o.code == 0, o.describe()
+    o = run_cli(["validate", str(trace), "--planner", "tensile"], 60)
+    assert_rejected(o, "a100-sxm-80gb", "--device cpu")
