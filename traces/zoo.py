@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from memplan.traces.builders.packages import _ZOO_EXTRA, _package
 from memplan.traces.errors import TraceError
 from memplan.traces.workload import IMAGENET_CLASSES, Workload, output_loss, with_labels
 from torch import Tensor, nn
@@ -300,15 +301,7 @@ def lstm(batch_size: int) -> Workload:
 # ---- the zoo extra: torchvision and transformers -----------------------------------
 def _extra(module: str, model: str) -> ModuleType:
     """Import a module of the zoo extra, or say how to get it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise TraceError(f"{model} needs the zoo extra: pip install 'memplan[zoo]'") from None
-    except Exception as e:  # installed but broken, e.g. built for another torch
-        reason = (str(e).splitlines() or [type(e).__name__])[0]
-        raise TraceError(
-            f"{model} needs the zoo extra, but importing {module} failed: {reason}"
-        ) from None
+    return _package(module, model, _ZOO_EXTRA, need="the zoo extra")
 
 
 def _torchvision(name: str, batch_size: int, image: int, **kwargs: Any) -> Workload:

@@ -151,7 +151,7 @@ def _entered_again(modes: list, autocast: list[torch.dtype | None]) -> Iterator[
 
 
 def _lora(model: nn.Module, lora: Lora, name: str) -> nn.Module:
-    peft = _package("peft", f"{name} --lora", "pip install peft")
+    peft = _package("peft", f"{name} --lora", "pip install 'memplan[lora]'")
     kwargs: dict[str, Any] = {"r": lora.r, "lora_dropout": lora.dropout}
     if lora.alpha is not None:
         kwargs["lora_alpha"] = lora.alpha
