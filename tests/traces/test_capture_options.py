@@ -16,10 +16,13 @@ from memplan.traces.capture import CaptureOptions, capture
 from memplan.traces.errors import TraceError
 from memplan.traces.model import Amp, BufferKind, Phase
 from memplan.traces.optim import parse_kwargs
+from memplan.traces.target import Target, TargetDevice
 from memplan.traces.zoo import ZOO, LSTMClassifier, Workload
 from torch import nn
 
 from tests.fuzz.harness import assert_clean, assert_rejected, run_cli
+
+A100 = Target("a100-sxm-80gb", TargetDevice.CUDA, (8, 0))
 
 MLP_PARAMS = 401_920 + 131_328 + 2_570  # by hand: see tests/traces/test_capture_train.py
 
@@ -81,7 +84,7 @@ def test_malformed_keywords_are_one_line(text, message):
         ({"optimizer_kwargs": {"betas": (0.9,)}}, ["betas=(0.9,) must be tuple[float | Tensor"]),
         ({"optimizer_kwargs": [("lr", 1.0)]}, ["must be a mapping"]),
         ({"optimizer_kwargs": {"fused": True}}, ["fused kernel runs on cpu and cuda, not on meta",
-                                                 "--device cpu"]),
+                                                 "--target", "--device cpu"]),
         ({"device": "cpu", "optimizer_kwargs": {"fused": True, "foreach": True}},
          ["cannot be `True` together"]),
         ({"device": "cpu", "optimizer": "sgd", "optimizer_kwargs": {"nesterov": True,
@@ -94,6 +97,10 @@ def test_malformed_keywords_are_one_line(text, message):
         ({"accumulate": True}, ["accumulate=True"]),
         ({"accumulate": 2.0}, ["accumulate=2.0"]),
         ({"lr": float("inf")}, ["lr=inf must be a finite number"]),
+        ({"target": A100, "optimizer": "sgd", "optimizer_kwargs": {"fused": True}},
+         ["optimizer sgd with fused=True on meta", "no meta kernel for aten._fused_sgd_"]),
+        ({"target": A100, "optimizer": "adagrad", "optimizer_kwargs": {"fused": True}},
+         ["no meta kernel for aten._fused_adagrad_"]),
     ],
 )  # fmt: skip
 def test_bad_options_are_one_line_trace_errors(options, names):
