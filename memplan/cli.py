@@ -85,13 +85,14 @@ def _say(message: str) -> None:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    from memplan.traces.errors import MemplanError
-
     # NOTE [ Signals in memplan ]: torch's import runs Python from C++ (pybind11);
-    # an Interrupted raised there aborts the process (SIGABRT, exit -6), so the
-    # imports the parser makes, torch's among them, hold a signal until they end
+    # an Interrupted raised there aborts the process (SIGABRT, exit -6), and
+    # numpy's turns it into an ImportError; so the first imports, numpy's and
+    # torch's among them, hold a signal until they end
     with interrupts.deferred():
         import torch  # noqa: F401 -- loaded here, whichever command loads it first
+
+        from memplan.traces.errors import MemplanError
 
         parser = build_parser()
     args = parser.parse_args(argv)
@@ -158,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except Exception as e:  # noqa: BLE001 -- a bug: loud, and never exit 1
-        cause = interrupts.raised_from(e)  # Python wrapped it (NOTE [ Signals in memplan ])
+        # Python or a library wrapped it (NOTE [ Signals in memplan ])
+        cause = interrupts.raised_from(e) or (interrupts.fired() if old is not None else None)
         return _interrupted(cause) if cause is not None else _internal_error()
     finally:
         outputs = sys.modules.get("memplan.outputs")

@@ -47,9 +47,11 @@ from contextlib import contextmanager
 # 3.11 turns one raised in a descriptor's `__set_name__`, as a class is made,
 # into RuntimeError("Error calling __set_name__ ...") from it (seen in the
 # signal test with the suite on two workers: a SIGINT during matplotlib's
-# import, which `compare` makes late, for its figure). `main` looks for an
-# `Interrupted` among an exception's causes (`raised_from`) and exits as
-# interrupted, not as an internal error.
+# import, which `compare` makes late, for its figure); numpy's C import
+# drops it for an ImportError with no cause (seen in CI: a SIGTERM 0.08 s in).
+# `main` exits as interrupted, not as an internal error, when an exception
+# has an `Interrupted` among its causes (`raised_from`) or escapes after one
+# was raised (`fired()`).
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
