@@ -3,7 +3,7 @@ behind it.
 
 For resnet50 on p100-pcie-16gb and bert_base on a100-pcie-40gb (Adam, meta
 captures for the GPU -- what its dispatch runs, as `memplan capacity
---model` captures -- roofline latencies, one PCIe lane):
+--model` captures -- kernel-model latencies, the default; one PCIe lane):
 1. `memplan capacity --model M --gpu G --planners all --json --no-progress`
    in a subprocess: its wall-clock seconds, imports and captures included
    (target: under 60 s on this machine's 2 shared cores), and the answers;
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memplan.hwmodels.device import DeviceModel  # noqa: E402
-from memplan.hwmodels.latency import Roofline  # noqa: E402
+from memplan.hwmodels.kernels import KernelModel  # noqa: E402
 from memplan.hwmodels.profile import load_hardware  # noqa: E402
 from memplan.sim import simulate  # noqa: E402
 from memplan.traces.capture import CaptureOptions, capture  # noqa: E402
@@ -80,7 +80,7 @@ def bisect_real(model: str, gpu: str) -> tuple[int, int]:
     """(vanilla's largest batch, captures taken): the first power of two
     that does not fit, then bisection; each step a real capture."""
     factory = resolve(model)
-    device = DeviceModel(load_hardware(gpu), Roofline())
+    device = DeviceModel(load_hardware(gpu), KernelModel())
     captures = 0
 
     def fits(batch: int) -> bool:

@@ -229,8 +229,11 @@ PUBLISHED: tuple[Published, ...] = (
 #   an unknown, never negative, search workspace. Every MONeT row agrees with
 #   that: none is above by more than 0.4%. The two rows below by more than 3%
 #   stay OUTSIDE their target: the workspace is not guessed.
-# - bert-large fp16 (-12.6%): not explained yet; the page ran a torch 1.x
-#   Trainer whose autocast and GradScaler may have kept more than 2.x does.
+# - bert-large fp16 (-12.6%): not explained. Every bert-large b4 row is low
+#   by 1.3-1.8 GB (fp32 -9.1% too). A guess, unconfirmed: HF's 1343 MB was
+#   read before the first matmul and convolution, and on CUDA 11 without
+#   lazy module loading cuBLAS and cuDNN load their kernels into device
+#   memory at first use, which the whole-device figure then includes.
 
 # What Hugging Face states its CUDA context takes ("GPU memory occupied:
 # 1343 MB" after one `torch.ones((1, 1)).to("cuda")`, MiB as NVML reads it;

@@ -1,6 +1,6 @@
 """Planners under memory pressure: the table of issue 16.
 
-For each shipped model at batch 16 (Adam) on rtx-a6000 (roofline latencies,
+For each shipped model at batch 16 (Adam) on rtx-a6000 (kernel-model latencies,
 one PCIe lane) and each budget of 90, 75, 60, 50 and 40% of the simulated
 vanilla peak (skipped, and said so, when below the proven peak floor of
 `planners/analysis/bounds.py`): every planner through `memplan.comparison`
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memplan.hwmodels.device import DeviceModel  # noqa: E402
-from memplan.hwmodels.latency import Roofline  # noqa: E402
+from memplan.hwmodels.kernels import KernelModel  # noqa: E402
 from memplan.hwmodels.profile import load_hardware  # noqa: E402
 from memplan.planners.analysis.bounds import peak_lower_bound  # noqa: E402
 from memplan.traces import io  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--gpu", default="rtx-a6000", help="hardware profile (default rtx-a6000)")
     ap.add_argument("--markdown", help="write the summary table here")
     args = ap.parse_args()
-    device = DeviceModel(load_hardware(args.gpu), Roofline())
+    device = DeviceModel(load_hardware(args.gpu), KernelModel())
     planners = [p for p in args.planners.split(",") if p]
     lines = [
         "| trace | budget | best plan (fits alone) | iteration ms | gap | bound (name) | "

@@ -46,7 +46,8 @@ class Hardware:
     context and library handles hold before it allocates a tensor; and the
     workspace a convolution / a matmul takes for its duration when its trace
     records none (`conv_workspace_bytes`, `matmul_workspace_bytes`; see
-    `hwmodels.device.op_workspace_bytes`).
+    `hwmodels.device.op_workspace_bytes`); and the GPU's L2 cache
+    (`l2_cache_bytes`, NOTE [ Kernel model ] in hwmodels/kernels.py).
     """
 
     name: str
@@ -65,6 +66,7 @@ class Hardware:
     context_reserve_bytes: int = 0
     conv_workspace_bytes: int = 0
     matmul_workspace_bytes: int = 0
+    l2_cache_bytes: int = 0
     device: TargetDevice = TargetDevice.CUDA
     compute_capability: tuple[int, int] | None = None
 
@@ -109,6 +111,7 @@ class Hardware:
 #   context_reserve_bytes    0 .. 64 GiB                  (integer)
 #   conv_workspace_bytes     0 .. 64 GiB                  (integer)
 #   matmul_workspace_bytes   0 .. 64 GiB                  (integer)
+#   l2_cache_bytes           0 .. 64 GiB                  (integer; the kernel model's L2 reuse)
 #   device                   "cuda" (default) or "cpu"     (whose dispatch a capture for it follows)
 #   compute_capability       "MAJOR.MINOR" (cuda only)     (picks the kernels a capture emulates)
 # (whether they leave room in a budget is the simulator's check, which
@@ -127,7 +130,12 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "mem_bw_bytes_per_s": (float, 1e8, 1e14),
     "launch_overhead_s": (float, 0.0, 1.0),
 }
-_OPTIONAL = ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_bytes")
+_OPTIONAL = (
+    "context_reserve_bytes",
+    "conv_workspace_bytes",
+    "matmul_workspace_bytes",
+    "l2_cache_bytes",
+)
 _TABLE_RANGES = {"peak_flops": (1e6, 1e18), "roofline_efficiency": (1e-3, 1e3)}
 _TABLES = ("peak_flops", "roofline_efficiency")
 _KNOWN = {

@@ -76,7 +76,12 @@ def run_show(args: argparse.Namespace) -> int:
     ]
     # counted with --allocator caching|smartpool (NOTE [ Context reserve ] in
     # sim/simulate.py, NOTE [ Workspaces ] in hwmodels/device.py)
-    for key in ("context_reserve_bytes", "conv_workspace_bytes", "matmul_workspace_bytes"):
+    for key in (
+        "context_reserve_bytes",
+        "conv_workspace_bytes",
+        "matmul_workspace_bytes",
+        "l2_cache_bytes",
+    ):
         n = getattr(hw, key)
         rows.append((key, f"{n} ({format_bytes(n)})"))
     if hw.roofline_efficiency:

@@ -12,6 +12,9 @@ from memplan.hwmodels.errors import LatencyError
 from memplan.hwmodels.mlptrain import TrainOptions
 from memplan.units import integer, number
 
+# latency models `eval` takes by name; anything else is a model file
+NAMED_MODELS = ("kernel", "roofline")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -43,8 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
     t.set_defaults(func=run_train)
 
-    e = lat.add_parser("eval", help="errors of a model on a dataset, against the roofline")
-    e.add_argument("model", metavar="MODEL", help="model file from `memplan latency train`")
+    e = lat.add_parser("eval", help="errors of a latency model on a dataset, against the roofline")
+    e.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model file from `memplan latency train`, or kernel or roofline (with --hardware)",
+    )
     e.add_argument("data", metavar="DATA", help="dataset from `memplan microbench`")
     e.add_argument(
         "--rows",
@@ -67,9 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--hardware", required=True, help="profile name or .toml path")
     q.add_argument(
         "--model",
-        default="roofline",
-        metavar="roofline|measured|mlp|MODEL",
-        help="latency model (default roofline; mlp = the shipped CPU model)",
+        default="kernel",
+        metavar="kernel|roofline|measured|mlp|MODEL",
+        help="latency model (default kernel: the GPU kernel model, the roofline on a cpu "
+        "profile; mlp = the shipped CPU model)",
     )
     q.add_argument(
         "--usage",
@@ -118,20 +126,26 @@ def run_eval(args: argparse.Namespace) -> int:
     from memplan.hwmodels.mlp import MLPLatency
     from memplan.hwmodels.profile import load_hardware
 
-    model = MLPLatency.load(args.model)
+    if args.model in NAMED_MODELS:
+        if not args.hardware:
+            raise LatencyError(f"latency eval {args.model}: --hardware names the profile it times")
+        model, name = machine.latency_model(args.model), args.model
+        hw = load_hardware(args.hardware)
+    else:
+        model, name = MLPLatency.load(args.model), "MLP"
+        hw = load_hardware(args.hardware or model.meta.hardware)
     ds = load_dataset(args.data)
-    hw = load_hardware(args.hardware or model.meta.hardware)
     held = ds.heldout()
     rows = {"heldout": held, "train": ~held, "all": held | ~held}[args.rows]
     if not rows.any():
         raise LatencyError(f"{args.data}: no measurements in the {args.rows} split")
     mlp = evaluate(model, ds, hw, rows)
-    stats = model.last_stats
+    stats = getattr(model, "last_stats", None)
     roof = evaluate(Roofline(), ds, hw, rows)
     if args.json:
         doc = {
             "rows": args.rows,
-            "mlp": {k: asdict(v) for k, v in mlp.items()},
+            name.lower(): {k: asdict(v) for k, v in mlp.items()},
             "roofline": {k: asdict(v) for k, v in roof.items()},
             "fallback": stats.fallback_by_reason if stats else {},
         }
@@ -139,12 +153,13 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.rows} rows of {args.data} on {hw.name}: absolute percentage error")
     print(
-        f"  {'class':<13}{'n':>6}   {'MLP MdAPE':>10}{'±10%':>7}{'±20%':>7}   {'roofline':>9}{'±20%':>7}"
+        f"  {'class':<13}{'n':>6}   {name + ' MdAPE':>13}{'±10%':>7}{'±20%':>7}   {'roofline':>9}"
+        f"{'±20%':>7}"
     )
     for k, s in mlp.items():
         r = roof[k]
         print(
-            f"  {k:<13}{s.n:>6}   {s.mdape * 100:>9.1f}%{s.within_10 * 100:>6.0f}%"
+            f"  {k:<13}{s.n:>6}   {s.mdape * 100:>12.1f}%{s.within_10 * 100:>6.0f}%"
             f"{s.within_20 * 100:>6.0f}%   {r.mdape * 100:>8.1f}%{r.within_20 * 100:>6.0f}%"
         )
     if stats is not None and stats.n_fallback:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from memplan.hwmodels.profile import Hardware
     from memplan.traces.model import Trace
 
-LATENCY_CHOICES = "roofline|measured|mlp|MODEL"
+LATENCY_CHOICES = "kernel|roofline|measured|mlp|MODEL"
 
 
 def add_gpu(p: argparse.ArgumentParser) -> None:
@@ -28,9 +28,10 @@ def add_gpu(p: argparse.ArgumentParser) -> None:
 def add_latency(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--latency",
-        default="roofline",
+        default="kernel",
         metavar=LATENCY_CHOICES,
-        help="op latency model: roofline (default), measured (the trace's durations, "
+        help="op latency model: kernel (default: the kernels PyTorch runs on the GPU, fitted "
+        "on measured GPUs; the roofline on a cpu profile), roofline, measured (the trace's durations, "
         "refused when they were measured on another kind of device than --gpu's), "
         "mlp (the shipped model) or a saved latency model file",
     )
@@ -109,6 +110,10 @@ def latency_model(spec: str) -> LatencyModel:
     """The `--latency` choice as a `LatencyModel` (imported lazily)."""
     from memplan.hwmodels.latency import Measured, Roofline
 
+    if spec == "kernel":
+        from memplan.hwmodels.kernels import KernelModel
+
+        return KernelModel()
     if spec == "roofline":
         return Roofline()
     if spec == "measured":

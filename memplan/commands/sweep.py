@@ -30,7 +30,7 @@ list, and the scenarios are the product of all axes (docs/sweep.md):
   fallbacks = ["none", "dtr"]        # none, passive, dtr
   allocators = ["exact"]             # exact, caching, smartpool
   lanes = [1]                        # 1 or 2
-  latency = ["roofline"]             # roofline, measured, mlp, a model file
+  latency = ["kernel"]               # kernel, roofline, measured, mlp, a model file
   iterations = 3
   seeds = [0]                        # a planner's seed option, where it has one
 

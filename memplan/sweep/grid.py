@@ -24,7 +24,7 @@ MAX_SCENARIOS = 100_000
 MAX_BATCH = 1_000_000
 MAX_ITERATIONS = 1000
 MAX_SEED = 2**32 - 1
-LATENCIES = ("roofline", "measured", "mlp")
+LATENCIES = ("kernel", "roofline", "measured", "mlp")
 # The axes, in the order they multiply (the first varies slowest).
 AXES = ("gpus", "planners", "budgets", "fallbacks", "allocators", "lanes", "latency",
         "iterations", "seeds")  # fmt: skip
@@ -107,7 +107,7 @@ def parse_grid(
             doc, "allocators", where, _choice("exact", "caching", "smartpool"), ["exact"]
         ),
         "lanes": _axis(doc, "lanes", where, _integer(1, 2), [1]),
-        "latency": _axis(doc, "latency", where, lambda v, w: _latency(v, w, base), ["roofline"]),
+        "latency": _axis(doc, "latency", where, lambda v, w: _latency(v, w, base), ["kernel"]),
         "iterations": _axis(doc, "iterations", where, _integer(1, MAX_ITERATIONS), [3]),
         "seeds": _axis(doc, "seeds", where, _integer(0, MAX_SEED), [0]),
     }
@@ -330,10 +330,11 @@ def _latency(value: Any, where: str, base: Path) -> str:
     if text in LATENCIES:
         return text
     if not text.strip():
-        raise GridError(f"{where}: empty; expected roofline, measured, mlp or a model file")
+        raise GridError(f"{where}: empty; expected kernel, roofline, measured, mlp or a model file")
     path = Path(_relative(text, base))
     if not path.is_file():
         raise GridError(
-            f"{where}: {fields.shown(text)} is not roofline, measured, mlp or a latency model file"
+            f"{where}: {fields.shown(text)} is not kernel, roofline, measured, mlp or a latency "
+            "model file"
         )
     return str(path)

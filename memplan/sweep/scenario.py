@@ -52,7 +52,7 @@ class Scenario:
     fallback: str = "none"
     allocator: str = "exact"
     lanes: int = 1
-    latency: str = "roofline"
+    latency: str = "kernel"
     iterations: int = 3
     seed: int = 0
 
@@ -73,7 +73,7 @@ class Scenario:
             parts.append(self.allocator)
         if self.lanes != 1:
             parts.append(f"{self.lanes}lanes")
-        if self.latency != "roofline":
+        if self.latency != "kernel":
             parts.append(f"latency={trace_label(self.latency)}")
         if self.iterations != 3:
             parts.append(f"{self.iterations}it")
@@ -195,7 +195,7 @@ def _profile_inputs(gpu: str) -> dict[str, Any]:
 
 def _latency_inputs(spec: str) -> str:
     """The latency model: its name, or a model file by its sha256."""
-    if spec in ("roofline", "measured", "mlp") or not os.path.isfile(spec):
+    if spec in ("kernel", "roofline", "measured", "mlp") or not os.path.isfile(spec):
         return spec
     return "sha256:" + hashlib.sha256(Path(spec).read_bytes()).hexdigest()
 

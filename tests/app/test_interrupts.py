@@ -6,6 +6,7 @@ own, still exits as interrupted."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import sys
@@ -108,10 +109,8 @@ def test_an_interrupt_a_library_replaces_exits_as_interrupted(monkeypatch, capsy
     from memplan import cli
 
     def run(argv):
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             signal.raise_signal(signal.SIGTERM)
-        except KeyboardInterrupt:
-            pass
         raise ImportError('PyCapsule_Import could not import module "datetime"')
 
     monkeypatch.setattr(cli, "_run", run)

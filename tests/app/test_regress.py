@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "regress" / "shipped.toml"
 SHIPPED_BASELINE = ROOT / "regress" / "shipped.baseline.json"
 
-# capuchin on small_cnn (batch 16) at 60% of its vanilla peak with the DTR net:
-# without recompute it swaps what it recomputed, and EOR rises by about 12%
+# capuchin on small_cnn (batch 16) at 60% of its vanilla peak with the DTR net,
+# roofline latencies: without recompute it swaps what it recomputed, and EOR
+# rises by about 12%
 SUITE = """
 [grid]
 traces = ["cnn.json.gz"]
@@ -29,6 +30,7 @@ gpus = "rtx-a6000"
 planners = "capuchin"
 budgets = "60%"
 fallbacks = "dtr"
+latency = "roofline"
 
 [metrics]
 status = "exact"
@@ -96,7 +98,8 @@ def test_update_rerun_and_a_worse_eor(cnn_dir, capsys, monkeypatch, tmp_path):
                            "--summary", str(summary))  # fmt: skip
     assert code == 1
     (eor,) = [line for line in out.splitlines() if "  eor  " in line]
-    assert eor.startswith("cnn x1 rtx-a6000 capuchin 60% dtr  capuchin") and "regressed (+" in eor
+    assert eor.startswith("cnn x1 rtx-a6000 capuchin 60% dtr latency=roofline  capuchin")
+    assert "regressed (+" in eor
     assert f"{entry['metrics']['eor']:.6g}" in eor and "rel 0.01" in eor
     assert out.splitlines()[-1].startswith("FAIL: 1 scenarios, 0 within tolerance, 1 failed")
     md = summary.read_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from memplan.hwmodels.device import DeviceModel
-from memplan.hwmodels.latency import Roofline
+from memplan.hwmodels.kernels import KernelModel
 from memplan.hwmodels.profile import load_hardware, profile_path
 from memplan.traces import io, synthetic
 
@@ -105,7 +105,7 @@ def test_a_record_has_the_figures_compare_prints(folder, capsys, argv, planner):
     for key in ("msr", "eor", "cbr", "gap"):
         assert m[key] == row[key], key
     assert m["bound_name"] == row["bound"]
-    device = DeviceModel(load_hardware("rtx-a6000"), Roofline())
+    device = DeviceModel(load_hardware("rtx-a6000"), KernelModel())  # the default --latency
     limit = m["budget_bytes"] or device.hw.memory_bytes  # exact allocator: no contexts
     seconds, name = best_bound([io.load(trace)], device, limit)
     assert m["bound_ms"] == pytest.approx(seconds * 1e3, rel=1e-9) and name == m["bound_name"]
@@ -182,7 +182,7 @@ BAD = [
     ("[grid]\ntraces = 'a.json'\ngpus = 'rtx-a6000'\nplanners = 'tensile'\nseeds = [-1]\n",
      "grid.seeds[0]: expected an integer"),
     ("[grid]\ntraces = 'a.json'\ngpus = 'rtx-a6000'\nplanners = 'tensile'\nlatency = 'fast'\n",
-     "grid.latency: \"fast\" is not roofline"),
+     "grid.latency: \"fast\" is not kernel, roofline"),
     ("[grid]\nmodels = ['mlp']\ngpus = 'rtx-a6000'\nplanners = 'tensile'\n",
      "grid: missing field 'batch_sizes'"),
     ("[grid]\nmodels = ['nosuch']\nbatch_sizes = 8\ngpus = 'rtx-a6000'\nplanners = 'tensile'\n",

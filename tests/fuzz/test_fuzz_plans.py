@@ -37,7 +37,7 @@ def _base(
     out = d / f"{planner}.json"
     o = run_cli(
         ["plan", str(trace_path), "--planner", planner, "--gpu", gpu, "--budget", budget]
-        + ["--out", str(out)],
+        + ["--latency", "roofline", "--out", str(out)],
         60.0,
     )
     assert_clean(o)

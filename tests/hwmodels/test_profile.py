@@ -16,7 +16,7 @@ from tests.hwmodels.handmade import device
 REQUIRED = [
     "p100-pcie-16gb", "v100-sxm2-16gb", "v100-sxm2-32gb", "gtx-1080ti", "rtx-a6000",
     "rtx-4090", "a100-pcie-40gb", "a100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-80gb", "l4",
-    "cpu-local",
+    "a100-pcie-80gb", "a10", "quadro-rtx-8000", "rtx-3090", "rtx-6000-ada", "cpu-local",
 ]  # fmt: skip
 
 
@@ -135,7 +135,7 @@ def test_bad_profiles_name_file_and_field(tmp_path, edit, message):
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(LatencyError, match="unknown hardware 'a200'; known: a100-pcie-40gb"):
+    with pytest.raises(LatencyError, match="unknown hardware 'a200'; known: a10, a100-pcie-40gb"):
         load_hardware("a200")
     with pytest.raises(LatencyError, match="no such hardware profile"):
         load_hardware("/nonexistent/x.toml")
