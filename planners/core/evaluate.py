@@ -1,6 +1,6 @@
 """What a search planner asks of a simulation, without importing one.
 
-Planners never import `sim` (DESIGN.md, the layers). A planner that scores
+Planners never import `sim` (docs/design.md, "Layers"). A planner that scores
 candidate plans by simulating them takes an `Evaluator` -- a callable the app
 shell builds around the simulator for one set of jobs, device, budget and
 OOM policy -- and reads back an `Evaluation`: whether the plans fit, how fast

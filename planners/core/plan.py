@@ -1,7 +1,7 @@
 """The plan: what to move and when, per job and periodic per iteration.
 
 A `Plan` is a list of events bound to one trace by its fingerprint. Four
-kinds of events (DESIGN.md, TENSILE §III-C):
+kinds of events (docs/design.md, "Plan"; TENSILE §III-C):
 
 | event       | meaning                                                              |
 | ----------- | -------------------------------------------------------------------- |

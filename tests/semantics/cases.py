@@ -1,5 +1,5 @@
 """The semantic case table: its record types, the hand device and the tiny
-traces every case runs on (DESIGN.md, "One concept, one place").
+traces every case runs on (docs/design.md, "What happens to a buffer").
 
 A `Case` is a tiny trace, a plan, the expected outcome and the expected
 resident bytes per op, worked out by hand. The same table runs against the

@@ -1,5 +1,5 @@
 """The semantic case table against the four implementations of plan
-semantics (DESIGN.md, "One concept, one place"): every case x every
+semantics (docs/design.md, "What happens to a buffer"): every case x every
 implementation. See `tests/semantics/cases.py` for what a case holds and
 how bytes per op are compared, `adapters.py` for how each implementation is
 run.

@@ -1,6 +1,6 @@
 """The runtime room stays light: a training loop that imports
 `memplan.validate.runtime` loads neither SimPy, the simulator, nor the replay
-engine or the calibration (DESIGN.md, "Layout"). Checked in a fresh
+engine or the calibration (docs/design.md, "Layers"). Checked in a fresh
 interpreter, where nothing else has loaded them first."""
 
 from __future__ import annotations
