@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -51,7 +52,9 @@ from contextlib import contextmanager
 # drops it for an ImportError with no cause (seen in CI: a SIGTERM 0.08 s in).
 # `main` exits as interrupted, not as an internal error, when an exception
 # has an `Interrupted` among its causes (`raised_from`) or escapes after one
-# was raised (`fired()`).
+# was raised (`fired()`). A library may also catch what the signal broke and
+# carry on with a warning (matplotlib's "Unable to import Axes3D", seen in
+# CI): once a signal fired, `install`'s `warnings.showwarning` prints none.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -76,6 +79,7 @@ class _State:  # a plain class: this module loads before anything else (no datac
         self.depth = 0  # nesting of deferred()
         self.pending: int | None = None  # a signal held by deferred()
         self.old_hook = sys.unraisablehook  # what `install` replaced
+        self.old_showwarning = warnings.showwarning
 
 
 _state = _State()
@@ -100,6 +104,13 @@ def _unraisable(info: object) -> None:
     _state.old_hook(info)
 
 
+def _showwarning(*args: object, **kwargs: object) -> None:
+    """NOTE [ Signals in memplan ]: once a signal fired, a library's warning
+    about what it cut short is not printed."""
+    if not _state.fired:
+        _state.old_showwarning(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def install() -> dict[int, object] | None:
     """Route SIGINT and SIGTERM to `Interrupted`; returns the old handlers
     for `restore`, or None off the main thread (where Python allows no
@@ -113,6 +124,9 @@ def install() -> dict[int, object] | None:
     if sys.unraisablehook is not _unraisable:
         _state.old_hook = sys.unraisablehook
         sys.unraisablehook = _unraisable
+    if warnings.showwarning is not _showwarning:
+        _state.old_showwarning = warnings.showwarning
+        warnings.showwarning = _showwarning
     return old
 
 
@@ -124,6 +138,8 @@ def restore(old: dict[int, object] | None) -> None:
         signal.signal(s, h)  # type: ignore[arg-type]
     if sys.unraisablehook is _unraisable:
         sys.unraisablehook = _state.old_hook
+    if warnings.showwarning is _showwarning:
+        warnings.showwarning = _state.old_showwarning
 
 
 def ignore() -> None:

@@ -2,7 +2,7 @@
 exceptions Python only reports (here a `__del__`) is not printed as an
 ignored traceback, and `fired()` still has it for `main`; one that Python
 re-raises wrapped in another exception, or that a library replaces with its
-own, still exits as interrupted."""
+own, still exits as interrupted; a warning printed after the signal is dropped."""
 
 from __future__ import annotations
 
@@ -116,3 +116,23 @@ def test_an_interrupt_a_library_replaces_exits_as_interrupted(monkeypatch, capsy
     monkeypatch.setattr(cli, "_run", run)
     assert cli.main(["hw", "list"]) == 143
     assert capsys.readouterr().err == "memplan: terminated (SIGTERM)\n"
+
+
+def test_a_warning_after_a_signal_is_not_printed():
+    # matplotlib catches what a SIGINT broke in its Axes3D import and warns
+    # "Unable to import Axes3D" (seen in CI): the run is interrupted, and the
+    # warning is its consequence, not news
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        old = interrupts.install()
+        try:
+            warnings.warn("before the signal", UserWarning, stacklevel=1)
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+            warnings.warn("after the signal", UserWarning, stacklevel=1)
+        finally:
+            interrupts.restore(old)
+        assert warnings.showwarning is not interrupts._showwarning
+    assert [str(w.message) for w in seen] == ["before the signal"]
