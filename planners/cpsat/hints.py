@@ -41,7 +41,10 @@ HEURISTICS = "memplan.planners.heuristics."
 # model's decisions (`readout.modes_from_plans`), fixed, with the timing
 # left to the model under a soft budget (NOTE [ Soft budget ] in
 # cpsat/search.py), until the fastest plan the model found is no slower
-# than the next candidate's bound: that plan is the hint. Where none is,
+# than the next candidate's bound, or until the time left would not cover
+# another repair as long as the last (its model's build is not bounded by
+# the solver's limit: densenet121's took 8 s, and five of them ran 43 s of a
+# 12 s share): that plan is the hint. Where none is,
 # the candidate (or, with none, the plan of least op-grid peak) whose
 # completion is least over the budget starts the soft search instead. A
 # planner that raises is skipped: a hint is a convenience. `hint=NAME` asks
@@ -103,11 +106,16 @@ def hint_solution(
         fitting = [min(cands, key=lambda c: c.peak_bytes)]
     best: tuple[int, Solution, str] | None = None
     over: tuple[int, Solution, str] | None = None
+    repair_s = 0.0  # the last repair's wall time, its model's build included
     for i, c in enumerate(fitting):
         if best is not None and best[0] <= c.cost_us * TICKS_PER_US:
             break  # this one and the rest cannot be faster
+        if i and time_left(deadline) <= repair_s:
+            break  # another repair would run past the hints' time (NOTE [ Hints ])
         share = time_left(deadline) / (len(fitting) - i)
+        t = time.perf_counter()
         out = _repair(data, opts, spec, c.result, share, c.name)
+        repair_s = time.perf_counter() - t
         sol, start = out.solution, out.over_budget
         if sol is not None and (best is None or sol.iteration_ticks < best[0]):
             best = (sol.iteration_ticks, sol, c.name)

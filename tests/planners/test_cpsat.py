@@ -8,6 +8,9 @@ plus the model's 1 ns margins (NOTE [ CP-SAT semantics ])."""
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Measured
@@ -286,6 +289,34 @@ def test_the_hint_is_the_fastest_plan_that_fits_of_any_planner(monkeypatch):
     assert r.stats["hint"].startswith("recomputes_c")
     assert r.stats["hint_iteration_s"] == pytest.approx(0.008, abs=NS / 10)
     assert r.stats["iteration_time_s"] == pytest.approx(0.008, abs=NS / 10)
+
+
+def test_no_repair_starts_that_the_hints_time_cannot_cover(monkeypatch):
+    # NOTE [ Hints ]: a repair builds a model, which no solver limit bounds;
+    # once the time left is less than the last repair took, none starts (on
+    # densenet121 five 8 s builds ran 43 s of a 12 s share)
+    bufs = [B(2), B(2), B(2), B(1)]
+    ops = [Step((), (0,), 3), Step((), (1,), 1), Step((), (2,), 1), Step((2,), (3,), 1),
+           Step((0, 1, 3), (), 1)]  # fmt: skip
+    t = tiny_trace(bufs, ops)
+    fakes = {
+        "recomputes_a": (Release(0, 0), Recompute(0, 4, (0,))),
+        "recomputes_c": (Release(1, 1), Recompute(1, 4, (1,))),
+    }
+    for name, events in fakes.items():
+        monkeypatch.setitem(registry._EXTRA, name, _fake_planner(name, events))
+    monkeypatch.setattr(hints, "_heuristics", lambda: list(fakes))
+    calls = []
+    real = hints._repair
+
+    def slow_and_fruitless(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(real(*args, **kwargs))
+        time.sleep(0.3)  # longer than the hints' whole share of a 1 s limit
+        return SimpleNamespace(solution=None, over_budget=None, excess=None)
+
+    monkeypatch.setattr(hints, "_repair", slow_and_fruitless)
+    plan_one(t, 5, hint="best", time_limit_s=1.0)
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize(("planner", "seed", "frac"), [("vdnn", 3, 0.5), ("capuchin", 2, 0.6)])
