@@ -119,6 +119,7 @@ _CONV = OP_CLASSES.index(OpClass.CONV)
 _NORM = OP_CLASSES.index(OpClass.NORM)
 _VIEW = OP_CLASSES.index(OpClass.VIEW)
 _TENSOR_DTYPES = ("float16", "bfloat16")
+_FLOAT32 = DTYPE_NAMES.index("float32")
 
 
 def _channels_first(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -211,7 +212,7 @@ class KernelModel(LatencyModel):
         # the faster of that and a CUDA-core kernel: convolutions, which
         # cudnn.benchmark times, and TF32 work, where cuBLAS and cuDNN fall
         # back to fp32 kernels wherever those are faster
-        either = on_tensor & ((c.cls == _CONV) | (np.asarray(DTYPE_NAMES)[c.dtype] == "float32"))
+        either = on_tensor & ((c.cls == _CONV) | (c.dtype == _FLOAT32))
         if either.any():
             cores = c.flops[either] / (hw.flops_for("float32") * k.cuda_cores)
             t[either] = np.minimum(t[either], np.maximum(cores, memory[either]))

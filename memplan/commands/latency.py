@@ -74,8 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--hardware", required=True, help="profile name or .toml path")
     q.add_argument(
         "--model",
-        default="kernel",
-        metavar="kernel|roofline|measured|mlp|MODEL",
+        default=machine.DEFAULT_LATENCY,
+        metavar=machine.LATENCY_CHOICES,
         help="latency model (default kernel: the GPU kernel model, the roofline on a cpu "
         "profile; mlp = the shipped CPU model)",
     )

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from memplan.traces.model import Trace
 
 LATENCY_CHOICES = "kernel|roofline|measured|mlp|MODEL"
+DEFAULT_LATENCY = "kernel"  # the GPU kernel model; the roofline on a cpu profile
 
 
 def add_gpu(p: argparse.ArgumentParser) -> None:
@@ -28,7 +29,7 @@ def add_gpu(p: argparse.ArgumentParser) -> None:
 def add_latency(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--latency",
-        default="kernel",
+        default=DEFAULT_LATENCY,
         metavar=LATENCY_CHOICES,
         help="op latency model: kernel (default: the kernels PyTorch runs on the GPU, fitted "
         "on measured GPUs; the roofline on a cpu profile), roofline, measured (the trace's durations, "

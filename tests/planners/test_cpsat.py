@@ -266,24 +266,30 @@ def _fake_planner(name: str, events):
     return PlannerSpec(name, plan, NoOptions)
 
 
-def test_the_hint_is_the_fastest_plan_that_fits_of_any_planner(monkeypatch):
-    # A (op 0, 3 ms) and C (op 1, 1 ms), 2 MiB each, wait for op 4 while ops
-    # 2-3 make X and Y: 7 MiB at op 3, the budget 5. A plan that moves
-    # nothing does not fit; one that recomputes A fits at 7 + 3 ms, one that
-    # recomputes C at 7 + 1 ms. Every candidate that fits is completed by the
-    # model, and the fastest, whichever planner made it, is the hint.
+def _recompute_candidates(monkeypatch, *names: str):  # noqa: ANN202
+    """A (op 0, 3 ms) and C (op 1, 1 ms), 2 MiB each, wait for op 4 while ops
+    2-3 make X and Y: 7 MiB at op 3. The fake planners `names` (of
+    moves_nothing, recomputes_a, recomputes_c) are the only heuristics."""
     bufs = [B(2), B(2), B(2), B(1)]
     ops = [Step((), (0,), 3), Step((), (1,), 1), Step((), (2,), 1), Step((2,), (3,), 1),
            Step((0, 1, 3), (), 1)]  # fmt: skip
-    t = tiny_trace(bufs, ops)
-    fakes = {
+    events = {
         "moves_nothing": (),
         "recomputes_a": (Release(0, 0), Recompute(0, 4, (0,))),
         "recomputes_c": (Release(1, 1), Recompute(1, 4, (1,))),
     }
-    for name, events in fakes.items():
-        monkeypatch.setitem(registry._EXTRA, name, _fake_planner(name, events))
-    monkeypatch.setattr(hints, "_heuristics", lambda: list(fakes))
+    for name in names:
+        monkeypatch.setitem(registry._EXTRA, name, _fake_planner(name, events[name]))
+    monkeypatch.setattr(hints, "_heuristics", lambda: list(names))
+    return tiny_trace(bufs, ops)
+
+
+def test_the_hint_is_the_fastest_plan_that_fits_of_any_planner(monkeypatch):
+    # At a budget of 5 MiB a plan that moves nothing does not fit; one that
+    # recomputes A fits at 7 + 3 ms, one that recomputes C at 7 + 1 ms. Every
+    # candidate that fits is completed by the model, and the fastest,
+    # whichever planner made it, is the hint.
+    t = _recompute_candidates(monkeypatch, "moves_nothing", "recomputes_a", "recomputes_c")
     r, _, _ = plan_one(t, 5, hint="best")
     assert sorted(r.stats["hint_fits"]) == ["recomputes_a", "recomputes_c"]
     assert r.stats["hint"].startswith("recomputes_c")
@@ -295,17 +301,7 @@ def test_no_repair_starts_that_the_hints_time_cannot_cover(monkeypatch):
     # NOTE [ Hints ]: a repair builds a model, which no solver limit bounds;
     # once the time left is less than the last repair took, none starts (on
     # densenet121 five 8 s builds ran 43 s of a 12 s share)
-    bufs = [B(2), B(2), B(2), B(1)]
-    ops = [Step((), (0,), 3), Step((), (1,), 1), Step((), (2,), 1), Step((2,), (3,), 1),
-           Step((0, 1, 3), (), 1)]  # fmt: skip
-    t = tiny_trace(bufs, ops)
-    fakes = {
-        "recomputes_a": (Release(0, 0), Recompute(0, 4, (0,))),
-        "recomputes_c": (Release(1, 1), Recompute(1, 4, (1,))),
-    }
-    for name, events in fakes.items():
-        monkeypatch.setitem(registry._EXTRA, name, _fake_planner(name, events))
-    monkeypatch.setattr(hints, "_heuristics", lambda: list(fakes))
+    t = _recompute_candidates(monkeypatch, "recomputes_a", "recomputes_c")
     calls = []
     real = hints._repair
 
