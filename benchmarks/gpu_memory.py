@@ -213,27 +213,14 @@ PUBLISHED: tuple[Published, ...] = (
 
 
 # NOTE [ Rows not reached ]
-# - torchtune's chunked cross-entropy rows (42.9 and 24.9 GiB) need
-#   torch.compile to fuse the fp32 upcast into the loss; memplan captures
-#   eager steps, where each chunk's fp32 log-softmax is still saved. The first
-#   prints the plain step's figure, the second activation checkpointing with
-#   the full-logits loss; neither is assessed against its target.
-# - MONeT's MobileNetV2 (-4.1%) and VGG-16 (-4.7%). MONeT's script
-#   (examples/check_runtime_original.py) resets the peak before its first
-#   iteration and sets cudnn.benchmark, so its max_memory_allocated includes
-#   the first iteration's algorithm search. For each new convolution shape
-#   that search allocates the largest workspace any algorithm asks for, up to
-#   the largest free block the caching allocator holds at that moment
-#   (getMaxWorkspaceSize in aten/src/ATen/native/cudnn/Conv_v7.cpp). Neither
-#   number exists on meta. So a MONeT figure is memplan's steady state plus
-#   an unknown, never negative, search workspace. Every MONeT row agrees with
-#   that: none is above by more than 0.4%. The two rows below by more than 3%
-#   stay OUTSIDE their target: the workspace is not guessed.
-# - bert-large fp16 (-12.6%): not explained. Every bert-large b4 row is low
-#   by 1.3-1.8 GB (fp32 -9.1% too). A guess, unconfirmed: HF's 1343 MB was
-#   read before the first matmul and convolution, and on CUDA 11 without
-#   lazy module loading cuBLAS and cuDNN load their kernels into device
-#   memory at first use, which the whole-device figure then includes.
+# - torchtune's chunked cross-entropy rows need torch.compile to fuse the fp32 upcast into
+#   the loss; memplan captures eager steps. Printed, not assessed.
+# - MONeT's MobileNetV2 and VGG-16: MONeT's max_memory_allocated includes the first
+#   iteration's cudnn.benchmark search workspace (getMaxWorkspaceSize in
+#   aten/src/ATen/native/cudnn/Conv_v7.cpp), which meta cannot know; the rows below their
+#   target stay OUTSIDE it: the workspace is not guessed.
+# - bert-large fp16: not explained (every bert-large b4 row is 1.3-1.8 GB low).
+# Figures and the guesses: docs/notes.md, "Rows not reached".
 
 # What Hugging Face states its CUDA context takes ("GPU memory occupied:
 # 1343 MB" after one `torch.ones((1, 1)).to("cuda")`, MiB as NVML reads it;

@@ -75,20 +75,14 @@ def load_rows() -> list[Row]:
 
 # NOTE [ The anchors' steps ]
 # What memplan captures for each row (the data file says what Lambda ran):
-# - resnet50: torchvision's resnet50, SGD momentum 0.875 without foreach
-#   (PyTorch 1.13 looped over parameters), NCHW; AMP = autocast fp16 with a
-#   GradScaler, as the row's --amp.
-# - bert-base: transformers' BERT-base with a two-label token head (the
-#   SQuAD span head is the same Linear(768, 2); its two cross-entropies cost
-#   nothing beside the encoder), eager attention (DeepLearningExamples'
-#   modeling.py computes attention with matmul and softmax), sequence 384.
-#   fp32: AdamW looped over parameters (BertAdam). AMP: apex's O2 runs the
-#   whole model in fp16, so the capture builds it in fp16 (`--dtype fp16`, no
-#   autocast: autocast would keep the residual stream in fp32) with a fused
-#   AdamW for FusedAdam; O2's fp32 master weights are not modelled (the
-#   optimizer's share of the step is small).
-# - every row: TF32 matmuls on (the containers' override), the trace captured
-#   for the row's GPU.
+# - resnet50: torchvision's, SGD momentum 0.875 without foreach, NCHW; AMP = autocast fp16
+#   with a GradScaler.
+# - bert-base: transformers' BERT-base with a two-label token head (as the SQuAD span head),
+#   eager attention, sequence 384. fp32: AdamW looped over parameters (BertAdam). AMP: apex
+#   O2, so the model is built in fp16 (`--dtype fp16`, no autocast) with a fused AdamW; O2's
+#   fp32 master weights are not modelled.
+# - every row: TF32 matmuls on, the trace captured for the row's GPU.
+# Full text: docs/notes.md, "The anchors' steps".
 def _workload(model: str, amp: bool) -> tuple[Callable, str, dict, str]:
     """(workload factory, optimizer, its keywords, autocast) for a row."""
     if model == "resnet50":

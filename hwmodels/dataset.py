@@ -80,10 +80,6 @@ class Dataset:
         """bool per measurement row: its shape is in the held-out split."""
         return heldout_ops(self.trace, fraction)[self.op]
 
-    def subset(self, rows: np.ndarray) -> Dataset:
-        """The same trace with only the given measurement rows (mask or indices)."""
-        return Dataset(self.meta, self.trace, self.op[rows], self.usage[rows], self.latency_s[rows])
-
 
 def op_key(op: Op, trace: Trace) -> str:
     """Content of a call: target and args with every view replaced by its

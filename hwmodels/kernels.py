@@ -25,30 +25,20 @@ from memplan.traces.model import Trace
 from memplan.traces.target import TargetDevice
 
 # NOTE [ Kernel model ]
-# Per op on a GPU profile, F its FLOPs and B its bytes (op_costs: each
-# distinct view read and written once):
-#     t = floor + max(F / (P_unit * e_unit), (B - L2 hits + second pass) / (BW * e_bw)) [+ transform]
-# - Unit, as PyTorch's defaults pick it: fp16/bf16 convolutions, matmuls and
-#   attention on tensor cores (compute capability 7.0+); fp32 convolutions on
-#   TF32 tensor cores where the profile lists `tfloat32` (cudnn.allow_tf32 is
-#   True by default); fp32 matmuls on CUDA cores (cuda.matmul.allow_tf32 is
-#   False since torch 1.12; `tf32_matmul` turns it on, as NGC containers do).
-#   A convolution, or TF32 work, takes the faster of that and a CUDA-core
-#   kernel (cudnn.benchmark times both; GeForce TF32 runs no faster than fp32).
-# - Transform: a tensor-core convolution has cuDNN transpose each
-#   channels-first (NCHW, KCRS) tensor it reads or writes to NHWC or back:
-#   one more read and write of each (NVIDIA Deep Learning Performance guide,
-#   "Tensor layouts in memory"). Channels-last tensors pay none.
-# - Second pass: batch and layer norm read their input twice (statistics,
-#   then normalise; backward likewise).
-# - L2 hits: a view the previous kernel wrote, no larger than the profile's
-#   `l2_cache_bytes`, is read from L2, not DRAM.
-# - e_unit per unit family, e_bw and the floor are global constants
-#   (NOTE [ Kernel model constants ]); GPUs differ only by their profiles.
-#   The floor is what makes a small kernel inefficient: its achieved rate
-#   is F / t, which approaches e_unit * P_unit only as F grows.
-# - View ops cost 0; `usage` stretches as the roofline's (NOTE [ Usage ]);
-#   a cpu profile gets the roofline, which its microbenchmarks fitted.
+# Per op on a GPU profile, F its FLOPs and B its bytes (op_costs: each distinct view once):
+#     t = floor + max(F / (P_unit * e_unit),
+#                     (B - L2 hits + second pass) / (BW * e_bw)) [+ transform]
+# - Unit, as PyTorch's defaults pick it: fp16/bf16 conv, matmul and attention on tensor
+#   cores (cc 7.0+); fp32 conv on TF32 where the profile lists `tfloat32`; fp32 matmul on
+#   CUDA cores unless `tf32_matmul`. Conv or TF32 work takes the faster of that and a
+#   CUDA-core kernel (cudnn.benchmark times both).
+# - Transform: a tensor-core conv reads and writes each channels-first tensor once more
+#   (NVIDIA Deep Learning Performance guide, "Tensor layouts in memory").
+# - Second pass: batch and layer norm read their input twice. L2 hits: a view the previous
+#   kernel wrote, within `l2_cache_bytes`, is read from L2.
+# - e_unit, e_bw and the floor are global (NOTE [ Kernel model constants ]); GPUs differ only
+#   by profile. View ops cost 0; `usage` stretches as the roofline's (NOTE [ Usage ]); a cpu
+#   profile gets the roofline. Full text: docs/notes.md, "Kernel model".
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,25 +111,17 @@ def check_usage(usage: float) -> float:
 
 
 # NOTE [ Roofline assumptions ]
-# The roofline is an estimate, not a measurement. Per op it takes
+# An estimate, not a measurement. Per op:
 #     t = (launch + max(flops / (peak[dtype] * eff[cls]), bytes / (bw * eff[cls]))) * stretch(usage)
-# assuming:
-# - FLOPs are the trace's (torch.utils.flop_counter: 2 x multiply-adds of
-#   conv/matmul/bmm), or an analytic count for conv/matmul ops without one;
-#   other ops are memory-bound and their FLOPs are ignored unless given.
-# - bytes are each distinct view read plus each distinct view written, once
-#   (perfect caching within an op, none across ops): a lower bound on traffic.
-# - `eff[cls]` is the fraction of peak an op class reaches on real kernels
-#   (cuDNN convs ~50%, GEMMs ~70%, bandwidth-bound kernels 50-70%); a
-#   profile's [roofline_efficiency] table overrides the defaults (cpu-local's
-#   are fitted on its microbenchmarks' training split).
-# - float32 convolutions run on TF32 tensor cores when the profile lists
-#   `tfloat32` (PyTorch's default `cudnn.allow_tf32 = True`); float32 matmuls
-#   do not (`cuda.matmul.allow_tf32 = False`). Both are options.
-# - `usage` stretches the whole op by `usage_stretch(usage)` (NOTE [ Usage ]).
-# - VIEW ops (view, t, expand, ...) launch no kernel and cost 0.
-# - Launch overhead is paid per kernel and never overlaps (eager mode, one
-#   stream, the device never starved by the host).
+# - FLOPs are the trace's (torch.utils.flop_counter), or an analytic count for conv/matmul
+#   ops without one; other ops are memory-bound unless given.
+# - bytes: each distinct view read and written once (a lower bound on traffic).
+# - `eff[cls]`: the fraction of peak an op class reaches (cuDNN convs ~50%, GEMMs ~70%,
+#   bandwidth-bound 50-70%); a profile's [roofline_efficiency] overrides (cpu-local's fitted).
+# - fp32 convs run on TF32 where the profile lists `tfloat32`, fp32 matmuls do not (both
+#   options); `usage` stretches the op (NOTE [ Usage ]); VIEW ops cost 0.
+# - Launch overhead is per kernel and never overlaps (eager, one stream, never host-starved).
+# Full text: docs/notes.md, "Roofline assumptions".
 
 DEFAULT_EFFICIENCY: dict[OpClass, float] = {
     OpClass.CONV: 0.5,

@@ -28,25 +28,17 @@ class OpClass(enum.Enum):
 OP_CLASSES: tuple[OpClass, ...] = tuple(OpClass)
 
 # NOTE [ Op classes ]
-# Classes follow what dominates an op's cost, by target name (the packet, i.e.
-# `aten.<packet>.<overload>` without the trailing `_` of in-place variants):
-# - CONV: convolutions forward and backward (cudnn/mkldnn variants too).
-# - MATMUL: mm, addmm, bmm, baddbmm, addbmm, matmul, linear, dot/mv.
-# - NORM: batch/layer/group norm forward and backward (statistics + affine).
-# - REDUCTION: ops whose output is smaller than their input by a reduced
-#   extent: sum/mean/amax/var, softmax and log-softmax (row reductions),
-#   nll_loss, pooling (windowed reductions), embedding-bag-like gathers.
-# - OPTIMIZER: the multi-operand update kernels of optimizers: addcmul,
-#   addcdiv, lerp, and the _foreach_/_fused_ families. The plain mul_/add_/
-#   sqrt/div of a for-loop Adam stay ELEMENTWISE: their cost is the same as
-#   in the forward pass, so they share that class's model whatever the phase.
-# - ELEMENTWISE: pointwise unary/binary ops, copies, fills, activations and
-#   their backward (threshold_backward, gelu_backward, ...).
-# - VIEW: ops whose outputs alias an input without writing it (from the op's
-#   schema), plus a few that alias in practice (_unsafe_view) and the
-#   allocation-only `empty*` ops. (Capture drops pure views; any left cost 0.)
-# - OTHER: anything else (cat, index, scatter, embedding, sort, ...): timed
-#   by bytes moved.
+# By what dominates an op's cost, from its target's packet (in-place `_` dropped):
+# - CONV: convolutions forward and backward; MATMUL: mm, addmm, bmm, baddbmm, addbmm,
+#   matmul, linear, dot/mv; NORM: batch/layer/group norm forward and backward.
+# - REDUCTION: sum/mean/amax/var, (log-)softmax, nll_loss, pooling, embedding-bag gathers.
+# - OPTIMIZER: addcmul, addcdiv, lerp, the _foreach_/_fused_ families (a for-loop Adam's
+#   mul_/add_/sqrt/div stay ELEMENTWISE: same cost as in forward).
+# - ELEMENTWISE: pointwise ops, copies, fills, activations and their backward.
+# - VIEW: outputs aliasing an input without writing it (by schema), _unsafe_view, `empty*`;
+#   they cost 0.
+# - OTHER: the rest (cat, index, scatter, embedding, sort, ...), timed by bytes moved.
+# Full text: docs/notes.md, "Op classes".
 
 _CONV = {
     "convolution", "convolution_backward", "_convolution", "conv2d", "conv1d", "conv3d",

@@ -93,32 +93,16 @@ class Hardware:
 
 # ---- the TOML schema ---------------------------------------------------------
 # NOTE [ Profile sanity ranges ]
-# A profile's figures must be finite and within ranges wide enough for any
-# device memplan models -- from a small CPU to GPUs a generation or two
-# ahead -- and narrow enough that a typo or a unit slip (bytes/s given as
-# 1e-300, seconds as 1e300) is refused instead of giving infinite or
-# 300-digit times:
-#   memory_bytes             1 MiB .. 64 TiB              (integer)
-#   h2d/d2h_bytes_per_s      1e6 .. 1e13 B/s              (1 MB/s .. 10 TB/s)
-#   mem_bw_bytes_per_s       1e8 .. 1e14 B/s              (100 MB/s .. 100 TB/s)
-#   transfer_fixed_s         0 .. 1 s
-#   launch_overhead_s        0 .. 1 s
-#   copy_engines             1 .. 64                      (integer)
-#   h2d_duplex_factor        0.01 .. 1
-#   peak_flops.<dtype>       1e6 .. 1e18 FLOP/s           (1 MFLOP/s .. 1 EFLOP/s)
-#   roofline_efficiency.<c>  1e-3 .. 1e3                  (a factor on the roofline time)
-# and, optional (0 when left out: no reserve, no workspace estimate),
-#   context_reserve_bytes    0 .. 64 GiB                  (integer)
-#   conv_workspace_bytes     0 .. 64 GiB                  (integer)
-#   matmul_workspace_bytes   0 .. 64 GiB                  (integer)
-#   l2_cache_bytes           0 .. 64 GiB                  (integer; the kernel model's L2 reuse)
-#   device                   "cuda" (default) or "cpu"     (whose dispatch a capture for it follows)
-#   compute_capability       "MAJOR.MINOR" (cuda only)     (picks the kernels a capture emulates)
-# (whether they leave room in a budget is the simulator's check, which
-# refuses contexts that take all of it).
-# Shipped profiles sit well inside (the widest: cpu-local's 2.7e9 FLOP/s for
-# float16, H100's 3.35e12 B/s memory bandwidth). Every field here needs a
-# line in [source], an optional one when it is given.
+# A profile's figures must be finite and within ranges wide enough for any device memplan
+# models (a small CPU to GPUs a generation or two ahead) and narrow enough that a typo or a
+# unit slip (bytes/s given as 1e-300) is refused instead of giving infinite times. The
+# ranges are `_NUMBERS` and `_TABLE_RANGES` below (memory 1 MiB .. 64 TiB, copy bandwidth
+# 1e6 .. 1e13 B/s, memory bandwidth 1e8 .. 1e14 B/s, peak 1e6 .. 1e18 FLOP/s, roofline
+# efficiency 1e-3 .. 1e3); the optional reserves and `l2_cache_bytes` are 0 .. 64 GiB (0 when
+# left out); `device` is "cuda" (default) or "cpu", `compute_capability` "MAJOR.MINOR"
+# (cuda only). Whether reserves leave room in a budget is the simulator's check. Shipped
+# profiles sit well inside; every field needs a line in [source] (an optional one when
+# given). The full table: docs/notes.md, "Profile sanity ranges".
 MiB, GiB, TiB = 2**20, 2**30, 2**40
 _NUMBERS: dict[str, tuple[type, float, float]] = {
     "memory_bytes": (int, MiB, 64 * TiB),

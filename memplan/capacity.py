@@ -22,39 +22,25 @@ from memplan.planners.heuristics.vanilla import vanilla_plan
 from memplan.sim import SimResult, simulate
 from memplan.sim.simulate import context_bytes
 from memplan.traces.errors import MemplanError
+from memplan.traces.fields import finite_or_none, nan_to_none
 from memplan.traces.model import Trace
 from memplan.traces.scaling import BatchTraces, Check
 from memplan.units import format_bytes
 
 # NOTE [ Capacity search ]
-# The question is the largest x that fits: x is the batch size of every job
-# (the batch search) or the number of copies of one job at its batch (the
-# jobs search, `--jobs auto`). A probe is one planner's fit test at one x:
-# the planner plans, its plan is checked and simulated at the budget with
-# the `fallback` net, as in `memplan compare` (`run_planner`; 2 iterations
-# by default: the first, and one steady one). The probe fits when the run
-# fits alone -- or, with a fallback, finishes with the net; the witnesses
-# passive and dtr, the net alone, fit when their run finishes -- and its
-# EOR, against the vanilla run of the same jobs without a budget, is at
-# most `max_eor`. vanilla, the reference, is always tested without the net:
-# its answer is what fits with nothing planned and nothing evicted.
-# The ceiling comes first: the largest x whose peak lower bound fits the
-# budget (`jobs_bound`: the largest working set of one op of one job, or
-# the persistent bytes and inputs of all the jobs, which arrive together
-# and hold those at their start; NOTE [ Lower bounds ] in
-# planners/analysis/bounds.py). No plan fits above it, so every planner is
-# searched in [lo, ceiling]; when even lo is above it, nothing fits and the
-# search is an error.
-# Each search takes the fit as monotone in x (true up to some x, false
-# after). From a start it steps up while the probes fit, the step doubling
-# from a quarter of the start, or halves down while they do not; then it
-# bisects between the last x that fit and the first that did not: about
-# 2 log2(x) probes, exact under monotonicity. vanilla goes first, from an
-# estimate (the jobs' vanilla trace peaks at two x, extrapolated on a line
-# to the budget); every other planner starts at the largest answer so far.
-# A planner whose fit is not monotone gets an x where it fits next to one
-# where it does not, and its probes are in the result. The probes at one x
-# share its traces, its bound and its vanilla run.
+# The answer is the largest x that fits: the batch of every job, or (`--jobs auto`) the
+# number of copies of one job. A probe is one planner's fit test at one x, as in `memplan
+# compare` (`run_planner` with the `fallback` net): it fits when the run fits alone (or,
+# with a fallback, finishes with the net; the witnesses passive and dtr when their run
+# finishes) and its EOR against vanilla without a budget is at most `max_eor`. vanilla, the
+# reference, is always tested without the net. The ceiling comes first: the largest x whose
+# peak lower bound fits (`jobs_bound`, NOTE [ Lower bounds ] in planners/analysis/bounds.py);
+# every planner is searched in [lo, ceiling], and lo above it is an error. The fit is taken
+# as monotone in x: step up while probes fit (the step doubling from a quarter of the start)
+# or halve down while not, then bisect -- about 2 log2(x) probes. vanilla starts from a
+# linear estimate, every other planner from the largest answer so far; a planner whose fit
+# is not monotone has its probes in the result. Probes at one x share traces, bound and
+# vanilla run. Full text: docs/notes.md, "Capacity search".
 DEFAULT_ITERATIONS = 2
 BOUND = "peak lower bound"  # what `progress` is told while the ceiling is searched
 
@@ -122,14 +108,6 @@ def estimate(x1: int, p1: int, x2: int, p2: int, budget: int) -> int:
 
 
 # ---- results ---------------------------------------------------------------------------
-def _num(x: float) -> float | None:
-    return None if x is None or math.isnan(x) else x
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One fit test. `fit` is a `comparison.Fit` value or "bound" (the peak
@@ -149,8 +127,8 @@ class Probe:
             "fits": self.fits,
             "fit": self.fit,
             "peak_bytes": self.peak_bytes,
-            "iteration_time_s": _num(self.iteration_time_s),
-            "eor": _num(self.eor),
+            "iteration_time_s": nan_to_none(self.iteration_time_s),
+            "eor": nan_to_none(self.eor),
             "reason": self.reason,
         }
 
@@ -172,8 +150,8 @@ class Answer:
             "planner": self.planner,
             "largest": self.largest,
             "peak_bytes": at.peak_bytes if at else None,
-            "eor": _num(at.eor) if at else None,
-            "iteration_time_s": _num(at.iteration_time_s) if at else None,
+            "eor": nan_to_none(at.eor) if at else None,
+            "iteration_time_s": nan_to_none(at.iteration_time_s) if at else None,
             "fit": at.fit if at else None,
             "search_s": self.search_s,
             "probes": [p.to_dict() for p in sorted(self.probes, key=lambda p: p.x)],
@@ -243,7 +221,7 @@ class Capacity:
             "notes": list(self.notes),
             "captures": self.captures,
             "scaling_checks": [
-                {"model": m, **c._asdict(), "max_rel_error": _finite(c.max_rel_error)}
+                {"model": m, **c._asdict(), "max_rel_error": finite_or_none(c.max_rel_error)}
                 for m, c in self.checks
             ],
         }

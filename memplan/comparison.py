@@ -32,6 +32,7 @@ from memplan.scenario import Workload, jobs_for
 from memplan.sim import Job, SimResult, savings, simulate
 from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.traces.errors import MemplanError
+from memplan.traces.fields import nan_to_none
 from memplan.traces.model import Trace
 
 UNLIMITED_BYTES = 1 << 62
@@ -92,26 +93,23 @@ class Row:
         return self.fit in (Fit.ALONE, Fit.NET)
 
     def to_dict(self) -> dict[str, Any]:
-        def num(x: float) -> float | None:
-            return None if x is None or math.isnan(x) else x
-
         return {
             "planner": self.planner,
             "feasible": self.feasible,
             "reason": self.reason,
             "budget_bytes": self.budget_bytes,
             "peak_bytes": self.peak_bytes,
-            "msr": num(self.msr),
-            "eor": num(self.eor),
-            "cbr": num(self.cbr),
-            "iteration_time_s": num(self.iteration_time_s),
+            "msr": nan_to_none(self.msr),
+            "eor": nan_to_none(self.eor),
+            "cbr": nan_to_none(self.cbr),
+            "iteration_time_s": nan_to_none(self.iteration_time_s),
             "stall_s": self.stall_s,
             "recompute_s": self.recompute_s,
             "bytes_h2d": self.bytes_h2d,
             "bytes_d2h": self.bytes_d2h,
             "plan_time_s": self.plan_time_s,
             "events": self.events,
-            "gap": num(self.gap),
+            "gap": nan_to_none(self.gap),
             "bound": self.bound or None,
             "fit": self.fit,
             "fallback": self.fallback,

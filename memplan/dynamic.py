@@ -109,20 +109,14 @@ def run_dynamic(
 
 # NOTE [ Phases of a dynamic run ]
 # Each iteration of each job falls in one phase:
-# - "cold start": the first iteration of every job (Capuchin measures in
-#   it; TENSILE runs its predicted plan);
-# - "n jobs, after arrival k" (or "after departure"): a later iteration,
-#   by the number of arrivals and departures before it started -- the
-#   steady state between two such events (k = 1 is before the second
-#   arrival);
-# - the same with ", updated": an iteration of that stretch whose plan
-#   (`plan_versions`) differs from the one its job started the stretch with
-#   -- a re-plan, Capuchin's measured plan or its feedback took effect.
-# A phase is scored against vanilla's iterations of the same stretch (the
-# same label without ", updated"): MSR from the most device bytes of all
-# jobs while the phase's iterations ran (the memory curve over their time
-# spans), EOR from their mean iteration time, CBR = MSR / EOR; passive
-# swaps and stalls are the phase's sums from the iteration reports.
+# - "cold start": the first iteration of every job (Capuchin measures in it);
+# - "n jobs, after arrival k" (or "after departure"): the steady stretch between two such
+#   events (k = 1 is before the second arrival);
+# - the same with ", updated": an iteration of that stretch whose plan (`plan_versions`)
+#   differs from the one its job started it with (a re-plan or Capuchin's feedback).
+# A phase is scored against vanilla's iterations of the same stretch (the label without
+# ", updated"): MSR from the most device bytes of all jobs over the phase's iterations, EOR
+# from their mean time, CBR = MSR / EOR; passive swaps and stalls are the phase's sums.
 @dataclass(frozen=True, slots=True)
 class Phase:
     """One phase of one method's run (NOTE [ Phases of a dynamic run ])."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from memplan.dynamic import DynamicRun, MethodRun, Phase, phases
 from memplan.sim.metrics import Metrics, savings
+from memplan.traces.fields import nan_to_none
 from memplan.units import format_bytes
 
 COLUMNS = ("method", "phase", "its", "peak", "MSR", "EOR", "CBR", "passive", "stall")
@@ -153,11 +154,8 @@ def methods_of(text: str) -> list[str]:
 def to_dict(run: DynamicRun) -> dict:
     """The phases and totals as JSON values (NaN as null)."""
 
-    def num(x: float) -> float | None:
-        return None if math.isnan(x) else x
-
     def metrics(m: Metrics) -> dict:
-        return {"msr": num(m.msr), "eor": num(m.eor), "cbr": num(m.cbr)}
+        return {"msr": nan_to_none(m.msr), "eor": nan_to_none(m.eor), "cbr": nan_to_none(m.cbr)}
 
     return {
         "budget_bytes": run.budget_bytes,
@@ -167,7 +165,7 @@ def to_dict(run: DynamicRun) -> dict:
                 "phase": p.label,
                 "iterations": p.iterations,
                 "peak_bytes": p.peak_bytes,
-                "mean_iteration_s": num(p.mean_iteration_s),
+                "mean_iteration_s": nan_to_none(p.mean_iteration_s),
                 **metrics(p.metrics),
                 "passive_swaps": p.passive_swaps,
                 "stall_s": p.stall_s,

@@ -14,47 +14,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # NOTE [ Signals in memplan ]
-# `memplan.cli.main` installs the handler first thing, before the parser and
-# torch are imported, and removes it on the way out. The handler raises
-# `Interrupted` (a `KeyboardInterrupt`, so code that cleans up after Ctrl-C
-# cleans up after SIGTERM too) once: a signal that arrives while the first
-# unwinds is ignored, so cleanup is never cut short by a second Ctrl-C (SIGKILL
-# is the hard stop). Inside `deferred()` a signal is held and raised when the
-# section ends. Deferral is done here, in Python, and not with
-# `pthread_sigmask`: torch's worker threads do not block the signal, the kernel
-# may deliver it to one of them, and CPython would still run the handler in
-# the main thread at once. Exit codes: 130 for SIGINT, 143 for SIGTERM (128 +
-# the signal's number, what a shell reports for a process the signal killed).
-# Before `main` runs -- the interpreter's own start-up and the import of
-# `memplan.cli`: 35-45 ms from spawn, measured on a 2-core VM at load 4.6 --
-# Python's defaults apply: SIGTERM ends the
-# process silently and SIGINT prints Python's KeyboardInterrupt traceback; no
-# output has been started then, so nothing is left behind.
-# A signal can land while Python runs a callback whose exceptions it only
-# reports -- a weakref callback of the import machinery, a `__del__` -- and
-# there `Interrupted` is dropped and printed as "Exception ignored ...
-# Traceback" (seen in the signal test: a SIGTERM 0.6 s into `compare` landed
-# in an import lock's callback). `install` sets `sys.unraisablehook` so that
-# such an `Interrupted` is not printed; `main` asks `fired()` when the
-# command ends and exits as interrupted (any output is whole: the command
-# ran to its end). Sending the signal again from the hook does not help: its
-# handler runs at once, inside the hook, and is dropped again.
-# A signal that lands while torch is imported is worse: the import calls
-# Python from C++ (pybind11), and an exception there ends the process with
-# SIGABRT (exit -6, "terminate called after throwing ... Interrupted"; seen
-# in the signal test 0.39 s into `compare`). `memplan.cli` therefore imports
-# torch and builds its parser inside `deferred()`.
-# Python itself wraps an exception in one place a signal can land: Python
-# 3.11 turns one raised in a descriptor's `__set_name__`, as a class is made,
-# into RuntimeError("Error calling __set_name__ ...") from it (seen in the
-# signal test with the suite on two workers: a SIGINT during matplotlib's
-# import, which `compare` makes late, for its figure); numpy's C import
-# drops it for an ImportError with no cause (seen in CI: a SIGTERM 0.08 s in).
-# `main` exits as interrupted, not as an internal error, when an exception
-# has an `Interrupted` among its causes (`raised_from`) or escapes after one
-# was raised (`fired()`). A library may also catch what the signal broke and
-# carry on with a warning (matplotlib's "Unable to import Axes3D", seen in
-# CI): once a signal fired, `install`'s `warnings.showwarning` prints none.
+# `memplan.cli.main` installs the handler first thing and removes it on the way out. It
+# raises `Interrupted` (a `KeyboardInterrupt`, so Ctrl-C cleanup serves SIGTERM too) once; a
+# second signal while the first unwinds is ignored (SIGKILL is the hard stop). Inside
+# `deferred()` a signal is held until the section ends -- done in Python, not with
+# `pthread_sigmask`, since torch's threads may receive the signal. Exit codes: 130 for
+# SIGINT, 143 for SIGTERM. Before `main` runs, Python's defaults apply (no output yet).
+# Where a signal's exception would be lost or rewritten, `main` still exits as interrupted:
+# - `install` sets `sys.unraisablehook` (an `Interrupted` in a `__del__` or weakref
+#   callback is dropped, not printed) and `main` asks `fired()` when the command ends;
+# - `memplan.cli` imports torch inside `deferred()` (an exception inside torch's import
+#   through pybind11 aborts the process);
+# - an exception with an `Interrupted` among its causes (`raised_from`), or escaping after
+#   one fired, exits as interrupted; once one fired, warnings are not shown.
+# Full text, with the failures seen: docs/notes.md, "Signals in memplan".
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

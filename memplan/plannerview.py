@@ -18,21 +18,16 @@ from memplan.traces.model import Trace
 
 
 # NOTE [ The planners' view of the caching allocator ]
-# Planners count bytes exactly, so the app shell hands them the memory they
-# may plan for (`planner_view`), never each planner on its own: the budget
-# less every job's CUDA context (NOTE [ Context reserve ] in
-# sim/simulate.py) and, with an allocator model, less each job's largest op
-# workspace (one op of a job runs at a time; NOTE [ Workspaces ]); and with
-# `caching`, every buffer at the size the allocator gives it alone
-# (`sim.allocator.alone_size`): rounded up to 512 B, and from 10 MiB, where
-# it gets a segment of its own, to 2 MiB. Requests between 1 and 10 MiB
-# share 20 MiB segments, so their 512-B size is what they take. What
-# rounding cannot show -- the unsplit tails of blocks, segments cached by
-# one pool and wanted by the other or by another job -- only the simulator
-# sees, and it judges: a plan the caching allocator runs out of memory on is
-# a row out of memory (or rescued by the net), never one that fits.
-# SmartPool lays its pool out after the plan, so its planners see exact
-# sizes. With no budget, planners get none, as with exact.
+# Planners count bytes exactly, so the app shell hands them the memory they may plan for
+# (`planner_view`): the budget less every job's CUDA context (NOTE [ Context reserve ] in
+# sim/simulate.py) and, with an allocator model, less each job's largest op workspace
+# (NOTE [ Workspaces ]); with `caching`, every buffer at its size alone
+# (`sim.allocator.alone_size`: 512 B rounding, 2 MiB from 10 MiB, where it gets its own
+# segment). What rounding cannot show (unsplit block tails, segments cached by the other
+# pool or job) only the simulator sees, and it judges: a plan the caching allocator runs out
+# of memory on is a row out of memory (or rescued by the net), never one that fits.
+# SmartPool lays its pool out after the plan, so its planners see exact sizes. With no
+# budget, planners get none. Full text: docs/notes.md.
 def planner_view(
     traces: Sequence[Trace],
     device: DeviceModel,

@@ -19,24 +19,16 @@ if TYPE_CHECKING:
     from memplan.traces.model import Trace
 
 # NOTE [ Provenance ]
-# Every JSON result memplan writes (compare's, capacity's, bounds', simulate's,
-# export's and the dynamic report's JSON, plan files, regress's baseline)
-# carries a "provenance" object: enough to say, months later, which inputs
-# and which memplan made it.
-# - `memplan_version`: `memplan.__version__`.
-# - `command`: the subcommand (`memplan compare`); the argument values are in
-#   `options`, not a command line, so that the record does not depend on how
-#   the user quoted or ordered them.
-# - `traces`: one entry per job, in order (copies repeat): the model name the
-#   trace records and its fingerprint (`traces.io.fingerprint`: measured
-#   durations excluded, so re-measuring a trace keeps it).
-# - `profile`: the hardware profile's name, its [source] lines and every
-#   value the costs were computed from (a user's edited .toml under a shipped
-#   name shows in its values).
-# - `options`: the command's arguments (`command_options`) or, for a library
-#   caller, what it passes; `seed`: the random seed when the result has one.
-# No timestamp, host or path of the output: a deterministic output stays
-# byte-identical when run again, anywhere.
+# Every JSON result memplan writes (compare, capacity, bounds, simulate, export, the dynamic
+# report, plan files, regress's baseline) carries a "provenance" object saying, months
+# later, which inputs and which memplan made it:
+# - `memplan_version`; `command`, the subcommand (arguments in `options`, so quoting and
+#   order do not matter);
+# - `traces`: per job, in order, the model name and `traces.io.fingerprint` (measured
+#   durations excluded, so re-measuring a trace keeps it);
+# - `profile`: its name, its [source] lines and every value the costs were computed from;
+# - `options`: the command's arguments (`command_options`) or a library caller's; `seed`.
+# No timestamp, host or output path: a deterministic output stays byte-identical anywhere.
 
 
 def _fingerprints(traces: Sequence[Trace]) -> list[dict[str, str]]:

@@ -61,45 +61,20 @@ class MemEvent(NamedTuple):
 
 # ---- which buffer a memory change is ---------------------------------------------
 # NOTE [ Which buffer a memory change is ]
-# The simulator records each change of the device bytes as (time, job, kind,
-# +/- bytes) -- the memory curve -- not which buffer it was. The snapshot
-# needs buffers (frames name them) and pairs (a free ends one allocation), so
-# `allocations` labels each change from the curve with a buffer of that job,
-# kind and size that holds no bytes (a taking) or holds them (a giving back),
-# using the event log and the trace:
-# - a taking: the outputs (`OpTable.creates`) of an op whose turn it is (it
-#   has not started, and its job's process waits for nothing before it:
-#   the previous op, a stall, a recompute or a fetch ended); else a buffer a
-#   recompute, swap-in or fetch logged at that instant names; else one a
-#   recompute logged before the next op names (a recompute takes its
-#   outputs before it queues for compute); else an input or persistent
-#   buffer; else one a later copy names (a copy that had to make room took
-#   its bytes before it queued for its lane); bytes that match none of these
-#   are a workspace of the next op (the simulator's op workspaces, kind
-#   `other`, NOTE [ Workspaces ] in hwmodels/device.py);
-# - a giving back: a buffer the log names at that instant (release,
-#   discard, drop, the end of a swap-out or eviction) or one the framework
-#   frees after the ops that ended then, else what a recompute that ends
-#   then made for itself only (its temporaries, dead buffers made again; not
-#   one a copy out still reads: that copy's end frees it),
-#   else one the framework freed after the op that ended last (put off while
-#   a copy read it), else a workspace, else at the job's end the lowest
-#   buffer (it returns them in order), else the most recent allocation of
-#   that kind and size. Among several freed at one instant, the one the simulator
-#   frees first (an allocator model's blocks depend on the order): the
-#   workspace of the op that ended, the framework's frees in order, then
-#   what the log names.
-# A job's CUDA context (its first bytes, kind `other`, and its last) is no
-# allocation: PyTorch's allocator never sees it, so it is a `context` event.
-# Every change becomes exactly one allocation or free of its bytes, so the
-# snapshot's totals are the simulation's at every instant whatever the
-# labels; only among buffers of one job, kind and size can a label name the
-# wrong one. Checked against the buffers the pool itself took and dropped
-# (tests/sim/test_snapshot.py), and measured: bert_base (x 1 at 50% and x 2
-# at 50% and 60% of the vanilla peak), resnet50 x 2 and gpt2 at 50%, six
-# planners each (exact and caching), no wrong buffer among about 300,000
-# takes and drops. Were the simulator to record the buffer of each change,
-# the labels would be exact by construction and this would go.
+# The simulator records each change of device bytes (time, job, kind, +/- bytes), not its
+# buffer; `allocations` labels it with a buffer of that job, kind and size, the first of:
+# - a taking (one holding no bytes): the outputs of an op whose turn it is (not started, its
+#   process waits for nothing); one a recompute, swap-in or fetch logged then names; one a
+#   recompute logged before the next op names; an input or persistent buffer; one a later copy
+#   names; else the next op's workspace (kind `other`, NOTE [ Workspaces ] in hwmodels/device.py);
+# - a giving back (one holding them): one the log names then or the framework frees after the
+#   ops that ended then; what a recompute ending then made for itself only (not one a copy out
+#   still reads); one freed after the last op that ended (put off while a copy read it); a
+#   workspace; at the job's end its lowest buffer; else the latest allocation of its kind and
+#   size. Several at one instant go in the simulator's order: workspace, framework frees, log.
+# A job's CUDA context is a `context` event. Totals are exact at every instant; only among one
+# job's buffers of one kind and size can a label be wrong.
+# Reasons and measurements: docs/notes.md, "Which buffer a memory change is".
 _EPS_US = 1e-6  # the curve holds seconds: times match within rounding
 
 _ALLOC_HINTS = {K.SWAP_IN_START: "swap_in", K.FETCH_START: "fetch"}

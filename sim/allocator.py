@@ -14,30 +14,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 # NOTE [ The caching allocator ]
-# What c10/cuda/CUDACachingAllocator.cpp does by default (no
-# PYTORCH_CUDA_ALLOC_CONF: no max_split_size, no expandable segments, no
-# power-of-two rounding), on one stream:
-# - a request is rounded up to a multiple of 512 B (at least 512 B);
-# - requests <= 1 MiB come from the small pool, larger ones from the large
-#   pool; a block never moves between pools;
-# - the free block that serves a request is the smallest one in its pool
-#   that is large enough, the lowest address among equals (the pool is a set
-#   ordered by size, then address);
-# - with none, a new segment is reserved (cudaMalloc): 2 MiB for a small
-#   request, 20 MiB for a large one under 10 MiB, else the request rounded up
-#   to 2 MiB;
-# - the block found (or the new segment) is split when what remains is at
-#   least 512 B in the small pool, more than 1 MiB in the large pool; the
-#   request keeps the front, the rest goes back to the pool. Unsplit, the
-#   whole block is allocated (PyTorch's `allocated_bytes` counts it whole);
+# c10/cuda/CUDACachingAllocator.cpp by default (no PYTORCH_CUDA_ALLOC_CONF), on one stream:
+# - a request is rounded up to a multiple of 512 B (at least 512 B); up to 1 MiB it comes from
+#   the small pool, else the large pool; a block never moves between pools;
+# - it gets the smallest free block of its pool large enough, the lowest address among equals;
+# - with none, a new segment (cudaMalloc): 2 MiB for a small request, 20 MiB for a large one
+#   under 10 MiB, else the request rounded up to 2 MiB;
+# - a block is split when the rest is >= 512 B (small pool) or > 1 MiB (large); the request
+#   keeps the front. Unsplit, the whole block is allocated (`allocated_bytes` counts it whole);
 # - a freed block merges with its free neighbours in its segment;
-# - segments are returned to the device only by `empty_cache` (the whole
-#   segment free). When a new segment does not fit, PyTorch frees every
-#   entirely free cached segment and tries once more (`release_cached_blocks`
-#   in `malloc`); only then it is out of memory. The simulator applies that
-#   retry (sim/memory.py `CachingLedger.take`).
-# Addresses are virtual: each segment starts past the last one ever made,
-# so "lowest address" orders segments by when they were reserved.
+# - segments go back only by `empty_cache`. A new segment that does not fit first frees every
+#   entirely free cached segment and retries once (`release_cached_blocks`), then is out of
+#   memory; the simulator does the same (sim/memory.py `CachingLedger.take`).
+# Addresses are virtual: a segment starts past the last one made (lowest = reserved first).
+# Full text: docs/notes.md, "The caching allocator".
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
 SMALL_BUFFER = 2 << 20

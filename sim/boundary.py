@@ -26,31 +26,20 @@ K = LogKind
 
 
 # NOTE [ Plan changes at a boundary ]
-# A `PlanChange` for job j waits until j's first iteration boundary (the
-# start of an iteration, the first one included) at or after its `ready_s`;
-# a later change for j replaces one still waiting; a change for a job that
-# has ended is dropped. At that boundary the new plan is compiled
-# (`CompiledJob.use_plan`) and checked like any plan (`check=True`:
-# `planners.core.check`), and from that iteration on only its events trigger.
-# The old plan ends with the iteration it last ran:
-# - events it already triggered run to their end -- a swap-out of iteration
-#   k still on the lane, a `next_iteration` swap-in triggered in k's optimizer
-#   phase for k+1 -- and their buffers land where they would have; but the
-#   waits the old plan set for iterations it no longer runs (a swap-in's
-#   `before_op` in k+1) are dropped: the new plan's ops wait for a buffer
-#   still arriving as any op does (NOTE [ Event semantics ] in sim/model.py,
-#   `_ensure`: a stall on the copy);
-# - buffers stay where the old plan left them. The new plan's first iteration
-#   starts from that state rather than from its own (all persistent buffers
-#   resident at iteration 0): one of its events that finds a buffer
-#   elsewhere is a `skip`, and a buffer its ops need that the old plan left
-#   on the host with no swap-in of the new plan is fetched on demand (a
-#   passive swap, counted in the iteration's `passive_swaps`). Nothing is
-#   lost: persistent buffers off the device always have a host copy, and a
-#   non-persistent buffer dies within its iteration under either plan.
-# `JobResult.plan_versions[k]` is the plan in force in iteration k (0 = the
-# job's own plan, v = the v-th change applied), `plan_changes` lists
-# (iteration, ready_s, reason) of each change applied.
+# A `PlanChange` for job j waits for j's first iteration start (iteration 0's too) at or after
+# its `ready_s`; a later change replaces one still waiting; one for a job that has ended is
+# dropped. There the new plan is compiled (`CompiledJob.use_plan`) and checked (`check=True`),
+# and from that iteration on only its events trigger. The old plan ends with the iteration it
+# last ran: its triggered events run to their end (a swap-out still on the lane, a
+# `next_iteration` swap-in for k+1) and their buffers land where they would have, but its waits
+# for iterations it no longer runs are dropped (a new op waits for a buffer still arriving as
+# any op does: NOTE [ Event semantics ] in sim/model.py, `_ensure`). Buffers stay where it left
+# them: a new event that finds one elsewhere is a `skip`, and one on the host that the new plan
+# does not swap in is fetched on demand (a passive swap, in `passive_swaps`). Nothing is lost:
+# a persistent buffer off the device has a host copy, and the others die within an iteration.
+# `JobResult.plan_versions[k]` is the plan in force in iteration k (0: the job's own, v: the
+# v-th change applied); `plan_changes` lists (iteration, ready_s, reason) per change applied.
+# Full text: docs/notes.md, "Plan changes at a boundary".
 
 
 class Boundaries:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
+from memplan.planners.core.lifecycle import Ctx, Do, Event
 from memplan.sim.log import LogEntry, LogKind
 from memplan.sim.memory import OutOfMemory
 from memplan.sim.pcie import Direction
-from memplan.sim.state import ARRIVING, DEV, OFF, Gen, JobState
+from memplan.sim.state import ARRIVING, Gen, JobState
 
 if TYPE_CHECKING:
     from memplan.sim.model import GpuModel
@@ -109,21 +110,18 @@ class CopyEngine:
         c, env, mem, pcie = s.c, self.env, self.mem, self.pcie
         log = self.model.log.append
         j, n, ep = c.index, c.nbytes[b], s.epoch[b]
-        if s.host[b]:  # the host copy is valid: no bytes need to move
-            if s.keep[b] or b in s.pinned:
-                s.keep[b] = False
-                mem.stay(s, b)
-                log(LogEntry(env.now, j, s.iteration, K.SKIP, op, b))
-                return
-            s.where[b] = DEV
-            mem.drop(s, b)
+        do = s.apply(b, Event.COPY_OUT, Ctx(passive=passive, in_use=b in s.pinned))
+        mem.act(s, b, do)
+        if do & Do.SKIP:  # the host copy is valid and the buffer wanted: it stays
+            log(LogEntry(env.now, j, s.iteration, K.SKIP, op, b))
+            return
+        if do & Do.DISCARD:  # the host copy is valid: no bytes need to move
             if passive:
                 s.passive += 1
                 s.evictions += 1
                 s.evicted_bytes += n
             log(LogEntry(env.now, j, s.iteration, K.DISCARD, op, b))
             return
-        mem.leave(s, b)
         mem.add_pending_out(n)
         stop = None
         try:
@@ -132,16 +130,16 @@ class CopyEngine:
                     yield req
                 except simpy.Interrupt:  # the copying process's job stopped:
                     if s.epoch[b] == ep:  # an eviction of another job's buffer
-                        mem.stay(s, b)  # that will not happen
+                        mem.act(s, b, s.apply(b, Event.D2H_CANCELLED))  # that will not happen
                     raise
                 if s.epoch[b] != ep:
                     return
-                if s.keep[b] and passive:  # needed again before the eviction began
-                    s.keep[b] = False
-                    mem.stay(s, b)
+                # this incarnation's copy (NOTE [ Incarnations ]), or a called-off eviction
+                do = s.apply(b, Event.D2H_START, Ctx(passive=passive))
+                if do & Do.SKIP:
+                    mem.act(s, b, do)
                     log(LogEntry(env.now, j, s.iteration, K.SKIP, op, b))
                     return
-                s.copying[b] = ep  # this incarnation's copy (NOTE [ Incarnations ])
                 wc, lane = s.wcount[b], pcie.index[Direction.D2H]
                 start, end = (
                     (K.EVICT_START, K.EVICT_END) if passive else (K.SWAP_OUT_START, K.SWAP_OUT_END)
@@ -153,8 +151,6 @@ class CopyEngine:
                 finally:
                     s.reading -= 1
                 log(LogEntry(env.now, j, s.iteration, end, op, b, lane))
-                if s.copying[b] == ep:
-                    s.copying[b] = -1
         finally:
             mem.add_pending_out(-n)
         s.bytes_d2h += n
@@ -163,14 +159,10 @@ class CopyEngine:
             mem.free(j, c.kind[b], n)  # died during the copy: the bytes were ours
             freed = True
         else:
-            s.host[b] = s.wcount[b] == wc
-            freed = not (s.keep[b] or b in s.pinned)
-            if freed:
-                s.where[b] = DEV
-                mem.drop(s, b)
-            else:
-                s.keep[b] = False
-                mem.stay(s, b)
+            ctx = Ctx(written=s.wcount[b] != wc, in_use=b in s.pinned)
+            do = s.apply(b, Event.D2H_END, ctx)
+            mem.act(s, b, do)
+            freed = bool(do & Do.DROP)
         if passive and freed:
             s.evictions += 1
             s.evicted_bytes += n
@@ -182,8 +174,7 @@ class CopyEngine:
         """On-demand swap-in of `b` for op `i` (a passive swap); all of it is stall."""
         env = self.env
         t0, ep = env.now, s.epoch[b]
-        done = s.in_ev[b] = env.event()
-        s.where[b] = ARRIVING
+        done = s.in_ev[b] = env.event()  # ARRIVING: `_ensure` applied NEED
         try:
             yield from self.copy_in(s, b, i, passive=True)
         except simpy.Interrupt:  # the job stopped: the stall ends with it
@@ -197,7 +188,7 @@ class CopyEngine:
         if s.in_ev.get(b) is done:
             del s.in_ev[b]
         if s.epoch[b] == ep and s.where[b] == ARRIVING:
-            s.where[b] = OFF  # the copy did not happen
+            s.apply(b, Event.H2D_FAILED)  # the copy did not happen
         done.succeed()
 
     def copy_in(self, s: JobState, b: int, op: int, passive: bool) -> Gen:
@@ -239,6 +230,6 @@ class CopyEngine:
         if s.epoch[b] != ep:
             mem.free(j, kind, n)
         else:
-            mem.stay(s, b)
+            mem.act(s, b, s.apply(b, Event.H2D_END))
         if stop is not None:
             raise stop

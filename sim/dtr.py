@@ -7,10 +7,11 @@ import math
 from bisect import bisect_left, insort
 from typing import TYPE_CHECKING
 
+from memplan.planners.core.lifecycle import Event
 from memplan.sim.log import LogEntry, LogKind
 from memplan.sim.memory import MemoryPool, StallPool
 from memplan.sim.remat import ABSENT, STALENESS_EPS_US, RematTable
-from memplan.sim.state import DEV, LEAVING, OFF, Gen, JobState
+from memplan.sim.state import Gen, JobState
 
 if TYPE_CHECKING:
     from memplan.sim.model import GpuModel
@@ -18,21 +19,19 @@ if TYPE_CHECKING:
 K = LogKind
 
 # NOTE [ DTR's scan ]
-# h = k / s, k the per-byte cost (c / m) and s the staleness, which grows with
-# time, so no order of the candidates lasts: each eviction scans them, but
-# only as far as one can still win -- at worst every resident buffer, as DTR
-# does. Per job, a resident (non-empty) buffer is filed in a bucket by the k
-# of the state it was filed in (host copy: fetch; droppable: its producer's
-# duration; else: swap), one bucket per 1/16 of a power of two, whose `floor`
-# is the least k ever filed in it; a bucket is sorted by (last use, buffer),
-# and every use files the buffer again at the end. While it stays filed its
-# k only grows (a write spoils a host copy; its evicted neighbourhood adds),
-# so along a bucket floor / s is a lower bound of h that grows: once it
-# passes the best h found, the scan leaves the bucket. The neighbourhood of a
-# droppable candidate is walked only if its producer's cost alone does not
-# already lose, and only as far as it can still win. The choice is the exact
-# minimum of h; ties go to the lower job, then the staler buffer, then the
-# lower buffer id (tests/sim/test_dtr.py checks it against a plain scan).
+# h = k / s, k the per-byte cost (c / m) and s the staleness, which grows with time, so no
+# order of the candidates lasts: each eviction scans them, but only as far as one can still win
+# -- at worst every resident buffer, as DTR does. Per job, a resident (non-empty) buffer is
+# filed in a bucket by the k of the state it was filed in (host copy: fetch; droppable: its
+# producer's duration; else: swap), one bucket per 1/16 of a power of two, whose `floor` is the
+# least k ever filed in it; a bucket is sorted by (last use, buffer), and every use files the
+# buffer again at the end. While it stays filed its k only grows (a write spoils a host copy;
+# its evicted neighbourhood adds), so along a bucket floor / s is a lower bound of h that
+# grows: once it passes the best h found, the scan leaves the bucket. The neighbourhood of a
+# droppable candidate is walked only if its producer's cost alone does not already lose, and
+# only as far as it can still win. The choice is the exact minimum of h; ties go to the lower
+# job, then the staler buffer, then the lower buffer id (tests/sim/test_dtr.py checks it
+# against a plain scan).
 _STEPS = 16
 _NO_COST = -(1 << 30)  # the key of a free eviction (k = 0)
 
@@ -128,7 +127,7 @@ class DtrPool(StallPool):
 
     def evict(self, owner: JobState, b: int, op: int) -> Gen:
         if owner.alive[b] and not owner.host[b] and self.tables[owner.c.index].droppable[b]:
-            self.drop(owner, b)
+            self.act(owner, b, owner.apply(b, Event.DROP))
             owner.evictions += 1
             owner.evicted_bytes += owner.c.nbytes[b]
             self.model.log.append(
@@ -144,16 +143,17 @@ class DtrPool(StallPool):
 
     def drop(self, s: JobState, b: int) -> None:
         c = s.c
-        s.where[b] = OFF
+        if s.host[b] and s.alive[b]:  # NOTE [ Pinned host memory ] in sim/memory.py
+            self.park(s, b)
         self._unfile(s, b)
         self.free(c.index, c.kind[b], c.nbytes[b])
 
     def stay(self, s: JobState, b: int) -> None:
-        s.where[b] = DEV
+        if s.parked[b]:
+            self.unpark(s, b)
         self._file(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
-        s.where[b] = LEAVING
         self._unfile(s, b)
 
     def touch(self, s: JobState, bufs: tuple[int, ...]) -> None:

@@ -30,22 +30,18 @@ MAX_SLOWDOWN = 1e6
 
 # NOTE [ Usage and jitter ]
 # Op latency moves in two ways, both seeded and so deterministic per seed:
-# - `usage` is load from *outside* the simulated jobs (another tenant, a
-#   display): every kernel of every job is predicted at that usage by the
-#   latency model (`DeviceModel.op_durations(usage=)`, which stretches it by
-#   1 / (1 - usage) or by what the MLP learned). The other simulated jobs'
-#   load is not a usage: their kernels queue FIFO with this job's on the one
-#   compute stream (hwmodels NOTE [ Usage under a compute queue ]), so an
-#   arrival slows a running job through the queue -- its ops wait for the
-#   stream (`IterationReport.op_queue_s`) and start later -- and counting it
-#   as usage too would count it twice.
-# - `jitter` is noise: each kernel run (a recompute too) of iteration k of
-#   job j takes its predicted duration times a log-normal factor
-#   exp(sigma * Z - sigma^2 / 2) (mean 1, median a little below), rounded to
-#   1 ns. The factors of an iteration are drawn at its start from job j's own
-#   generator (`numpy.random.SeedSequence(seed).spawn`), so one job's draws do
-#   not depend on how the others interleave, and the same seed gives the
-#   same run. sigma = 0 draws nothing.
+# - `usage` is load from *outside* the simulated jobs (another tenant, a display): every kernel
+#   of every job is predicted at that usage by the latency model (`DeviceModel.op_durations(
+#   usage=)`: 1 / (1 - usage), or what the MLP learned). The other simulated jobs' load is no
+#   usage: their kernels queue FIFO with this job's on the one compute stream
+#   (hwmodels NOTE [ Usage under a compute queue ]), so an arrival slows a running job through
+#   the queue (`IterationReport.op_queue_s`), and counting it as usage too would count it twice.
+# - `jitter` is noise: each kernel run (a recompute too) of iteration k of job j takes its
+#   predicted duration times a log-normal factor exp(sigma * Z - sigma^2 / 2) (mean 1), rounded
+#   to 1 ns, drawn at the iteration's start from job j's own generator (`numpy.random.
+#   SeedSequence(seed).spawn`): one job's draws do not depend on how the others interleave,
+#   and the same seed gives the same run. sigma = 0 draws nothing.
+# Full text: docs/notes.md, "Usage and jitter".
 #
 # NOTE [ Lane slowdowns ]
 # `LaneSlowdown(factor, start_s, end_s)`: between start_s and end_s every

@@ -9,6 +9,7 @@ indexes tuples instead of rebuilding objects per op.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from memplan.hwmodels.device import DeviceModel, TimeUnit, op_workspace_bytes
 from memplan.hwmodels.errors import LatencyError
@@ -20,6 +21,30 @@ from memplan.traces.model import Trace
 
 # Codes of compiled trigger events.
 OUT, IN, REL = 0, 1, 2
+
+
+class Trigger(NamedTuple):
+    """A plan event as the model's loop reads it, in its trigger's group."""
+
+    code: int  # OUT, IN or REL
+    buffer: int
+    delay_us: float
+    before_op: int  # -1: none
+    next_iteration: bool
+    event: int  # index in the plan's events
+    after_op: int
+
+
+class OpRow(NamedTuple):
+    """What op i does, as the model's loop unpacks it (NOTE [ One tuple per op ])."""
+
+    accesses: tuple[int, ...]  # what it pins
+    need: tuple[int, ...]  # present when it starts
+    create: tuple[int, ...]  # allocated when it starts
+    create_bytes: int
+    writes: tuple[int, ...]
+    frees: tuple[int, ...]  # the framework frees after it
+    after: tuple[Trigger, ...]  # the plan events its end triggers
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +65,13 @@ class CompiledJob:
     """Read-only per-job data for the model. Per-op fields are tuples indexed
     by op id (the trace's `OpTable`); `triggers[i + 1]` are the events that
     the end of op i starts (`triggers[0]`: the start of the iteration), as
-    (code, buffer, delay_us, before_op, next_iteration, event index,
-    after_op); `recompute[(buffer, op)]` is (buffer, its chain's
+    `Trigger`s; `recompute[(buffer, op)]` is (buffer, its chain's
     `recompute_sources`, event index). `workspace[i]` is op i's workspace
     bytes when the run counts workspaces (NOTE [ Workspaces ] in
     hwmodels/device.py), None when it does not or no op has one. `order` is
     the op ids in the order the job runs them, the plan's (NOTE [ Plans
     under another order ] in planners/core/plan.py), and `frees` follow it.
-    `ops[i]` is (accs, need, create, create_bytes, writes, frees)[i] and
-    `triggers[i + 1]` in one tuple, what the model's loop reads (NOTE [ One
+    `ops[i]` is op i's `OpRow`, what the model's loop reads (NOTE [ One
     tuple per op ]); under a plan in the trace's order `order` is
     `range(n_ops)`, and `kind_bytes[b]` is buffer b's (kind index, bytes)
     (NOTE [ Fewer streams per op ])."""
@@ -136,15 +159,16 @@ class CompiledJob:
         self.frees = table.frees  # NOTE [ Frees under another order ]
         # Plan events by trigger, in plan order; inputs released at the start
         # are never loaded (NOTE [ Duplicate events ] in planners/core/semantics.py).
-        triggers: list[tuple] = [()] * len(ip.triggered)
+        triggers: list[tuple[Trigger, ...]] = [()] * len(ip.triggered)
         for i, g in enumerate(ip.triggered):
             if g:
                 triggers[i] = tuple(_compiled(e, ev) for e, ev in g)
         self.triggers = tuple(triggers)
         # the model's loop reads one tuple per op (NOTE [ One tuple per op ])
         self.ops = tuple(
-            zip(self.accs, self.need, self.create, self.create_bytes, self.writes, self.frees,
-                self.triggers[1:], strict=True)
+            OpRow(*row)
+            for row in zip(self.accs, self.need, self.create, self.create_bytes, self.writes,
+                           self.frees, self.triggers[1:], strict=True)
         )  # fmt: skip
         self.recompute = {
             key: (r.event.buffer, r.sources, r.index) for key, r in ip.recompute.items()
@@ -183,42 +207,24 @@ class CompiledJob:
 # they point at, all out of cache once a step has thousands of ops.
 # `CompiledJob.ops[i]` zips the seven that are fixed for a plan into one
 # tuple, made in op order, that the loop unpacks (durations stay apart:
-# jitter replaces them per iteration). Measured with the sizes interleaved,
-# three runs each, per op of `simulate`: 3k-op step 2.52-2.99 us before,
-# 2.16-2.39 after; 30k-op step 2.98-3.19 and 2.72-2.88.
+# jitter replaces them per iteration); `OpRow` names its fields, unpacked by
+# position in the loop. Measurements: docs/notes.md, "One tuple per op".
 # NOTE [ Fewer streams per op ]
-# Past a few thousand ops a step's tables no longer fit the core's L2 (1 MiB
-# here), and the loop's cost per op rises by what it waits on memory: on
-# this machine 2.1 us per op at 1k ops against 2.4-2.5 at 10k-30k (session
-# 14). The loop reads its tables in order, which a hardware prefetcher can
-# stream ahead of it, but it walks many independent streams at once -- each
-# per-op table, the buffer ids forwards and backwards, each per-buffer list
-# at the buffers being made and at those being freed, the log and the
-# samples it writes: about thirty. Replaying the loop's addresses (id() and
-# the lists' item arrays) through an LRU cache with a stream prefetcher of
-# 8, 16 or 32 trackers gave 10, 6 and 1 lines per op that nothing
-# prefetches on a 30k-op step: what costs is the number of streams. So:
-# - an op's tuples are made one after another (`OpTable`), so that those of
-#   one size follow each other in memory, and `writes[i]` is `creates[i]`
-#   when op i writes what it makes (24k of 30k ops of the synthetic step);
-# - `kind_bytes[b]`, one shared (kind, bytes) pair, is what the pool reads
-#   per allocation and free, where it read `kind[b]` and `nbytes[b]`;
-# - `durations` share one float per distinct value (a step repeats its
-#   layers'), like sizes (NOTE [ One object per buffer id ]);
-# - a plan in the trace's order runs `range(n_ops)`: fresh ints from a
-#   free list in cache, where a tuple of op ids was one more stream;
-# - `parked[b]` is read only while some buffer is parked (`JobState.
-#   n_parked`), and `wcount[b]` counted only while a swap-out reads
-#   (NOTE [ Writes during a copy ] in sim/copies.py).
-# benchmarks/sim.py's scaling, fastest over slowest size, in three pairs of
-# runs alternating the code before and after (a noisy hour): 1.226, 1.196,
-# 1.180 before; 1.139, 1.128, 1.101 after; the 30k-op step 367-389k events/s
-# before, 394-418k after, the 1k-op step 449-465k and 433-472k. Six more
-# runs after: 1.075-1.142 (target 1.2).
-def _compiled(e: int, ev: Triggered) -> tuple:
-    """(code, buffer, delay_us, before_op, next_iteration, event index, after_op)."""
+# Past a few thousand ops a step's tables no longer fit the core's L2, and the loop's cost per
+# op rises by what it waits on memory. It reads its tables in order, which a prefetcher can
+# stream, but it walks about thirty streams at once, and the number of streams is what costs:
+# - an op's tuples are made one after another (`OpTable`), and `writes[i]` is `creates[i]`
+#   when op i writes what it makes;
+# - `kind_bytes[b]`, one shared (kind, bytes) pair, is what the pool reads per allocation and
+#   free, where it read `kind[b]` and `nbytes[b]`;
+# - `durations` share one float per distinct value, like sizes (NOTE [ One object per buffer id ]);
+# - a plan in the trace's order runs `range(n_ops)`, not a tuple of op ids;
+# - `parked[b]` is read only while some buffer is parked (`JobState.n_parked`), and `wcount[b]`
+#   counted only while a swap-out reads (NOTE [ Writes during a copy ] in sim/copies.py).
+# Measurements: docs/notes.md, "Fewer streams per op".
+def _compiled(e: int, ev: Triggered) -> Trigger:
     if isinstance(ev, Release):
-        return (REL, ev.buffer, 0.0, -1, False, e, ev.after_op)
+        return Trigger(REL, ev.buffer, 0.0, -1, False, e, ev.after_op)
     if isinstance(ev, SwapOut):
-        return (OUT, ev.buffer, ev.delay_us, ev.before_op, False, e, ev.after_op)
-    return (IN, ev.buffer, ev.delay_us, ev.before_op, ev.next_iteration, e, ev.after_op)
+        return Trigger(OUT, ev.buffer, ev.delay_us, ev.before_op, False, e, ev.after_op)
+    return Trigger(IN, ev.buffer, ev.delay_us, ev.before_op, ev.next_iteration, e, ev.after_op)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memplan.planners.core.lifecycle import Event
 from memplan.sim.allocator import CachingAllocator, round_size, segment_size
 from memplan.sim.dtr import DtrPool
 from memplan.sim.memory import MemoryPool, OutOfMemory, PassivePool, StallPool
@@ -22,26 +23,16 @@ if TYPE_CHECKING:
     from memplan.sim.model import GpuModel
 
 # NOTE [ One process per job ]
-# Jobs sharing a GPU are separate processes, as in TENSILE's system and
-# wherever users share a card: each holds its own CUDA context and its own
-# allocator. A job's blocks live in its own allocator; a block another job
-# frees (an eviction by the safety net) returns to that job's cache.
-# Buffers, their device copies and their bytes are the pool's business
-# (sim/memory.py); the ledger only mirrors each allocation as a block:
-# - a buffer's device copy: allocated by `take`, freed by `drop`; a copy
-#   that outlives its buffer's life (a swap-out still reading it,
-#   NOTE [ Incarnations ]) is `detach`ed and freed when the copy ends;
-# - the bytes a swap-in takes before its copy (`alloc`, without a buffer):
-#   a loose block of the job, adopted by the buffer when it `stay`s, or
-#   freed by `free`. Loose blocks of one job and size are interchangeable:
-#   which of them a free returns changes addresses, never byte counts;
-# - an op's workspace (`take_scratch` / `drop_scratch`).
-# With `caching`, an allocation that needs a new segment that does not fit
-# first makes every job's cache return its entirely free segments (PyTorch
-# does this in its own process only; across processes it is an
-# idealisation -- the other processes would have to call `empty_cache` --
-# without which the safety net's evictions of another job could never make
-# room), then takes the segment. A job that ends returns its segments.
+# Jobs sharing a GPU are separate processes (as in TENSILE's system): each
+# has its own CUDA context and allocator, and a block another job frees (an
+# eviction) returns to its owner's cache. The ledger mirrors the pool's
+# bytes as blocks: a device copy (`take` / `drop`; `detach`ed while a copy
+# outlives its life), a swap-in's bytes before it lands (a loose block,
+# adopted at `stay`; loose blocks of one size are interchangeable) and
+# workspaces. Under `caching`, a new segment that does not fit first makes
+# every job's cache return its free segments (an idealisation across
+# processes, without which evictions could never make room). Long form:
+# docs/notes.md, "One process per job".
 
 
 class BlockLedger:
@@ -115,7 +106,7 @@ class BlockLedger:
         for w in bufs:
             if not self.fits_job(s, nbytes[w]):  # type: ignore[attr-defined]
                 yield from self.get(s, nbytes[w], op, target, True)  # type: ignore[attr-defined]
-            self.take(s, w)
+            self.act(s, w, s.apply(w, Event.REMAKE))  # type: ignore[attr-defined]
 
     # ---- bytes without a buffer ------------------------------------------------------
     def alloc(self, job: int, kind: int, nbytes: int) -> None:
@@ -246,26 +237,11 @@ class CachingLedger(BlockLedger):
             self.allocated_at_peak = self.allocated
 
 
-class _DtrPool(DtrPool):
-    """`DtrPool`, counting parked bytes as `MemoryPool` does (NOTE [ Pinned
-    host memory ] in sim/memory.py): its drop and stay do not call that one's."""
-
-    def drop(self, s: JobState, b: int) -> None:
-        if s.host[b] and s.alive[b]:
-            self.park(s, b)
-        DtrPool.drop(self, s, b)
-
-    def stay(self, s: JobState, b: int) -> None:
-        if s.parked[b]:
-            self.unpark(s, b)
-        DtrPool.stay(self, s, b)
-
-
 POOLS: dict[OomPolicy, type[MemoryPool]] = {
     OomPolicy.FAIL: MemoryPool,
     OomPolicy.STALL: StallPool,
     OomPolicy.PASSIVE: PassivePool,
-    OomPolicy.DTR: _DtrPool,
+    OomPolicy.DTR: DtrPool,
 }
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
+from memplan.planners.core.lifecycle import Do, Event
 from memplan.sim.log import LogEntry, LogKind, Rows
-from memplan.sim.state import DEV, LEAVING, OFF, Gen, JobState
+from memplan.sim.state import Gen, JobState
 from memplan.traces.model import BUFFER_KINDS, BufferKind
 
 if TYPE_CHECKING:
@@ -28,33 +29,17 @@ K = LogKind
 OTHER = BUFFER_KINDS.index(BufferKind.OTHER)  # the kind workspaces and contexts are counted as
 
 # NOTE [ Out of memory ]
-# An allocation that does not fit the budget raises `OutOfMemory` from
-# `MemoryPool.get`; the process that asked catches it at its top and stops
-# its job (`GpuModel.stop`: logs `oom`, returns the job's memory, other jobs
-# go on; NOTE [ Stopping a job ] in sim/model.py). Per policy:
-# - `fail` (`MemoryPool`): at once.
-# - `stall` (`StallPool`): waits for `changed()` while the free bytes plus
-#   those that triggered swap-outs will return (`pending_out`) could cover
-#   it, else it is an OOM; other frees wake it too, and it checks again.
-# - `passive` (`PassivePool`, Capuchin's passive mode applied to the shared
-#   pool): evicts the least recently used buffer on the device -- of any
-#   job, as long as its job's current op does not use it and no copy of it
-#   is running -- with a synchronous swap-out on the lane (`CopyEngine.
-#   copy_out`; one that only drops the device copy when the host copy is
-#   valid), until the allocation fits; with nothing left to evict it
-#   behaves as `stall`. Each eviction and each on-demand fetch counts as a
-#   passive swap of the job that owns the buffer (as do its bytes); the wait
-#   is stall of the job that needed the room. Recency is an op's start (for
-#   every buffer it accesses), an allocation, or the end of a swap-in.
-# - `dtr` (`DtrPool`): evicts by DTR's heuristic instead, dropping what can be
-#   remade or fetched and swapping out the rest (NOTE [ DTR ] in sim/remat.py);
-#   then as `passive`.
-# Every buffer a policy evicts -- its device copy freed by the eviction --
-# counts for the job that owns it (`JobState.evictions`, `evicted_bytes`).
-# Prefetching swap-ins make room the same way, but their waiting is not
-# compute stall (`on_compute=False`): only the job's own process logs
-# `stall_start` (when it first waits on `changed()`, not while it evicts)
-# and `stall_end`, and counts the whole time, evictions included, as stall.
+# An allocation that does not fit raises `OutOfMemory` from `MemoryPool.get`;
+# the process that asked stops its job (NOTE [ Stopping a job ]). Per policy:
+# `fail` (`MemoryPool`) at once; `stall` (`StallPool`) waits for `changed()`
+# while free bytes plus pending swap-outs could cover it; `passive`
+# (`PassivePool`, Capuchin's passive mode on the shared pool) evicts the
+# least recently used buffer of any job that no current op uses and no copy
+# reads (a synchronous swap-out, or a discard with a valid host copy) until
+# it fits, then stalls; `dtr` (`DtrPool`) evicts by DTR's heuristic (NOTE [
+# DTR ]). Evictions and on-demand fetches are passive swaps of the owner;
+# the wait is stall of the job that needed the room (a prefetching swap-in's
+# is not compute stall). Long form: docs/notes.md, "Out of memory".
 
 
 class OutOfMemory(Exception):
@@ -128,20 +113,42 @@ class MemoryPool:
             ev.succeed()
 
     # ---- buffers (the passive and dtr pools also keep their recency) ---------------
+    # The pool moves bytes; the buffer's state is `JobState.apply`'s, which the
+    # caller runs first and whose `Do` it hands to `act`.
+    def act(self, s: JobState, b: int, do: int) -> None:
+        """The bytes part of a transition's `do` for buffer `b`."""
+        if do & Do.DROP:
+            self.drop(s, b)
+        elif do & Do.TAKE:
+            self._take_or_undo(s, b)
+        elif do & Do.STAY:
+            self.stay(s, b)
+        elif do & Do.LEAVE:
+            self.leave(s, b)
+        elif do & Do.DETACH and self.ledger:  # its copy still reads the bytes
+            self.detach(s, b)
+
+    def _take_or_undo(self, s: JobState, b: int) -> None:
+        """`take`; if an allocator model refuses the bytes, `b` is not on the
+        device after all (the `OutOfMemory` then stops the job)."""
+        try:
+            self.take(s, b)
+        except OutOfMemory:
+            s.apply(b, Event.TAKE_FAILED)
+            raise
+
     def take(self, s: JobState, b: int) -> None:
         """Allocate `b`'s bytes; it is on the device and usable."""
         c = s.c
         kind, n = c.kind_bytes[b]
         self.used += n
         self._row((self.env.now, c.index, kind, n))
-        s.where[b] = DEV
         if s.n_parked and s.parked[b]:  # made again on the device while its host copy holds
             self.unpark(s, b)
 
     def drop(self, s: JobState, b: int) -> None:
         """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
         c = s.c
-        s.where[b] = OFF
         kind, n = c.kind_bytes[b]
         self.used -= n
         self._row((self.env.now, c.index, kind, -n))
@@ -153,13 +160,15 @@ class MemoryPool:
     def stay(self, s: JobState, b: int) -> None:
         """`b` is on the device to stay: leaving, its swap-out found it
         needed; or arrived, its swap-in is over."""
-        s.where[b] = DEV
         if s.n_parked and s.parked[b]:
             self.unpark(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
         """`b` is leaving: its swap-out owns the bytes."""
-        s.where[b] = LEAVING
+
+    def detach(self, s: JobState, b: int) -> None:
+        """`b`'s life ended while a copy still reads its bytes (an allocator
+        model hands the block to the copy: sim/ledger.py)."""
 
     def touch(self, s: JobState, bufs: tuple[int, ...]) -> None:
         """`bufs` are used now (an op starts); recency for `DtrPool`."""
@@ -232,10 +241,8 @@ class MemoryPool:
         room is made under the policy (`op` and `b` name the allocation)."""
         if nbytes and not self.fits_job(s, nbytes):
             yield from self.get(s, nbytes, op, b, True)
-        alive, host, keep = s.alive, s.host, s.keep
         for x in bufs:
-            alive[x] = True
-            host[x] = keep[x] = False
+            s.create(x)
             self.take(s, x)
 
     def take_group(self, s: JobState, bufs: list[int], op: int, target: int) -> Gen:
@@ -244,17 +251,16 @@ class MemoryPool:
         if nbytes and not self.fits_job(s, nbytes):
             yield from self.get(s, nbytes, op, target, True)
         for w in bufs:
-            self.take(s, w)
+            self.act(s, w, s.apply(w, Event.REMAKE))
 
     def make_each(self, s: JobState, bufs: tuple[int, ...], op: int) -> Gen:
         """`make_group` one buffer at a time, making room for each."""
-        nbytes, alive, host, keep = s.c.nbytes, s.alive, s.host, s.keep
+        nbytes = s.c.nbytes
         for b in bufs:
             if not self.fits_job(s, nbytes[b]):
                 yield from self.get(s, nbytes[b], op, b, True)
-            alive[b] = True
-            host[b] = keep[b] = False
-            self.take(s, b)
+            s.create(b)
+            self._take_or_undo(s, b)
 
     def scratch_for(self, s: JobState, nbytes: int, op: int) -> Gen:
         """Op `op`'s workspace of `nbytes`, once room is made under the policy."""
@@ -345,18 +351,15 @@ class PassivePool(StallPool):
 
     def drop(self, s: JobState, b: int) -> None:
         c = s.c
-        s.where[b] = OFF
         self.lru.pop((c.index, b), None)
         if s.host[b] and s.alive[b]:
             self.park(s, b)
         self.free(c.index, c.kind[b], c.nbytes[b])
 
     def stay(self, s: JobState, b: int) -> None:
-        s.where[b] = DEV
         self.lru[(s.c.index, b)] = None
         if s.parked[b]:
             self.unpark(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
-        s.where[b] = LEAVING
         self.lru.pop((s.c.index, b), None)

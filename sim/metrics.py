@@ -21,6 +21,7 @@ from memplan.sim.errors import SimError
 from memplan.sim.log import Log, Rows
 from memplan.sim.model import GpuModel
 from memplan.sim.state import Allocator, JobState, OomPolicy
+from memplan.traces.fields import nan_to_none
 from memplan.traces.model import BUFFER_KINDS, Trace
 
 
@@ -91,12 +92,9 @@ class JobResult:
         return bool(self.evictions or self.passive_swaps or self.remat_s)
 
     def to_dict(self) -> dict[str, Any]:
-        def num(x: float) -> float | None:
-            return None if math.isnan(x) else x
-
         return {
             "name": self.name,
-            "iteration_time_s": num(self.iteration_time_s),
+            "iteration_time_s": nan_to_none(self.iteration_time_s),
             "iteration_times_s": list(self.iteration_times_s),
             "peak_bytes": self.peak_bytes,
             "stall_s": self.stall_s,
@@ -115,7 +113,7 @@ class JobResult:
             "oom": self.oom,
             "oom_at": list(self.oom_at) if self.oom_at else None,
             "start_s": self.start_s,
-            "end_s": num(self.end_s),
+            "end_s": nan_to_none(self.end_s),
             "departed": self.departed,
             "plan_versions": list(self.plan_versions),
             "plan_changes": [list(x) for x in self.plan_changes],

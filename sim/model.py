@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import simpy
 from memplan.hwmodels.device import DeviceModel
+from memplan.planners.core.lifecycle import Ctx, Do, Event
 from memplan.sim.clock import Clock
 from memplan.sim.copies import CopyEngine
 from memplan.sim.dynamics import Dynamics, SlowLanes
@@ -27,7 +28,7 @@ from memplan.sim.memory import OutOfMemory
 from memplan.sim.pcie import Pcie
 from memplan.sim.recompute import recompute
 from memplan.sim.remat import remake
-from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF, Allocator, Gen, JobState, OomPolicy
+from memplan.sim.state import DEV, OFF, Allocator, Gen, JobState, OomPolicy
 from memplan.sim.stream import ComputeStream
 from simpy.core import EmptySchedule
 
@@ -36,63 +37,23 @@ __all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledge
 
 
 # NOTE [ Event semantics ]
-# Who does what: the job's process (`_job`) walks the ops, triggers plan
-# events (`_trigger`), waits for swap-ins and swap-out deadlines, makes
-# absent inputs present (`_ensure`: recompute, or `CopyEngine.fetch`) and
-# asks the pool for its outputs' bytes (`MemoryPool.get`, which applies the
-# OOM policy). Planned swaps run in processes the `CopyEngine` starts;
-# evictions and fetches run in the process that needs them.
-# - SwapOut: at its trigger the buffer is marked leaving (still usable); after
-#   the delay it queues for the D2H lane; the device memory is freed when the
-#   copy ends. If the buffer already has a valid host copy, no bytes move: the
-#   device copy is dropped when the delay ends (a `discard`; with no delay, at
-#   the trigger, before the next op takes its outputs).
-# - Host copies: a host copy is valid from the end of a D2H copy until an op
-#   writes the buffer (in-place update, optimizer step) or the framework frees
-#   it; a swap-in does not drop it (TENSILE). A copy that overlaps a writing
-#   op at all is stale.
-# - The framework's own free (`Buffer.freed_after`) of a buffer whose swap-out
-#   copy is running takes effect when the copy ends (the copy engine still
-#   reads the memory, as with `record_stream`); the host copy is dropped. If
-#   the copy has not started, the memory is freed at once and the swap-out is
-#   dropped. A buffer that is off the device when the framework frees it just
-#   loses its host copy.
-# - SwapIn: at its trigger the buffer is marked arriving; ops that need it
-#   wait. After the delay it queues for the H2D lane and takes its bytes when
-#   the copy starts (if they do not fit, it lets go of the lane, makes room
-#   under the OOM policy, takes the bytes and queues again). A SwapIn of a
-#   buffer that is on the device does nothing; of a buffer whose swap-out has
-#   not finished, it cancels that swap-out's free (no H2D copy).
-#   The cancelled swap-out's D2H copy still runs, queued or not: the plan
-#   may release the buffer later on the strength of that host copy, as
-#   `planners.core.check` assumes (an eviction the passive net no longer
-#   needs is dropped instead).
-#   `before_op` does not start before the swap-in is done (stall time).
-# - A swap-out's `before_op`, if set, does not start before its process is
-#   over: the copy ended, or it found nothing to copy (stall time; planners
-#   NOTE [ Swap-out deadlines ]). A swap-out that was skipped or discarded at
-#   its trigger sets no wait.
-# - A swap-out whose copy ends while the job's current op uses the buffer, or
-#   of a buffer an op needed while it was leaving, keeps it on the device
-#   (host copy made, memory not freed).
-# - Release frees the device copy at once; of a leaving buffer it undoes a
-#   cancelled free. A Release, SwapOut or SwapIn that finds nothing to act on
-#   is logged as `skip`.
-# - Recompute (on demand, as Capuchin): when `before_op` needs the absent
-#   buffer, the chain's ops re-run on the compute stream, each taking its
-#   latency. Each re-run op allocates its absent outputs when it starts, so
-#   the recomputed buffer's bytes are taken again then; outputs other than
-#   the recomputed buffer are temporaries, freed when the chain ends; writes
-#   to buffers on the device are not redone. A source that is absent is made
-#   present the way an op input is (its own Recompute before the same op,
-#   its swap-in, an on-demand fetch). A temporary, or a source made by its
-#   own Recompute, that the framework had already freed is made again for
-#   the chain only: that life ends with the chain, like a framework free
-#   (NOTE [ Incarnations ]).
-# - An input absent with nothing scheduled is fetched on demand (a passive
-#   swap) if a host copy exists; under `dtr`, one that can be remade is
-#   remade (NOTE [ DTR ] in sim/remat.py); else the plan lost the data:
-#   `SimError` (`planners.core.check` rejects such plans).
+# What an event does to a buffer is `planners.core.lifecycle.step` (its
+# table: tests/semantics/test_lifecycle.py); this model decides when each
+# happens. The job's process (`_job`) walks the ops, triggers plan events
+# (`_trigger`), waits for swap-ins and swap-out deadlines, makes absent
+# inputs present (`_ensure`) and takes its outputs' bytes under the OOM
+# policy. Planned swaps run in processes of their own (`CopyEngine`): a
+# SwapOut's copy queues for the D2H lane after its delay (a discard with no
+# delay happens at the trigger), a SwapIn's for the H2D lane, taking its
+# bytes when it starts (if they do not fit it lets go of the lane, makes
+# room and queues again). `before_op` waits for either (stall time; NOTE [
+# Swap-out deadlines ]). A Recompute runs when `before_op` needs the buffer:
+# the chain's ops re-run on the compute stream, each taking its absent
+# outputs' bytes when it starts; outputs other than the buffer are
+# temporaries freed when the chain ends; absent sources are made present as
+# inputs are. An absent input with nothing scheduled is fetched (a passive
+# swap) from a valid host copy, remade under `dtr` (NOTE [ DTR ]), or lost:
+# `SimError`. The long form: docs/design.md, "What happens to a buffer".
 #
 # NOTE [ Iteration boundary ]
 # Iteration k ends when its last op ends; k+1 starts at once, with no barrier
@@ -111,22 +72,15 @@ __all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledge
 # NOTE [ Incarnations ]
 # A non-persistent buffer lives once per iteration, from its creation to the
 # framework's free; a recompute chain may make a dead one again for a while.
-# Each life is an incarnation, numbered by `JobState.epoch[b]`, which the
-# framework's free (`_framework_free`) bumps, as does the job's stop for
-# every buffer (NOTE [ Stopping a job ]). All per-buffer state is the
-# current incarnation's: the free clears `alive`, `host` and `keep`, and
-# `_create` starts the next life clean. A process that outlives a
-# wait (a delayed swap, a copy queued for or holding a lane, a swap-in, an
-# eviction) captures the epoch when it starts and, after each wait, touches
-# the buffer's state only if the epoch is unchanged -- else it only gives back
-# bytes it took itself. State a process leaves while it runs records the
-# epoch it belongs to, never a bare flag: `copying[b]` is the epoch whose D2H
-# copy holds the lane. With ops much shorter than copies, iteration k's copy
-# of b may still run when iteration k+1 frees its own b, whose swap-out is
-# queued behind it: that b is not being copied, and its bytes are freed at
-# once. A swap-in's `done` event likewise stays its own (`in_ev[b]` is
-# cleared only by the process that set it).
-#
+# Each life is numbered by its epoch (`Buffers.epoch`, planners/core/
+# lifecycle.py), which FREE and STOP bump; all per-buffer state is the
+# current life's. A process that outlives a wait (a delayed swap, a copy on
+# a lane, a swap-in, an eviction) captures the epoch when it starts and,
+# after each wait, moves the buffer only if the epoch is unchanged -- else it
+# gives back only the bytes it took itself. `copying[b]` is the epoch whose
+# D2H copy holds the lane, so iteration k's copy still running when k+1
+# frees its own b leaves that b's bytes free at once; `in_ev[b]` is cleared
+# only by the process that set it.
 # NOTE [ Op durations ]
 # An op lasts what `DeviceModel.op_durations` predicts at usage 0, however
 # many jobs are active. Kernels of different jobs queue FIFO on one compute
@@ -138,26 +92,17 @@ __all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledge
 # NOTE [ Out of memory ] is in sim/memory.py, next to the pools that apply it.
 #
 # NOTE [ Stopping a job ]
-# A job stops when its last iteration ends, or when one of its processes --
-# its own, or a swap-in's -- gets `OutOfMemory` from the pool and calls
-# `GpuModel.stop`. The stop returns the job's memory (the bytes a running
-# copy reads come back when the copy ends), ends every buffer's life (bumps
-# each epoch, NOTE [ Incarnations ], so that another job's process holding
-# one of them -- an eviction -- finds the life over after its wait), and
-# interrupts the job's other processes (`Process.interrupt`): its own and
-# its planned copies still running (`JobState.copy_procs`). What was waiting
-# to start is dropped at once: a delay, a place in the compute or a lane's
-# queue (the request is cancelled), a wait for memory, a stall on a swap-in
-# or a deadline (which logs its `stall_end` then). What has started runs to
-# its end, as on a GPU: a kernel holds the compute stream until it ends
-# (`_hold`), a copy its lane (`Pcie.transfer` hands the interrupt back, to
-# be raised once the copy has put the buffer where it goes; an eviction of
-# another job's buffer completes for that job). Interrupts are events, so
-# two places read `stopped` instead: a copy process started in the instant
-# its job stopped runs its first step before its interrupt lands (it
-# returns at once), and the pool's `changed()` wakes its waiters in one
-# step, so a waiter woken after the process that stopped its job waits for
-# its interrupt rather than take memory (`StallPool.get`).
+# A job stops when its last iteration ends or one of its processes gets
+# `OutOfMemory` (`GpuModel.stop`). Every life ends (STOP: bytes returned, a
+# running copy's when it ends; epochs bumped, so another job's process
+# holding one -- an eviction -- finds it over), and its other processes are
+# interrupted (`JobState.copy_procs`). What waits to start is dropped: a
+# delay, a queued compute or lane request, a wait for memory, a stall (which
+# logs its `stall_end`). What has started runs to its end: a kernel holds the
+# compute stream (`_hold`), a copy its lane (`Pcie.transfer` raises the
+# interrupt once the copy has landed). A copy process started in the instant
+# its job stopped, and a waiter woken by `changed()` after the stop, read
+# `stopped` instead of waiting for their interrupt. Long form: docs/design.md.
 
 
 class GpuModel:
@@ -252,9 +197,9 @@ class GpuModel:
             yield from mem.make_group(s, c.inputs, c.input_bytes, -1, c.inputs[0])
         if c.triggers[0]:
             self._trigger(s, c.triggers[0], it)
-        ops, dur = c.ops, s.dur  # per op: (accs, need, create, create_bytes, writes, frees, after)
-        where, alive, host, keep = s.where, s.alive, s.host, s.keep
-        wcount, deadlines, ready = s.wcount, s.deadlines, s.ready_us
+        ops, dur = c.ops, s.dur  # per op an `OpRow` (sim/job.py), unpacked by position
+        where, created, written = s.where, s.create, s.written
+        deadlines, ready = s.deadlines, s.ready_us
         ledger, scratch = mem.ledger, c.workspace  # NOTE [ Workspaces ] in sim/job.py
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
         touch = mem.touch if mem.dtr else None
@@ -277,9 +222,8 @@ class GpuModel:
                 else:
                     if not mem.fits(cbytes):
                         yield from mem.get(s, cbytes, i, create[0], True)
-                    for b in create:  # `_create`, inline
-                        alive[b] = True
-                        host[b] = keep[b] = False
+                    for b in create:
+                        created(b)
                         take(s, b)
             if scratch is not None and scratch[i]:
                 yield from mem.scratch_for(s, scratch[i], i)
@@ -301,11 +245,8 @@ class GpuModel:
                     compute.cancel(req)
                     raise
             row((env.now, j, it, start, i, -1, -1))
-            for b in writes:  # a copy overlapping the write in any way is stale
-                host[b] = False
-            if s.reading:  # NOTE [ Writes during a copy ] in sim/copies.py
-                for b in writes:
-                    wcount[b] += 1
+            if writes:  # a copy overlapping the write in any way is stale
+                written(writes)
             if not skip_to(env.now + dur[i]):  # NOTE [ Kernels that nothing interleaves ]
                 kernel = env.timeout(dur[i])
                 try:
@@ -318,11 +259,8 @@ class GpuModel:
             if scratch is not None and scratch[i]:
                 mem.drop_scratch(s, scratch[i])
             row((env.now, j, it, end, i, -1, -1))
-            for b in writes:
-                host[b] = False
-            if s.reading:
-                for b in writes:
-                    wcount[b] += 1
+            if writes:
+                written(writes)
             for b in frees:
                 self._framework_free(s, b)
             if after:
@@ -356,23 +294,26 @@ class GpuModel:
 
     def _ensure(self, s: JobState, b: int, i: int) -> Gen:
         """Make buffer `b`, which op `i` needs, usable (NOTE [ Event semantics ])."""
+        c = s.c
         while True:
-            w = s.where[b]
-            if w == DEV:
+            if s.where[b] == DEV:
                 return
-            if w == LEAVING:
-                s.keep[b] = True
+            rc = c.recompute.get((b, i))
+            ctx = Ctx(
+                recompute=rc is not None,
+                remakeable=bool(self.mem.dtr and self.mem.remakeable(s, b, i)),  # NOTE [ DTR ]
+            )
+            do = s.apply(b, Event.NEED, ctx)
+            if do == Do.NONE:  # leaving: it stays
                 return
-            if w == ARRIVING:
+            if do == Do.STALL:
                 yield from self._stall_on(s, s.in_ev[b], i, b)
                 continue
-            c = s.c
-            rc = c.recompute.get((b, i))
-            if rc is not None:
+            if do == Do.RECOMPUTE:
                 yield from recompute(self, s, rc, i)
-            elif s.host[b]:
+            elif do == Do.FETCH:
                 yield from self.copies.fetch(s, b, i)
-            elif self.mem.dtr and self.mem.remakeable(s, b, i):  # NOTE [ DTR ]
+            elif do == Do.REMAKE_CHAIN:
                 yield from remake(self, s, b, i)
             else:
                 raise SimError(
@@ -384,26 +325,16 @@ class GpuModel:
                 raise RuntimeError(f"buffer {b} still absent after being made present")
 
     # ---- buffers ---------------------------------------------------------------------
-    def _create(self, s: JobState, b: int) -> None:
-        """A new incarnation of `b`: alive, no host copy, on the device (the
-        pool files it by that state)."""
-        s.alive[b] = True
-        s.host[b] = s.keep[b] = False
-        self.mem.take(s, b)
-
     def _framework_free(self, s: JobState, b: int) -> None:
-        """End this incarnation of `b` (NOTE [ Incarnations ])."""
-        w, ep = s.where[b], s.epoch[b]
-        s.alive[b] = s.host[b] = s.keep[b] = False
-        s.epoch[b] = ep + 1  # pending events for this incarnation of `b` are void
-        # A copy that is running for *this* incarnation still reads the bytes
-        # and returns them when it ends; a copy of an earlier one (still on
-        # the lane, ahead of this one's queued swap-out) does not own them.
-        if w == DEV or (w == LEAVING and s.copying[b] != ep):
+        """End this incarnation of `b` (NOTE [ Incarnations ]). A copy running
+        for *this* incarnation still reads the bytes and returns them when it
+        ends; a copy of an earlier one (still on the lane, ahead of this one's
+        queued swap-out) does not own them."""
+        do = s.free(b)
+        if do == Do.DROP:
             self.mem.drop(s, b)
-        elif w == LEAVING and self.mem.ledger:  # its copy still reads the bytes
-            self.mem.detach(s, b)
-        s.where[b] = OFF
+        elif do:
+            self.mem.act(s, b, do)
         if s.n_parked and s.parked[b]:
             self.mem.unpark(s, b)
 
@@ -417,13 +348,9 @@ class GpuModel:
             self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.OOM, oom.op, oom.buffer))
         s.stopped = True
         s.end_us = env.now
-        copying, epoch = s.copying, s.epoch
-        for b, w in enumerate(s.where):
-            if w == DEV or (w == LEAVING and copying[b] != epoch[b]):
-                self.mem.drop(s, b)
-            elif w == LEAVING and self.mem.ledger:
-                self.mem.detach(s, b)
-            epoch[b] += 1  # every life ends with the job
+        act = self.mem.act
+        for b, do in s.end_all():  # every life ends with the job
+            act(s, b, do)
         self.mem.end_job(s)
         active = env.active_process
         if self.dyn is not None:
@@ -434,29 +361,18 @@ class GpuModel:
 
     # ---- plan events -------------------------------------------------------------------
     def _trigger(self, s: JobState, events: tuple, it: int) -> None:
-        env, log, where, mem = self.env, self.log.append, s.where, self.mem
+        env, log, mem = self.env, self.log.append, self.mem
         j = s.c.index
-        for code, b, delay, before, next_it, _e, after in events:
-            w = where[b]
+        for code, b, delay, before, next_it, _e, after in events:  # `Trigger`s
             if code == REL:
-                if w == DEV and s.alive[b]:
-                    mem.drop(s, b)
-                    log(LogEntry(env.now, j, it, K.RELEASE, after, b))
-                elif w == LEAVING:
-                    s.keep[b] = False
-                    log(LogEntry(env.now, j, it, K.RELEASE, after, b))
-                else:
-                    log(LogEntry(env.now, j, it, K.SKIP, after, b))
+                do = s.apply(b, Event.RELEASE)
+                mem.act(s, b, do)
+                kind = K.RELEASE if do & Do.RELEASED else K.SKIP
+                log(LogEntry(env.now, j, it, kind, after, b))
             elif code == OUT:
-                if w == DEV and s.alive[b] and not delay and s.host[b]:
-                    # a discard without a delay is done here: a process would
-                    # drop the copy only after the next op took its outputs,
-                    # at the same instant, and the peak would count both
-                    mem.drop(s, b)
-                    log(LogEntry(env.now, j, it, K.DISCARD, after, b))
-                elif w == DEV and s.alive[b]:
-                    mem.leave(s, b)
-                    s.keep[b] = False
+                do = s.apply(b, Event.SWAP_OUT, Ctx(delayed=bool(delay)))
+                if do & Do.COPY_D2H:
+                    mem.act(s, b, do)
                     mem.add_pending_out(s.c.nbytes[b])
                     over = None
                     if before >= 0:  # NOTE [ Swap-out deadlines ] in planners/core/plan.py
@@ -464,19 +380,22 @@ class GpuModel:
                         s.deadlines.setdefault((it, before), []).append((b, over))
                     self.copies.swap_out(s, b, delay, after, over)
                 else:
-                    log(LogEntry(env.now, j, it, K.SKIP, after, b))
+                    # a discard without a delay is done here: a process would
+                    # drop the copy only after the next op took its outputs,
+                    # at the same instant, and the peak would count both
+                    mem.act(s, b, do)
+                    kind = K.DISCARD if do & Do.DISCARD else K.SKIP
+                    log(LogEntry(env.now, j, it, kind, after, b))
             elif code == IN:
                 target = it + 1 if next_it else it
                 if target >= s.c.iterations:
                     continue  # serves an iteration that will not run
-                if w == ARRIVING:
+                do = s.apply(b, Event.SWAP_IN)
+                if do == Do.JOIN:
                     s.deadlines.setdefault((target, before), []).append((b, s.in_ev[b]))
-                elif w == OFF and s.alive[b] and s.host[b]:
-                    where[b] = ARRIVING
+                elif do == Do.COPY_H2D:
                     done = s.in_ev[b] = env.event()
                     s.deadlines.setdefault((target, before), []).append((b, done))
                     self.copies.swap_in(s, b, delay, after, done)
                 else:
-                    if w == LEAVING:
-                        s.keep[b] = True
                     log(LogEntry(env.now, j, it, K.SKIP, after, b))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
+from memplan.planners.core.lifecycle import Event
 from memplan.sim.log import LogEntry, LogKind
 from memplan.sim.state import DEV, OFF, Gen, JobState
 
@@ -37,7 +38,7 @@ def recompute(model: GpuModel, s: JobState, rc: tuple, i: int) -> Gen:
         if not alive[w]:  # freed earlier and made again for the chain: that
             model._framework_free(s, w)  # life ends here (NOTE [ Incarnations ])
         elif where[w] == DEV:
-            model.mem.drop(s, w)
+            model.mem.act(s, w, s.apply(w, Event.DROP))
     for _k, srcs in chain:  # a freed source, made again by its own Recompute
         for src in srcs:
             if not alive[src]:

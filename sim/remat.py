@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from memplan.hwmodels.device import Direction, TimeUnit
+from memplan.planners.core.lifecycle import Event
 from memplan.planners.core.semantics import OpTable
 from memplan.sim.errors import SimError
 from memplan.sim.job import REL, CompiledJob
@@ -24,78 +25,20 @@ if TYPE_CHECKING:
     from memplan.sim.pcie import Pcie
 
 # NOTE [ DTR ]
-# The `dtr` OOM policy (Kirisame et al., ICLR 2021, applied to the shared
-# pool): when an allocation does not fit, evict the resident buffer -- of any
-# job, not used by its job's current op (`JobState.pinned`), no copy of it
-# running, not empty -- with the least h = c / (m * s); repeat until it fits;
-# with nothing to evict, behave as `stall` (NOTE [ Out of memory ]). m is its
-# bytes, s the microseconds since its last use (an op start that accesses it,
-# a re-run op's start included; its allocation; the end of a swap-in), at
-# least `STALENESS_EPS_US`, and c the microseconds it costs to have it back,
-# by how it is evicted:
-# - host copy valid (a swap-out ran, nothing wrote it since): the device copy
-#   is dropped (`discard`, no bytes move), and an op that needs it fetches it
-#   on demand (`CopyEngine.fetch`); c = its H2D copy time.
-# - droppable (below): the device copy is dropped (`drop`, no lane, no
-#   time); an op that needs it re-runs its producer first (`remake`); c = the
-#   producer's duration plus DTR's evicted neighbourhood e*: the costs of the
-#   absent buffers that remaking it needs first, recursively (an absent input
-#   with a host copy, or arriving, costs its fetch and ends the walk), each
-#   buffer and each producer counted once. Only ancestors count: an evicted
-#   consumer does not make it dearer (DTR's e* also adds evicted children;
-#   the brief of issue 16 asks for the ancestors).
-# - anything else (persistent buffers, inputs, buffers written in place, RNG
-#   outputs, buffers whose inputs change before they die, buffers made again
-#   for a recompute chain only): a synchronous swap-out on the lane, as
-#   `passive` evicts; c = its D2H + H2D copy times.
-# Ties in h go to the lower job, then the staler buffer, then the lower id.
-# So `dtr` can evict every buffer `passive` can: it never runs out of memory
-# for want of a victim where `passive` has one. A remake needs its producer's
-# inputs and outputs on the device at once where a fetch needs the buffer
-# alone, so a budget barely above an op's own needs can still stop `dtr`
-# where `passive` goes on (none of the shipped traces, vanilla or
-# release_only, at 10..95% of its liveness peak: either both run or both
-# run out).
-#
-# Remakeable (`RematTable`, per job and plan, before the run). Buffer x
-# created by op p can be remade by re-running p alone if p is pure: it
-# consumes no RNG, every buffer it writes is created by it (no in-place write,
-# so nothing persistent), and it reads none of them. A remake before op q
-# also needs p's inputs to hold the values p read: `limit[x]` is the last q
-# for which that is guaranteed, whatever the pool evicts meanwhile:
-#   limit[x] = min(first op after p writing x or an input of p,
-#                  over inputs z of p: avail(z, p)),
-#   avail(z, p) = no bound if z is persistent (resident, or off with a host
-#                 copy: its writes are the first term); else min(freed_after
-#                 [z], the first plan Release of z after p or at p) -- while
-#                 alive and not released, z is on the device or has a host
-#                 copy, as the pool only drops droppable buffers -- raised to
-#                 limit[z] if z is remakeable itself (recursively).
-# x is droppable iff limit[x] >= freed_after[x]: it can be remade for every op
-# that may need it while it lives (an op's access, a plan recompute reading
-# it). A dead input z is made again for the remake only; that life ends when
-# the remake ends, as a plan's recompute does with a dead source (NOTE
-# [ Incarnations ]).
-#
-# Remaking (`remake`, from `GpuModel._ensure` when an op or a plan's
-# Recompute needs an absent buffer with no plan Recompute for that op and no
-# host copy): depth first over the absent inputs, iteratively (no recursion
-# limit on long evicted runs); a plan Recompute, a swap-in or a host copy of
-# an input is used as `_ensure` uses it. While a producer's inputs are being
-# made, its accesses are pinned. Each producer re-runs on the compute stream
-# for its duration, logged `recompute_start`/`recompute_end` (op = the
-# producer, buffer = what it remakes), counted in `recompute_s` and
-# `remat_s`; its absent outputs take their bytes when it starts. Outputs
-# already on the device are not rewritten (as a plan's Recompute); an absent
-# sibling output that the pool dropped (alive, no host copy, remakeable now)
-# stays on the device, rematerialised together; any other absent sibling is
-# a temporary, freed when the remake ends.
-#
-# Plan events meet dropped buffers as absent ones (NOTE [ Event semantics ]):
-# a SwapOut or Release of one is a `skip`, a SwapIn finds no host copy and is
-# a `skip` too, and the op that needs it remakes it -- unless the plan has a
-# Recompute of it for that op, which runs instead. Plan Recomputes re-run as
-# before; a source of theirs that the pool dropped is remade.
+# The `dtr` OOM policy (Kirisame et al., ICLR 2021, on the shared pool): until an allocation
+# fits, evict, of all jobs' resident non-empty buffers that no copy moves and their job's current
+# op does not pin (`JobState.pinned`), the one with the least h = c / (m * s) (ties: the lower
+# job, the staler buffer, the lower id); with none, act as `stall` (NOTE [ Out of memory ]).
+# m: its bytes; s: us since its last use (an op or remake start accessing it, its allocation,
+# a swap-in's end), >= `STALENESS_EPS_US`; c: what having it back costs, by how it is evicted:
+# - a valid host copy: `discard`, fetched on demand (`CopyEngine.fetch`); c = its H2D time;
+# - droppable (`RematTable`: remade by re-running its pure producer, valid while it lives):
+#   `drop`, remade by `remake`; c = the producer's time plus e*, its absent ancestors' costs
+#   (each buffer and producer once; evicted children are not counted, as issue 16 asks);
+# - else a synchronous swap-out on the lane, as `passive` evicts; c = its D2H + H2D times.
+# Plan events meet dropped buffers as absent ones (a `skip`), and a plan Recompute of one for
+# the op that needs it runs instead of a remake; a plan's dropped source is remade.
+# Remakeable: `RematTable`; remaking: `remake`. Full text: docs/notes.md, "DTR".
 
 STALENESS_EPS_US = 1e-3  # s never below 1 ns: h stays finite at s = 0
 ABSENT = (OFF, ARRIVING)  # what a neighbourhood walk counts
@@ -108,7 +51,18 @@ class RematTable:
     remake is valid (NOTE [ DTR ]), `droppable`, `inputs` (what `prod` reads),
     and costs in microseconds: `redo` (the producer's duration), `fetch` (H2D
     copy), `swap` (D2H + H2D copy); `*_pb` the same per byte (0 for an empty
-    buffer)."""
+    buffer).
+
+    Buffer x created by op p is remakeable if p is pure: it consumes no RNG,
+    every buffer it writes is created by it, and it reads none of them.
+    `limit[x]`, the last op before which p's inputs surely hold the values p
+    read whatever the pool evicts, is the least of the first op after p
+    writing x or an input of p and, per input z of p, avail(z, p): no bound
+    if z is persistent (its writes are the first term), else the lesser of
+    `freed_after[z]` and the first plan Release of z at or after p, raised to
+    `limit[z]` if z is remakeable itself. x is droppable iff `limit[x]` >=
+    `freed_after[x]`: it can be remade for every op that may need it while it
+    lives."""
 
     __slots__ = (
         "prod",
@@ -130,8 +84,8 @@ class RematTable:
         released: dict[int, list[int]] = {}  # buffer -> after_op of its releases, ascending
         for group in c.triggers:
             for ev in group:
-                if ev[0] == REL:
-                    released.setdefault(ev[1], []).append(ev[6])
+                if ev.code == REL:
+                    released.setdefault(ev.buffer, []).append(ev.after_op)
         unloaded = set(t.exists_at_start.nonzero()[0].tolist()) - set(c.inputs) - set(c.persistent)
         prod, limit = [-1] * nb, [-1] * nb
         inputs: list[tuple[int, ...]] = [()] * nb
@@ -237,7 +191,16 @@ def _pure_ops(t: Trace) -> tuple[list[tuple], list[int], list[bool]]:
 
 def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
     """Make absent `b` (remakeable before op `i`) present for op `i` by
-    re-running producers, its absent inputs first (NOTE [ DTR ])."""
+    re-running producers, its absent inputs first (NOTE [ DTR ]): depth first,
+    iteratively; a plan Recompute, a swap-in or a host copy of an input is
+    used as `_ensure` uses it, and a producer's accesses are pinned while its
+    inputs are made. Each producer re-runs on the compute stream for its
+    duration (logged `recompute_start`/`recompute_end`, counted in
+    `recompute_s` and `remat_s`); its absent outputs take their bytes when it
+    starts, and outputs already on the device are not rewritten. An absent
+    sibling output the pool dropped (alive, no host copy, remakeable now)
+    stays on the device; any other absent sibling, and a dead input made
+    again for this remake only, is freed when the remake ends."""
     c, mem = s.c, model.mem
     table: RematTable = mem.tables[c.index]
     where, host, alive = s.where, s.host, s.alive
@@ -275,7 +238,7 @@ def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
             yield from mem.get(s, nbytes, i, x, True)
             outs = [w for w in outs if where[w] == OFF]  # as they are after the wait
         for w in outs:
-            mem.take(s, w)
+            mem.act(s, w, s.apply(w, Event.REMAKE))
             if w == x:
                 if w != b and not alive[w]:
                     done[w] = None
@@ -288,4 +251,4 @@ def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
         if not alive[w]:  # that life ends with the remake (NOTE [ Incarnations ])
             model._framework_free(s, w)
         elif where[w] == DEV:
-            mem.drop(s, w)
+            mem.act(s, w, s.apply(w, Event.DROP))

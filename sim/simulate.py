@@ -148,19 +148,17 @@ def _windows(windows: Sequence[LaneSlowdown]) -> tuple[LaneSlowdown, ...]:
 
 # NOTE [ The memory a GPU really uses ]
 # `allocator` picks the model of device memory (`Allocator`):
-# - exact: tensor bytes, each buffer exactly its size, nothing else unless a
-#   context reserve is asked for -- the model planners and papers count in,
-#   and memplan's default, so figures stay comparable.
-# - caching: what a PyTorch process holds on a real GPU: each job's CUDA
-#   context (NOTE [ Context reserve ]), op workspaces (NOTE [ Workspaces ]
-#   in hwmodels/device.py), and every buffer a block of its job's caching
-#   allocator (NOTE [ The caching allocator ] in sim/allocator.py). The
-#   reserved segments and the contexts meet the budget: an allocation whose
-#   new segment does not fit is out of memory (or calls the safety net)
-#   even when the tensor bytes would fit. Outputs of an op are allocated
-#   one by one, as PyTorch does.
-# - smartpool: contexts and workspaces as with caching, each job's buffers
-#   in one pool laid out offline (NOTE [ SmartPool in the simulator ]).
+# - exact: tensor bytes, each buffer exactly its size, nothing else unless a context reserve
+#   is asked for -- the model planners and papers count in, and memplan's default, so figures
+#   stay comparable.
+# - caching: what a PyTorch process holds on a real GPU: each job's CUDA context
+#   (NOTE [ Context reserve ]), op workspaces (NOTE [ Workspaces ] in hwmodels/device.py), and
+#   every buffer a block of its job's caching allocator (NOTE [ The caching allocator ] in
+#   sim/allocator.py). The reserved segments and the contexts meet the budget: an allocation
+#   whose new segment does not fit is out of memory (or calls the safety net) even when the
+#   tensor bytes would fit. Outputs of an op are allocated one by one, as PyTorch does.
+# - smartpool: contexts and workspaces as with caching, each job's buffers in one pool laid
+#   out offline (NOTE [ SmartPool in the simulator ]).
 #
 # NOTE [ Context reserve ]
 # A job is a process of its own (NOTE [ One process per job ] in
@@ -207,28 +205,16 @@ def context_bytes(hw: Hardware, allocator: Allocator | str, reserve: int | None)
 
 
 # NOTE [ Garbage collection in simulate ]
-# A simulation allocates many objects that live for the whole run (log
-# entries, memory samples, SimPy events), so CPython's cyclic collector runs
-# often during it, and each collection of the older generations walks every
-# tracked object alive: the caller's traces, plans and compiled jobs, and
-# the run's own log, which grow with the trace. Measured on densenet121
-# (4130 ops) x 4 jobs x 3 iterations: 630-1900 ms with the collector as is,
-# 360-420 ms with the caller's objects frozen (`gc.freeze`); on a 30k-op
-# synthetic step, 198k events/s with them frozen and 241-245k with the
-# collector off during the run, at the same peak resident memory (393 MB:
-# the run makes almost no cyclic garbage; its objects die with the model,
-# by reference count or in the collection that follows). `simulate`
-# therefore pauses the collector for the run and restores it after
-# (benchmarks/sim.py prints events per second from 1k to 30k ops).
-# What the run leaves behind matters too. The model is a reference cycle
-# (SimPy's environment, the pool's and the copy engine's `model`), so it
-# was freed only by the next collection, which then walked its per-buffer
-# lists, compiled tables and log: 7.7 ms a collection, one every 15 calls
-# on a 1k-op step. `GpuModel.close` lets go of all that once the result is
-# built, so it goes by reference count and the cycle left is a few small
-# objects; and the log and samples are flat lists, not an object per entry
-# (NOTE [ A flat log ] in sim/log.py), so a result the caller keeps
-# adds one object to walk, not one per entry.
+# A run allocates many objects that live for all of it (log entries, samples, SimPy events), so
+# CPython's cyclic collector runs often, and each collection of the older generations walks
+# every tracked object alive: the caller's traces, plans and compiled jobs, and the growing
+# log. The run makes almost no cyclic garbage, so `simulate` pauses the collector for the run
+# and restores it after (benchmarks/sim.py prints events per second from 1k to 30k ops). The
+# model is a reference cycle (SimPy's environment, the pool's and copy engine's `model`), so
+# `GpuModel.close` lets go of its per-buffer lists, compiled tables and log once the result is
+# built and they go by reference count; and the log and samples are flat lists
+# (NOTE [ A flat log ] in sim/log.py): a result the caller keeps is one object to walk.
+# Measurements: docs/notes.md, "Garbage collection in simulate".
 
 
 @contextlib.contextmanager

@@ -28,36 +28,20 @@ from memplan.sim.state import Allocator
 from memplan.traces.io import atomic_write_bytes
 
 # NOTE [ Snapshot format ]
-# What `snapshot` writes, as `torch.cuda.memory._snapshot()` documents it
-# (torch/cuda/memory.py) and as torch/utils/viz/MemoryViz.js reads it:
-# - `segments`: the state at the snapshot's time (NOTE [ Snapshot time ]),
-#   each with `device` 0, `address`, `total_size`, `stream`, `segment_type`
-#   (small up to 1 MiB, else large), `allocated_size`, `active_size`,
-#   `requested_size`, `segment_pool_id` (0, 0), and `blocks` in address order
-#   covering the segment: `size`, `requested_size`, `state`
-#   ("active_allocated" or "inactive"), `frames`.
-# - `device_traces[0]`: one entry per allocator action, in time order:
-#   `segment_alloc`, `alloc`, `free_requested` + `free_completed` (at the
-#   same time: the simulator frees at once), `segment_free`, and `oom` for a
-#   job that ran out of memory (`size` = the first buffer of the allocation
-#   that failed, `device_free` = the budget less the bytes allocated then).
-#   Each has `addr`, `size` (the bytes the buffer asked for, as PyTorch
-#   records the requested size), `stream`, `time_us` (simulated time, whole
-#   microseconds) and `frames`.
-# - Jobs are told apart by stream: job j allocates on stream j (one job: all
-#   on stream 0, which the viewer leaves unprinted), and by the outermost
-#   frame, which names the job.
-# - `frames`, innermost first, as the viewer prints `filename:line:name`:
-#   `<op target>:<op index>:<why> <buffer>` (why: create, input, persistent,
-#   swap_in, fetch, recompute, or workspace for bytes that are no buffer of
-#   the trace), then `<module path>:<op index>:<phase>` when the op names
-#   its module, then `job <j> <name>:<iteration>:iteration <iteration>`.
-#   The viewer drops frames whose name holds `_start`; none of these do.
-# - `memplan`: what wrote it (hardware, budget, allocator, jobs); the viewer
-#   and torch's tools ignore keys they do not know.
-# The pickle uses protocol 4 and only plain dicts, lists, tuples, str, int,
-# float, bool and None: the viewer's own unpickler (`unpickle` in
-# MemoryViz.js) knows protocols 2 to 4 and no classes.
+# What `snapshot` writes, as `torch.cuda.memory._snapshot()` documents it and MemoryViz.js reads:
+# - `segments`, the state at the snapshot's time (NOTE [ Snapshot time ]): `device` 0, `address`,
+#   `total_size`, `stream`, `segment_type` (small up to 1 MiB), `allocated_size`, `active_size`,
+#   `requested_size`, `segment_pool_id` (0, 0), and `blocks` covering it in address order
+#   (`size`, `requested_size`, `state` "active_allocated" or "inactive", `frames`);
+# - `device_traces[0]`, per allocator action in time order: `segment_alloc`, `alloc`,
+#   `free_requested` + `free_completed` (at one time), `segment_free`, `oom` (`size`: the failed
+#   allocation's first buffer, `device_free`: the budget less the bytes allocated), each with
+#   `addr`, `size` (requested bytes), `stream`, `time_us` (simulated, whole us), `frames`;
+# - job j allocates on stream j; `frames`, innermost first: `<op target>:<op index>:<why>
+#   <buffer>` (create, input, persistent, swap_in, fetch, recompute, workspace), `<module
+#   path>:<op index>:<phase>` if the op names its module, `job <j> <name>:<iteration>:iteration
+#   <iteration>`; none holds `_start`. `memplan`: what wrote it. Pickle protocol 4, plain types.
+# Full text: docs/notes.md, "Snapshot format".
 PICKLE_PROTOCOL = 4
 SMALL_SEGMENT = 1 << 20  # PyTorch's small pool: requests up to 1 MiB
 
@@ -91,34 +75,19 @@ class Layout(Protocol):
 
 # NOTE [ Snapshot layout ]
 # Addresses of a snapshot, per memory model of the simulation (`layout_for`):
-# - `exact` counts bytes, not addresses, so its snapshot needs an invented
-#   layout. `DirectLayout` is what PyTorch does with its cache turned off
-#   (PYTORCH_NO_CUDA_MEMORY_CACHING=1): every allocation is a segment of its
-#   own, mapped at `alloc` and returned at the free, so reserved equals
-#   allocated at every instant, as the `exact` model counts. Addresses are
-#   512-byte aligned in one address range: a free range is reused by the
-#   next allocation of the same aligned size, else the range grows.
-# - `caching`: `CachingLayout` replays the allocations and frees of each job
-#   through its own `CachingAllocator` (sim/allocator.py), as the simulator
-#   did, with its rules (NOTE [ One process per job ] in sim/ledger.py): a
-#   new segment that does not fit the budget less the contexts first makes
-#   every job's cache return its free segments, and a job that leaves
-#   returns all of its own. The allocator's segments and blocks are the
-#   snapshot's; a job's addresses are its allocator's, moved to a range of
-#   its own. The blocks are the simulator's own, call for call, as long as
-#   the allocations and frees come in its order
-#   (NOTE [ Which buffer a memory change is ], NOTE [ Copies in flight ]);
-#   the one order not recovered is that of the buffers one DTR remake frees
-#   at its end, so under `dtr` addresses may differ (reserved peaks were
-#   equal in every run measured: bert_base and resnet50 x 2 at 45-50% of
-#   the vanilla peak, six planners each).
-# - `smartpool`: `SmartPoolLayout` lays out each job's lifetimes offline
-#   (sim/smartpool.py, as the simulator does): the job's pool is one segment
-#   of its footprint, mapped at its first allocation and returned when it
-#   leaves, and each allocation sits at its offset. A job whose pool the
-#   simulator did not admit (NOTE [ SmartPool in the simulator ] in
-#   sim/simulate.py) allocates nothing: an `oom` of its pool and context at
-#   its arrival stands for it.
+# - `exact` counts bytes, not addresses. `DirectLayout` does what PyTorch does with its cache
+#   off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): each allocation a segment of its own, mapped at
+#   `alloc` and returned at the free (reserved = allocated), 512-byte aligned in one range; a
+#   free range is reused by the next allocation of its aligned size, else the range grows.
+# - `caching`: `CachingLayout` replays each job's allocations and frees through its own
+#   `CachingAllocator` with the simulator's rules (NOTE [ One process per job ] in
+#   sim/ledger.py), each job's addresses moved to a range of its own. The blocks are the
+#   simulator's while the calls come in its order (NOTE [ Which buffer a memory change is ],
+#   NOTE [ Copies in flight ]); under `dtr` what one remake frees may come in another order.
+# - `smartpool`: `SmartPoolLayout` lays out each job's lifetimes offline (sim/smartpool.py),
+#   one segment of its footprint from its first allocation until it leaves. A job whose pool
+#   was not admitted (NOTE [ SmartPool in the simulator ] in sim/simulate.py) has an `oom`.
+# Full text: docs/notes.md, "Snapshot layout".
 ALIGN = 512
 BASE_ADDRESS = 0x7F0000000000  # looks like a device pointer
 JOB_RANGE = 1 << 40  # the address range of each job under caching and smartpool

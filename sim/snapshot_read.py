@@ -31,29 +31,19 @@ class SnapshotError(SimError):
 
 
 # NOTE [ Reading a snapshot ]
-# A snapshot is a pickle, and unpickling runs whatever code the file names:
-# the reader's `Unpickler` refuses every class and function (`find_class`),
-# so only plain dicts, lists, tuples, str, bytes, int, float, bool and None
-# come out, which is all a snapshot holds; a file that names any is refused
-# in one line, nothing of it run. The file is bounded like a memplan JSON
-# file (NOTE [ File sizes ] in traces/io.py: `MAX_SNAPSHOT_BYTES`); a pickle
-# cannot repeat data, so what it builds is a small multiple of its size
-# (lists of shared references: pointers per reference byte). Then every
-# field the reader uses is checked where it is read, by traces/fields.py
-# (`device_traces[0][12].size: expected an integer, got "x"`); fields it
-# does not use may hold anything. A list alone is the segments of an old
-# snapshot, as torch's `_memory_viz` reads it.
-#
-# The bytes over time come from replaying the trace backwards from the
-# state at the end, as memory_viz does: the end is known whole (the
-# segments), while the trace may start after memory was allocated (history
-# recorded late, or the ring buffer of `max_entries` wrapped). Allocated
-# bytes are the requested sizes PyTorch records in the trace (`alloc` adds,
-# `free_completed` takes away) and the requested sizes of the blocks still
-# active at the end; reserved bytes are the segments (`segment_alloc` /
-# `segment_map` add, `segment_free` / `segment_unmap` take away). A trace
-# that takes away more than the end state can have held is inconsistent;
-# the result says so (`consistent`).
+# Unpickling runs whatever code the file names, so the reader's `Unpickler` refuses every class
+# and function (`find_class`): only plain dicts, lists, tuples, str, bytes, int, float, bool and
+# None come out, all a snapshot holds; a file naming any is refused in one line, nothing run.
+# The file is bounded like a JSON file (NOTE [ File sizes ] in traces/io.py), and a pickle
+# cannot repeat data, so what it builds is a small multiple of it. Every field the reader uses
+# is checked where it is read, by traces/fields.py; unused fields may hold anything. A list
+# alone is an old snapshot's segments, as torch's `_memory_viz` reads it.
+# Bytes over time replay the trace backwards from the state at the end, as memory_viz does (the
+# trace may start late or have wrapped): allocated = requested sizes (`alloc` adds,
+# `free_completed` takes away) and the blocks active at the end; reserved = segments
+# (`segment_alloc`, `segment_map` add; `segment_free`, `segment_unmap` take away). A trace that
+# takes away more than the end state can have held is inconsistent (`consistent` says so).
+# Full text: docs/notes.md, "Reading a snapshot".
 MAX_SNAPSHOT_BYTES = MAX_JSON_BYTES
 _ADDS = {"alloc": (1, 0), "free_completed": (-1, 0), "segment_alloc": (0, 1),
          "segment_map": (0, 1), "segment_free": (0, -1), "segment_unmap": (0, -1)}  # fmt: skip

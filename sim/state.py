@@ -1,7 +1,7 @@
-"""Run-time state of the model: where each buffer is, per job.
-
-Per-buffer fields are plain lists indexed by buffer id (the hot loop reads
-them once per op); see NOTE [ Event semantics ] in `sim/model.py`.
+"""Run-time state of the model, per job: its buffers (a `Buffers` store:
+where each is and the flags of its life, written only by the transition
+function's drivers in `planners/core/lifecycle.py`), its processes and
+counters. See NOTE [ Event semantics ] in `sim/model.py`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from collections.abc import Generator
 from typing import Any
 
 import simpy
+from memplan.planners.core.lifecycle import ARRIVING, DEV, LEAVING, OFF, Buffers
 from memplan.sim.job import CompiledJob
 
 Gen = Generator[simpy.Event, Any, Any]
 
-# Where a buffer is. OFF: not on the device. DEV: on the device and usable.
-# LEAVING: on the device, a swap-out triggered (its process owns the memory).
-# ARRIVING: a swap-in triggered, not usable yet (its process owns any memory).
-OFF, DEV, LEAVING, ARRIVING = 0, 1, 2, 3
+__all__ = ["ARRIVING", "DEV", "LEAVING", "OFF", "Allocator", "Gen", "JobState", "OomPolicy"]
 
 
 class OomPolicy(enum.Enum):
@@ -38,25 +36,14 @@ class Allocator(enum.Enum):
     SMARTPOOL = "smartpool"
 
 
-class JobState:
-    """The run-time state of one job: per-buffer lists, its processes and
-    counters."""
+class JobState(Buffers):
+    """The run-time state of one job: its buffers (`Buffers`), its processes
+    and counters."""
 
     def __init__(self, c: CompiledJob):
         nb = len(c.nbytes)
+        super().__init__(nb)
         self.c = c
-        self.where = [OFF] * nb
-        self.alive = [False] * nb
-        self.host = [False] * nb
-        self.keep = [False] * nb
-        # NOTE [ Incarnations ]: epoch[b] numbers b's lives (the framework's
-        # free starts the next; the job's end ends them all); copying[b] is
-        # the epoch of the life whose D2H copy is running, -1 if none -- never
-        # a bare flag, which would outlive the life it was set for.
-        self.epoch = [0] * nb
-        self.copying = [-1] * nb
-        self.wcount = [0] * nb
-        self.reading = 0  # D2H copies reading a buffer now (NOTE [ Writes during a copy ])
         self.in_ev: dict[int, simpy.Event] = {}
         self.pinned: tuple[int, ...] = ()
         self.deadlines: dict[tuple[int, int], list[tuple[int, simpy.Event]]] = {}

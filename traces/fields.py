@@ -27,6 +27,17 @@ INT64_MAX = 2**63 - 1
 MAX_DEPTH = 64  # deepest nesting any memplan document needs is well below
 
 
+# ---- writing: numbers JSON can hold ---------------------------------------------------
+def nan_to_none(x: float | None) -> float | None:
+    """`x`, or None for NaN (a figure not measured: JSON's null)."""
+    return None if x is None or math.isnan(x) else x
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """`x`, or None where it is not finite (JSON has no NaN or infinity)."""
+    return None if x is None or not math.isfinite(x) else x
+
+
 def shown(value: Any, limit: int = 40) -> str:
     """`value` as JSON, cut to `limit` characters, safe to print."""
     try:

@@ -78,22 +78,15 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 # NOTE [ Trace sanity ranges ]
-# A trace file is refused, not run, when its figures cannot describe a
-# training step on real hardware or would break the arithmetic downstream:
-# - bytes: every buffer's `nbytes` and every op's `workspace_bytes` is at most
-#   MAX_TRACE_BYTES = 2**62 (4 EiB), and so is the sum of all buffers. Memory
-#   curves, pools and peaks are int64 sums of these (numpy wraps silently
-#   past 2**63), and the sum of the buffers plus one workspace stays below
-#   2**63 however they are added up.
-# - time: one op's measured `duration_us` is at most a day (MAX_OP_US). A
-#   kernel that long is a capture error; longer ones add up to iterations
-#   whose times are too coarse in float64 microseconds to schedule copies in.
-# - work: one op's `flops` is at most MAX_OP_FLOPS = 10**20, a day at about
-#   1.16 PFLOP/s; far beyond any single kernel (a 65536^3 matmul is 5.6e14),
-#   and predicted times from it stay finite on any profile the loader takes.
-# Times that still come out non-finite (a latency model or profile gone
-# wrong) are an error where they are computed: the simulator's makespan, the
-# planners' lane circles.
+# A trace file is refused when its figures cannot describe a training step on real hardware
+# or would break the arithmetic downstream:
+# - bytes: every buffer's `nbytes`, every op's `workspace_bytes` and the sum of all buffers
+#   are at most MAX_TRACE_BYTES = 2**62, so int64 sums (numpy wraps past 2**63) stay exact;
+# - time: one op's `duration_us` is at most a day (MAX_OP_US), beyond any real kernel;
+# - work: one op's `flops` is at most MAX_OP_FLOPS = 10**20 (a day at about 1.16 PFLOP/s;
+#   a 65536^3 matmul is 5.6e14), so predicted times stay finite.
+# Times that still come out non-finite are an error where they are computed (the
+# simulator's makespan, the planners' lane circles). Full text: docs/notes.md.
 MAX_TRACE_BYTES = 2**62
 MAX_OP_US = 86_400e6
 MAX_OP_FLOPS = 10**20

@@ -40,28 +40,19 @@ _INT = re.compile(r"[+-]?\d+")
 
 
 # NOTE [ Optimizer defaults ]
-# memplan builds `torch.optim.<Name>(params, **kwargs)` with these defaults
-# under what the user gives (theirs always win):
-# - `lr`: `CaptureOptions.lr` (1e-3). Memory does not depend on it.
-# - `foreach`, unless `foreach` or `fused=True` is given, is torch's default
-#   for the device the trace describes (torch/optim/optimizer.py
-#   `_default_to_fused_or_foreach`, called when neither flag is given): True
-#   on CUDA (a cuda capture, or meta for a cuda target), where the step runs
-#   multi-tensor `_foreach_*` ops over every parameter at once, with their
-#   temporaries; False on cpu, which is not a foreach device, and on meta
-#   without a target, so the trace has one update per parameter. Not True
-#   when torch would not pick it either: `fused=False` given, or
-#   `differentiable=True`, or Adafactor (its step reads foreach=None as False).
-# - `fused=True` runs on cpu and cuda. On meta torch refuses it in the first
-#   step (`_device_dtype_check_for_fused` when state is created); for a target
-#   memplan creates Adam's state itself (NOTE [ Fused Adam on meta ]), so
-#   the step runs torch's own fused path. Elsewhere on meta it is refused.
-# - SGD: `momentum=0.9`, what `--optimizer sgd` meant before any keyword could
-#   be given (and what the ResNet-50 anchor of issue 18 trained with).
-#   `momentum=0` is plain SGD: no momentum buffer, no optimizer state.
-# LBFGS and SparseAdam are refused (REFUSED says why). An optimizer that needs
-# a value of a tensor on meta (ASGD and Adafactor call `.item()`) fails in the
-# training step with a one-line error that says to capture on cpu.
+# memplan builds `torch.optim.<Name>(params, **kwargs)` with these defaults under the
+# user's keywords (theirs always win):
+# - `lr`: `CaptureOptions.lr` (1e-3); memory does not depend on it.
+# - `foreach`, unless `foreach` or `fused=True` is given: torch's default for the traced
+#   device (`_default_to_fused_or_foreach`): True on CUDA (a cuda capture or meta for a cuda
+#   target), False on cpu and on meta without a target; not True where torch would not pick
+#   it (`fused=False`, `differentiable=True`, Adafactor).
+# - `fused=True` runs on cpu and cuda; on meta only for a target, where memplan creates
+#   Adam's state itself (NOTE [ Fused Adam on meta ]).
+# - SGD: `momentum=0.9` (what `--optimizer sgd` always meant); `momentum=0` is plain SGD.
+# LBFGS and SparseAdam are refused (REFUSED says why). An optimizer reading a tensor's value
+# on meta (ASGD, Adafactor) fails with a one-line error that says to capture on cpu.
+# Full text: docs/notes.md, "Optimizer defaults".
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     """The `torch.optim` class named `name` (any case); a `TraceError` listing
     the names that capture takes otherwise."""

@@ -31,42 +31,20 @@ if TYPE_CHECKING:
     from memplan.traces.capture import CaptureOptions
 
 # NOTE [ Batch scaling ]
-# Two captures of one model at batches b1 < b2 *agree in structure* when
-# they have the same buffers, views, ops and saved tensors in the same
-# order, with equal meta fields (all but the model's name, the batch, the
-# torch version and `extra`: the dtype, optimizer and the rest of what was
-# run); per buffer its kind, persistence, name and `freed_after`; per view
-# its buffer, dtype and rank; per op its target, phase, reads, writes (view
-# ids), module, rng flag and the form of its args (the same keys and list
-# lengths, every leaf equal except integers); per saved tensor all of it.
-# Anything else that differs is a disagreement, and `fit` names the first.
-#
-# What scales: every buffer's nbytes, every view's shape, stride and offset,
-# every op's flops and workspace_bytes, and every integer in an op's args,
-# each as q(B) = q1 + (q2 - q1) * (B - b1) / (b2 - b1), computed exactly in
-# integers. Rounding: bytes (nbytes, workspace_bytes) round up, so memory is
-# never under-counted; flops round to the nearest integer (halves up);
-# shapes, strides, offsets and args integers must come out whole -- where
-# one does not, or bytes, flops or a shape come out negative, the fit does
-# not hold at that batch. Measured durations are dropped (`duration_us`
-# None): a measurement belongs to the batch it timed. The scaled trace is
-# valid as a file the loader takes: `fit` runs the base capture, whose
-# structure it copies, through the loader (`schema.from_dict`), and each
-# scaled trace gets the loader's checks of what scaled (bytes and flops
-# within NOTE [ Trace sanity ranges ], every view within its buffer).
-#
-# Where it holds (`BatchTraces`): batch 1 is always captured (a dimension of
-# size 1 is broadcastable and contiguous either way, and PyTorch takes other
-# paths for it: tiny_transformer records 345 ops at batch 1 and 353 at every
-# batch from 2); the two base batches are their own captures; every other
-# batch is scaled while the fit holds. `check(batch)` captures a third batch
-# and compares: the same structure, the same shapes, strides, offsets and
-# args integers, and every buffer's bytes, op's flops and workspace, and the
-# vanilla peak, within `tolerance` (relative; 0.5% by default). Where the
-# base captures disagree or a check fails, scaling is off for the model and
-# every batch is captured; where the fit does not hold at one batch, that
-# batch is captured. Each of these is said in `notes`, once, and each trace
-# says how it was made (`BatchTrace.scaled`, `.note`).
+# Two captures of one model at batches b1 < b2 *agree in structure* when their buffers,
+# views, ops and saved tensors match in order and in every field but the sizes (meta fields
+# but name, batch, torch version and `extra`; per op the form of its args, every leaf equal
+# except integers); `fit` names the first disagreement.
+# What scales: buffers' nbytes; views' shape, stride and offset; ops' flops,
+# workspace_bytes and integer args; each as q(B) = q1 + (q2 - q1) * (B - b1) / (b2 - b1) in
+# exact integers. Bytes round up (memory never under-counted), flops to nearest; shapes,
+# strides, offsets and args must come out whole and nothing negative, else the fit does not
+# hold at that batch. Measured durations are dropped. Scaled traces pass the loader's checks.
+# Where it holds (`BatchTraces`): batch 1 and the two bases are captured, every other batch
+# scaled while the fit holds; `check(batch)` compares a third capture within `tolerance`
+# (0.5%). Failing bases or check: every batch captured; a fit failing at one batch: that
+# batch captured. Each is said in `notes` and on the trace (`BatchTrace.scaled`, `.note`).
+# Full text: docs/notes.md, "Batch scaling".
 DEFAULT_BASES = (8, 12)
 DEFAULT_TOLERANCE = 0.005
 

@@ -27,24 +27,16 @@ AMP_DTYPE = {Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
 
 
 # NOTE [ Autocast and the capture device ]
-# `torch.autocast` exists per device type (cpu, cuda, ...), not for meta:
-# `torch.autocast("meta")` is refused by torch, and cpu autocast leaves meta
-# tensors alone (their dispatch keys carry no Autocast key). A capture with
-# `amp` runs on cpu or cuda under that device type's autocast, or on meta for
-# a target under the target device type's autocast, emulated
-# (NOTE [ Autocast on meta ] in traces/emulate/autocast.py). Which ops run in
-# bf16/fp16 (convolutions, matmuls, linear), which are kept in float32 and
-# which follow their widest input is autocast's list for that device type:
-# cpu and cuda agree on the ops that carry the bytes and differ on
-# layer_norm, softmax, pointwise ops and losses (float32 on cuda). Autocast
-# caches the low-precision copy of each weight for the autocast region
-# (forward and loss), so those copies are recorded as activations that live
-# until backward has used them, as on a GPU. fp16 adds a `GradScaler` (of the
-# capture device type; on meta, NOTE [ GradScaler on meta ]): the loss is
-# scaled before backward, and its step unscales the grads, checks them for
-# inf/NaN and steps the optimizer; `update` adjusts the scale. Those ops are
-# recorded in the optimizer phase (the scaling multiply in backward). Its
-# `scale` and `growth_tracker` are persistent buffers.
+# `torch.autocast` exists per device type, not for meta (and cpu autocast leaves meta
+# tensors alone). A capture with `amp` runs on cpu or cuda under that device type's
+# autocast, or on meta for a target under the target's autocast, emulated
+# (NOTE [ Autocast on meta ] in traces/emulate/autocast.py). Which ops run in low precision
+# is autocast's list for that device type (cpu and cuda differ on layer_norm, softmax,
+# pointwise ops and losses). The low-precision copy of each weight, cached for the region,
+# is an activation that lives until backward has used it. fp16 adds a `GradScaler` of the
+# capture device type (on meta, NOTE [ GradScaler on meta ]): its unscale, inf check, step
+# and `update` are recorded in the optimizer phase (the scaling multiply in backward);
+# `scale` and `growth_tracker` are persistent. Full text: docs/notes.md.
 @dataclass(slots=True)
 class Trainer:
     """The ingredients of one iteration. `scaler` is set exactly when `amp`

@@ -31,30 +31,19 @@ from memplan.traces.synthetic_builder import (  # noqa: F401  (re-exported)
 )
 
 # NOTE [ What a synthetic step looks like ]
-# - Buffers: the batch and the target are `input` buffers resident from the
-#   start and freed after the last op. Weights (`param`) and momentum buffers
-#   (`optimizer_state`) are persistent. Each weight's `grad` is freed after the
-#   optimizer op that consumes it (without an optimizer it stays to the end of
-#   the step, the step's result). Every other buffer is an `activation`, freed
-#   after its last access -- what PyTorch does for a temporary once its last
-#   reference (an autograd node holding a saved tensor, or a pending grad)
-#   goes away. So `framework` and `liveness` peaks differ only by the inputs
-#   (and, without an optimizer, the grads).
-# - The loss (`aten.mse_loss.default`) and the backward seed
-#   (`aten.ones_like.default`) are 4-byte scalars: the only sizes that are
-#   not whole MiB.
-# - Backward follows the engine: nodes run in reverse creation order; a tensor
-#   used twice gets its grad summed by an `aten.add.Tensor` emitted when the
-#   second contribution arrives; `add` and `cat` backward are free (the grad,
-#   or slices of it, pass through as views).
-# - Every buffer has one contiguous 1-D view of all its elements (plus slice
-#   views of concatenation grads). Targets and argument layouts are those of
-#   the real aten ops, but shapes are flat: the traces are for planners and the
-#   simulator, not for replay with real tensors.
-# - Layer FLOPs are those of a 1x1 convolution (a matmul) whose weight is a
-#   square matrix: ``2 * out_elements * isqrt(weight_elements)``; elementwise
-#   ops count one FLOP per element. Durations are whole `TimeUnit`s drawn from
-#   the seed (`Durations`).
+# - Buffers: batch and target are `input`s resident from the start, freed after the last
+#   op; weights (`param`) and momentum (`optimizer_state`) persistent; each `grad` freed
+#   after the optimizer op using it (else kept to the end); every other buffer an
+#   `activation` freed after its last access, as PyTorch frees a temporary.
+# - The loss and the backward seed are 4-byte scalars, the only sizes not whole MiB.
+# - Backward follows the engine: reverse creation order; a tensor used twice gets its grads
+#   summed by an `aten.add.Tensor`; `add` and `cat` backward are free (views).
+# - Every buffer has one contiguous 1-D view (plus slices of concatenation grads): real
+#   aten targets and argument layouts, flat shapes -- for planners and the simulator, not
+#   for replay.
+# - FLOPs: a layer is a 1x1 convolution with a square weight
+#   (``2 * out_elements * isqrt(weight_elements)``), elementwise ops one per element.
+#   Durations are whole `TimeUnit`s drawn from the seed. Full text: docs/notes.md.
 
 
 # ---- the generators ----------------------------------------------------------------

@@ -32,22 +32,14 @@ class SuiteError(MemplanError):
 
 
 # NOTE [ Regression tolerances ]
-# A metric's figure now is within tolerance of the baseline's when
-#     |now - baseline| <= max(abs, rel * |baseline|),
-# that is when either bound allows it (`abs` guards figures near zero, such
-# as a stall of 0.001 ms, where any relative change is large; `rel` scales
-# with the figure). The boundary itself passes. A tolerance of "exact" (the
-# only one `status` and the string metric `bound_name` take) asks for the
-# same value. Null (a metric not defined for the run, e.g. EOR of an OOM run)
-# equals only null. The run's status is always gated, listed or not: a
-# scenario that fit alone and now needs the net, or no longer finishes, is a
-# regression whatever its figures, and its figures are not compared (they
-# are of a different kind of run). Beyond tolerance, the direction decides
-# (`BETTER`): a figure that moved the good way is reported as an improvement
-# and does not fail the gate (update the baseline to lock it in); one that
-# moved the bad way is a regression; a yardstick figure with no better
-# direction (the vanilla run, the budget, the bound) that moved is a change
-# and fails: the scenario no longer measures what the baseline measured.
+# A figure is within tolerance when |now - baseline| <= max(abs, rel * |baseline|) (`abs`
+# guards figures near zero; the boundary passes). "exact" (the only one `status` and
+# `bound_name` take) asks for the same value; null equals only null. The run's status is
+# always gated: a scenario that fit alone and now needs the net, or no longer finishes, is a
+# regression and its figures are not compared. Beyond tolerance, the direction decides
+# (`BETTER`): the good way is an improvement and passes (update the baseline to lock it in),
+# the bad way a regression; a yardstick with no better direction (vanilla run, budget,
+# bound) that moved is a change and fails. Full text: docs/notes.md; verdicts: docs/regress.md.
 @dataclass(frozen=True, slots=True)
 class Tolerance:
     """How far a metric may move (NOTE [ Regression tolerances ])."""

@@ -42,25 +42,17 @@ def compute(s: Scenario) -> Done:
 
 
 # NOTE [ Sweep backends ]
-# local: with one worker the scenarios run in the sweep's own process, one
-# after another; with more, in a `ProcessPoolExecutor` of that many
-# processes started by the forkserver (not forked from the sweep, whose
-# torch and threads a fork would copy), which imports torch and memplan once
-# and forks the workers from it. A worker that dies (killed, out of memory)
-# breaks the pool: the sweep stops with an error naming it, instead of
-# waiting forever for its task (what `multiprocessing.Pool` does), and a
-# rerun resumes. Workers ignore SIGINT: Ctrl-C reaches the whole process
-# group, and the sweep itself ends them on its way out (the executor has no
-# public way to end busy workers before Python 3.14, hence `_processes`),
-# so an interrupted sweep leaves no worker behind and no traceback per
-# worker.
-# ray: every scenario is one task of one CPU; `--address` joins a running
-# cluster (whose nodes must have memplan installed and the trace paths
-# readable; a HOST:PORT that does not answer on TCP is refused at once,
-# where `ray.init` would retry it for minutes), otherwise a local Ray
-# instance of `workers` CPUs is started
-# and shut down at the end. Ray is imported only here, when asked for. On
-# the way out, tasks not yet finished are cancelled.
+# local: one worker runs the scenarios in the sweep's own process; more run in a
+# `ProcessPoolExecutor` started by the forkserver (not forked from the sweep's torch and
+# threads). A worker that dies breaks the pool: the sweep stops with an error naming it
+# rather than waiting forever, and a rerun resumes. Workers ignore SIGINT; the sweep ends
+# them on its way out (`_processes`: the executor has no public way before Python 3.14), so
+# an interrupted sweep leaves no worker and no traceback per worker behind.
+# ray: one task of one CPU per scenario; `--address` joins a running cluster (memplan
+# installed, traces readable; a HOST:PORT not answering on TCP is refused at once), else a
+# local instance of `workers` CPUs is started and shut down at the end. Ray is imported only
+# here, when asked for; unfinished tasks are cancelled on the way out.
+# Full text: docs/notes.md, "Sweep backends".
 def local(scenarios: Sequence[Scenario], workers: int) -> Iterator[Done]:
     """Run `scenarios` on `workers` local processes (NOTE [ Sweep backends ])."""
     if workers <= 1 or len(scenarios) <= 1:

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import memplan
 from memplan.traces.errors import MemplanError
+from memplan.traces.fields import finite_or_none
 
 SHARE_SUFFIX = "%"
 # The record's metrics, in the order summary tables show them.
@@ -281,10 +281,10 @@ def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
         metrics.update(
             iteration_ms=_ms(row.iteration_time_s),
             peak_bytes=row.peak_bytes,
-            msr=_num(row.msr),
-            eor=_num(row.eor),
-            cbr=_num(row.cbr),
-            gap=_num(row.gap),
+            msr=finite_or_none(row.msr),
+            eor=finite_or_none(row.eor),
+            cbr=finite_or_none(row.cbr),
+            gap=finite_or_none(row.gap),
             bound_name=row.bound or None,
             stall_ms=_ms(row.stall_s),
             recompute_ms=_ms(row.recompute_s),
@@ -325,13 +325,6 @@ def _status(row: Any) -> str:
     return "stopped" if row.result.status == Status.STOPPED else "infeasible"
 
 
-def _num(x: float | None) -> float | None:
-    """A finite figure, or None: JSON has no NaN or infinity (an infinite
-    bound -- no plan fits the budget alone -- is recorded as null with its
-    `bound_name`)."""
-    return None if x is None or not math.isfinite(x) else x
-
-
 def _ms(seconds: float | None) -> float | None:
-    x = _num(seconds)
+    x = finite_or_none(seconds)
     return None if x is None else x * 1e3

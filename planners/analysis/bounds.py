@@ -17,35 +17,20 @@ from memplan.planners.core.errors import PlanError
 from memplan.traces.model import Trace
 
 # NOTE [ Lower bounds ]
-# Peak: while op k runs, every buffer it reads or writes is on the device,
-# with its workspace: peak >= max_k working_set(k). At the start of an
-# iteration the simulator holds every persistent buffer and every input it
-# loads before any plan event can act (persistent buffers are allocated when
-# the job arrives, inputs when the iteration starts): peak >= that too.
-#
-# Time (one job): each bound holds for every iteration of every run the
-# simulator makes of any plan the checker accepts, under any OOM policy --
-# not only for the mean of a steady state. Ops run one after another, so
-# T >= sum(d), with each d the `DeviceModel`'s, rounded to 1 ns as the
-# simulator rounds it (NOTE [ One rounding rule ] in hwmodels/device.py; 4000
-# unrounded durations can differ from the simulated sum by microseconds).
-# Under a budget B, while an op k whose release-only memory M_k exceeds B
-# runs, M_k - B bytes of the gaps around it are absent, and each absent gap
-# costs copies on the lane or a recompute kernel within the iteration (NOTE
-# [ Absences ] in planners/analysis/gaps.py says which, and why). The lane is
-# busy at most T per iteration and recompute kernels add to sum(d) on the
-# compute stream; letting every gap be split fractionally and used by both
-# means at once relaxes this to two fractional knapsacks (the single-op
-# bound): T is at least the smallest T with
-#     lane_bytes(T) + recompute_bytes(T - sum(d)) >= M_k - B,
-# for every k. With two lanes (`device.lanes == 2`) a gap costs half its
-# copies (the busier direction is at least the average). The window bounds
-# of planners/analysis/window_bound.py (NOTE [ Window bounds ]) split the
-# iteration in two at an op, or cover every op at once.
-#
-# The CP-SAT planner's best bound is a bound over the plans its model can
-# express (NOTE [ CP-SAT semantics ] lists its rules); it is reported beside
-# these, as `model_bound_s`, and is not claimed for every plan.
+# Peak: while op k runs, every buffer it reads or writes is on the device with its workspace:
+# peak >= max_k working_set(k); and at an iteration's start the simulator holds every
+# persistent buffer and every input it loads before any plan event can act: peak >= that too.
+# Time (one job): each bound holds for every iteration of every run of any plan the checker
+# accepts, under any OOM policy. Ops run one after another: T >= sum(d), each d the
+# `DeviceModel`'s rounded to 1 ns as the simulator does (NOTE [ One rounding rule ] in
+# hwmodels/device.py). Under budget B, while op k runs, M_k - B bytes of its gaps are absent,
+# each at a lane or recompute cost (NOTE [ Absences ] in planners/analysis/gaps.py); the lane
+# is busy at most T and recomputes add to sum(d), relaxed to two fractional knapsacks (the
+# single-op bound): T >= the least T with lane_bytes(T) + recompute_bytes(T - sum(d)) >= M_k - B
+# for every k; two lanes halve a gap's copies. NOTE [ Window bounds ] refines it. The CP-SAT
+# planner's `model_bound_s` holds only over plans its model can express
+# (NOTE [ CP-SAT semantics ]), not for every plan.
+# Full text: docs/notes.md, "Lower bounds".
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,19 +129,6 @@ def peak_lower_bound(trace: Trace, *, workspace: bool = True) -> PeakBound:
 
 
 # ---- time ------------------------------------------------------------------------------
-def _cover(cost: np.ndarray, nbytes: np.ndarray, budget: float) -> float:
-    """Bytes a fractional knapsack covers with `budget` of cost (cheapest per
-    byte first); `cost`, `nbytes` sorted by cost per byte."""
-    if budget <= 0 or len(cost) == 0:
-        return 0.0
-    cum = np.cumsum(cost)
-    i = int(np.searchsorted(cum, budget, side="right"))
-    whole = float(nbytes[:i].sum())
-    if i < len(cost):
-        whole += float(nbytes[i]) * (budget - (cum[i - 1] if i else 0.0)) / float(cost[i])
-    return whole
-
-
 def _by_ratio(cost: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ok = np.isfinite(cost)
     cost, nbytes = cost[ok], nbytes[ok]
@@ -306,32 +278,20 @@ def _budget(device: DeviceModel, budget_bytes: int | None) -> int:
 
 # ---- several jobs ----------------------------------------------------------------------
 # NOTE [ Jobs in step ]
-# The simulator's compute is one FIFO queue shared by all jobs, and a job asks
-# for it as soon as its previous op ended (and the swap-ins its next op waits
-# for are done). While every job has an op waiting, the jobs therefore take
-# turns -- job 0's op k, job 1's op k, ..., whatever the durations -- and jobs
-# with the same number of ops per iteration stay in step: each period of the
-# run holds one iteration of every job, its ops in the round-robin order of
-# `in_step_order`, and each job's steady iteration time is that period. The
-# frame of a period starts when the compute frees for job 0's op 0. A job's
-# iteration starts when its own last op ends, so job j's next iteration has
-# started while the jobs after it still run their last ops: there it holds
-# what its op 0 needs. In general, at every position job j is in the window of
-# its next op (its op 0 past its last op); `joint_memory_curve` adds up the
-# release-only memory of those windows.
-#
-# The joint bounds hold for every plan that keeps the jobs in step (the CP-SAT
-# planner's plans do, NOTE [ Several jobs ] in planners/cpsat/data.py). The
-# period is at least every job's compute in series, and at a position whose
-# joint memory exceeds the budget the excess must be off the device while
-# that op runs: any buffer alive there but not accessed by that op, and the
-# buffers other jobs create for their next op (a job that waits for a
-# swap-in allocates them late), at the lane and recompute costs of NOTE
-# [ Lower bounds ]. A plan that lets a job fall out of step (a stall long
-# enough for the others to run ahead) can give single jobs shorter
-# iterations, so with several jobs the time bound is one on the period of
-# in-step runs, not on every run's mean iteration time. The peak bound holds
-# for every plan: all jobs load their persistent buffers and inputs at time 0.
+# Compute is one FIFO queue shared by all jobs, and a job asks for it as soon as its previous
+# op ended (and its next op's swap-ins are done): while every job has an op waiting they take
+# turns (job 0's op k, job 1's op k, ...), and jobs with as many ops per iteration stay in step:
+# a period holds one iteration of every job in `in_step_order`, is each one's steady iteration
+# time, and starts when the compute frees for job 0's op 0. At every position job j is in the
+# window of its next op (op 0 past its last); `joint_memory_curve` adds their release-only memory.
+# The joint time bound holds for every plan that keeps the jobs in step (the CP-SAT planner's
+# do, NOTE [ Several jobs ] in planners/cpsat/data.py): the period is at least all jobs' compute
+# in series, and where the joint memory exceeds the budget the excess is off the device while
+# that op runs (buffers alive but not accessed by it, and what other jobs create for their next
+# op), at the costs of NOTE [ Lower bounds ]. It bounds the period of in-step runs, not every
+# run's mean iteration time. The peak bound holds for every plan: all jobs load their
+# persistent buffers and inputs at time 0.
+# Full text: docs/notes.md, "Jobs in step".
 
 
 @dataclass(frozen=True, eq=False)

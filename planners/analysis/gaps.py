@@ -14,59 +14,20 @@ from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.traces.model import Trace
 
 # NOTE [ Absences ]
-# What any plan the checker accepts (`planners.core.check`, which the
-# simulator runs first) must do in each iteration of one job when the
-# simulator runs it (NOTE [ Event semantics ] in sim/model.py), under any
-# OOM policy (`passive` and `dtr` evict by copies, drops and remakes).
-#
-# Gaps. A buffer x that lives across op k without being accessed by it is in
-# a gap (p, q) of its accesses p < k < q: consecutive accesses of one
-# iteration (q - p >= 2); for an input or a persistent buffer before its
-# first access, p = -1; for a persistent buffer after its last access, q =
-# n (its next access is in the next iteration); a persistent buffer no op
-# accesses has the gap (-1, n). The release-only memory of op k (the
-# `liveness` curve) is what op k accesses plus the bytes of the gaps around
-# k, so while op k runs a budget B leaves need_k = M_k - B bytes of gaps to
-# be absent: holding no device bytes (not resident, not leaving, not
-# arriving with its bytes taken). That holds at two instants: when op k's
-# kernel starts (tau_k: its inputs are present and pinned, its outputs just
-# allocated) and just before it ends (eps_k: nothing is freed before then).
-#
-# What one absence costs. Let x be absent at an instant iota of op k in gap
-# (p, q). Before op q starts (q in this iteration) x holds its bytes again,
-# so after iota there is a return: an H2D copy of x that takes its bytes
-# after iota (a planned swap-in or an on-demand fetch), or a kernel of an
-# op that writes x without reading it (a plan's recompute chain allocates x
-# at the first chain op that writes it, and that op cannot read x, which is
-# absent; DTR's remake re-runs x's producer). That kernel is one of the
-# chain's ops, on the compute stream. If the return is a copy, the host copy
-# it reads was made by a D2H copy of x that started after the last write w
-# of x up to p ended (a copy overlapping a write is stale; if nothing wrote
-# x, after x was made, or after the iteration started for an input, which is
-# loaded without a host copy) and that ended by iota, since x holds no bytes
-# from iota to its return. A
-# persistent buffer absent after a write of this iteration has such a D2H
-# copy whatever comes next: it cannot be recomputed (no op writing a
-# persistent buffer may be re-run), and the plan checker rejects a plan that
-# drops it without a host copy. So per gap, within the iteration:
-# - by the lane: a D2H copy in [end of w, iota] if the last write w before
-#   the gap is in this iteration (or x is an input), else none forced (a
-#   persistent buffer's host copy may be older); and an H2D copy in (iota,
-#   start of q] if q is in this iteration;
-# - by recompute: a kernel in (iota, start of q] (q in this iteration; a
-#   persistent buffer has no such option), of at least the cheapest op that
-#   writes x, does not read it and writes no persistent buffer. DTR remakes
-#   an op's dropped outputs together, so one kernel may bring back several
-#   gaps: each is charged its share of the kernel by bytes (`rec`), and
-#   the shares of one kernel add up to at most its duration.
-# Copies and kernels of different gaps are different: a copy moves one
-# buffer, and two gaps of one buffer have disjoint (iota, start of q]
-# intervals. Only D2H copies can be shared: one host copy serves every gap
-# of one buffer between two writes (an `epoch`). Copies hold a lane for at
-# least `DeviceModel.copy_time` (H2D at full speed: the duplex rate is never
-# faster); the compute stream runs op kernels (each at least the op's
-# duration) and recompute kernels one at a time. What a copy costs to issue
-# on the compute stream (`extra_per_transfer_s`) is left out: it only adds.
+# What every plan the checker accepts must do per iteration of one job as the simulator runs
+# it (NOTE [ Event semantics ] in sim/model.py), under any OOM policy. Buffer x alive across op
+# k but not accessed by it is in a gap (p, q) of consecutive accesses p < k < q (p = -1 before
+# an input's or persistent buffer's first, q = n after a persistent one's last; (-1, n) if it
+# has none). Op k's release-only memory M_k (`liveness`) is its accesses plus its gaps: under
+# budget B, need_k = M_k - B bytes of gaps hold no device bytes when k's kernel starts (tau_k)
+# and just before it ends (eps_k). A gap absent at such an instant iota is back by q (q < n) by:
+# - the lane: a D2H copy in [end of w, iota] if w, the last write up to p, is in this iteration
+#   (or x is an input), and an H2D copy in (iota, start of q];
+# - a recompute kernel in (iota, start of q] (never for a persistent x) of at least the cheapest
+#   op that writes x, does not read it and writes no persistent buffer, shared by bytes (`rec`).
+# Only D2H copies are shared (one serves every gap of an `epoch`, between two writes); a copy
+# takes >= `copy_time` on a lane, kernels the compute stream one at a time; issue costs left out.
+# Why, case by case: docs/notes.md, "Absences".
 
 
 @dataclass(frozen=True, eq=False)

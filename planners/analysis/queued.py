@@ -17,6 +17,9 @@ before left queued):
 - the framework's frees end a buffer's life (`epoch`): its queued copies are
   void, and a running copy returns the memory when it ends.
 
+What each of these does to a buffer is `planners.core.lifecycle.step`'s
+answer; this module decides when they happen.
+
 Ops run back to back with the `Timeline`'s durations; copies take
 `device.copy_time`. The plan is indexed as everywhere (`IndexedPlan`).
 Recomputes and delayed copies are outside this model (`ValueError`): a plan
@@ -30,11 +33,12 @@ from collections import defaultdict, deque
 
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.analysis.optimes import Timeline
+from memplan.planners.core.lifecycle import DEAD, NO_CTX, Ctx, Do, Event, State, Where, step
 from memplan.planners.core.plan import Plan, Release, SwapOut
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Triggered
 from memplan.traces.model import Trace
 
-_OFF, _DEV, _QUEUED, _COPYING, _ARRIVING = range(5)
+OFF, DEV, LEAVING, ARRIVING = Where
 
 
 def queued_peak(
@@ -57,7 +61,7 @@ def queued_peak(
 
 
 class _Queue:
-    """The replay's state: where each buffer is, the lane and the memory."""
+    """The replay's state: each buffer's state, the lane and the memory."""
 
     def __init__(self, trace: Trace, tl: Timeline, ip: IndexedPlan, device: DeviceModel):
         nb = trace.n_buffers
@@ -67,20 +71,33 @@ class _Queue:
         self.dur: list[float] = tl.duration_us.tolist()
         self.d2h = device.copy_time(trace.nbytes, Direction.D2H, TimeUnit.US).tolist()
         self.h2d = device.copy_time(trace.nbytes, Direction.H2D, TimeUnit.US).tolist()
-        self.where = [_OFF] * nb
-        self.keep = [False] * nb
+        self.state: list[State] = [DEAD] * nb
         self.epoch = [0] * nb
-        self.used = sum(self.nbytes[b] for b in self.tab.persistent)
-        self.peak = self.used
+        self.writes = [0] * nb  # writes so far, to tell a copy an op overlapped
+        self.used = self.peak = 0
         for b in self.tab.persistent:
-            self.where[b] = _DEV
+            self.create(b)
         self.lane: deque[tuple[int, int, bool]] = deque()  # (buffer, epoch, swap-in?)
-        self.copying: tuple[int, int, bool] | None = None
+        self.copying: tuple[int, int, bool, int] | None = None  # ... and writes at its start
         self.copy_end = math.inf  # when the copy on the lane ends
         self.arriving: dict[int, list[tuple[int, int]]] = {}  # buffer -> (iteration, op) waiting
         self.awaited: defaultdict[tuple[int, int], int] = defaultdict(int)  # (it, op) -> arrivals
         self.out_due: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         self.now = 0.0
+
+    def apply(self, b: int, ev: Event, ctx: Ctx = NO_CTX) -> int:
+        """Move `b` by `ev` and do its bytes; returns the `Do` bits."""
+        self.state[b], do = step(self.state[b], ev, ctx)
+        if do & Do.TAKE:
+            self.take(self.nbytes[b])
+        elif do & Do.DROP:
+            self.used -= self.nbytes[b]
+        if ev is Event.FREE:
+            self.epoch[b] += 1
+        return do
+
+    def create(self, b: int) -> None:
+        self.apply(b, Event.CREATE)
 
     def take(self, nbytes: int) -> None:
         self.used += nbytes
@@ -88,73 +105,67 @@ class _Queue:
 
     def pump(self) -> None:
         """Start the next live copy if the lane is free."""
-        where, keep, epoch = self.where, self.keep, self.epoch
         while self.copying is None and self.lane:
             b, ep, is_in = self.lane.popleft()
-            if ep != epoch[b]:
+            if ep != self.epoch[b]:
                 continue
-            if not is_in and keep[b]:  # needed back before the copy began
-                where[b], keep[b] = _DEV, False
-                continue
-            self.copying = (b, ep, is_in)
             if is_in:
-                self.take(self.nbytes[b])
+                self.take(self.nbytes[b])  # the copy's bytes until it lands
                 self.copy_end = self.now + self.h2d[b]
             else:
-                where[b] = _COPYING
+                self.apply(b, Event.D2H_START)
                 self.copy_end = self.now + self.d2h[b]
+            self.copying = (b, ep, is_in, self.writes[b])
 
     def finish_copy(self) -> None:
         """End the running copy; the clock moves to its end if that is later."""
         assert self.copying is not None
-        b, ep, is_in = self.copying
+        b, ep, is_in, writes = self.copying
         end, self.copying, self.copy_end = self.copy_end, None, math.inf
-        where, nbytes = self.where, self.nbytes
-        if is_in:
-            if ep == self.epoch[b]:
-                where[b] = _DEV
-                self.arrived(b)
-            else:
-                self.used -= nbytes[b]
-        elif ep != self.epoch[b]:
-            self.used -= nbytes[b]  # freed by the framework during the copy
-        elif self.keep[b]:
-            where[b], self.keep[b] = _DEV, False
+        if ep != self.epoch[b]:
+            self.used -= self.nbytes[b]  # the life ended during the copy: the bytes were its
+        elif is_in:
+            self.apply(b, Event.H2D_END)
+            self.arrived(b)
         else:
-            where[b] = _OFF
-            self.used -= nbytes[b]
+            self.apply(b, Event.D2H_END, Ctx(written=self.writes[b] != writes))
         saved, self.now = self.now, end
         self.pump()
         self.now = max(saved, end)
 
     def iteration(self, it: int, iterations: int) -> None:
-        tab, where, nbytes = self.tab, self.where, self.nbytes
+        tab = self.tab
         for b in self.ip.inputs:
-            where[b] = _DEV
-            self.take(nbytes[b])
+            self.create(b)
         self.trigger(self.ip.triggered[0], it, iterations)
         for i in range(tab.n_ops):
             key = (it, i)
             while self.awaited[key] > 0:
                 self.finish_copy()
             for b, ep in self.out_due.pop(key, ()):
-                while self.epoch[b] == ep and where[b] in (_QUEUED, _COPYING):
+                while self.epoch[b] == ep and self.state[b].where == LEAVING:
                     self.finish_copy()
             self.run_lane_until(self.now)
+            for b in tab.need[i]:
+                self.apply(b, Event.NEED)
             for b in tab.creates[i]:
-                where[b] = _DEV
-                self.take(nbytes[b])
+                self.create(b)
+            self.written(tab.writes[i])
             end = self.now + self.dur[i]
             self.run_lane_until(end)
             self.now = end
+            self.written(tab.writes[i])
             for b in tab.frees[i]:
-                if where[b] == _DEV or where[b] == _QUEUED:
-                    self.used -= nbytes[b]
-                where[b] = _OFF
-                self.keep[b] = False
-                self.epoch[b] += 1
+                self.apply(b, Event.FREE)
                 self.arrived(b)
             self.trigger(self.ip.triggered[i + 1], it, iterations)
+
+    def written(self, bufs: tuple[int, ...]) -> None:
+        """An op writes `bufs`, at its start and at its end (NOTE [ Writes
+        during a copy ] in sim/copies.py)."""
+        for b in bufs:
+            self.apply(b, Event.WRITE)
+            self.writes[b] += 1
 
     def arrived(self, b: int) -> None:
         """`b` is no longer on its way: the ops that waited for it need not."""
@@ -169,33 +180,26 @@ class _Queue:
         self.now = now
 
     def trigger(self, events: tuple[tuple[int, Triggered], ...], it: int, iterations: int) -> None:
-        where, keep = self.where, self.keep
         for _e, ev in events:
             b = ev.buffer
             if isinstance(ev, SwapOut):
-                if where[b] == _DEV:
-                    where[b] = _QUEUED
+                do = self.apply(b, Event.SWAP_OUT)
+                if do & Do.COPY_D2H:
+                    self.apply(b, Event.COPY_OUT)
                     self.lane.append((b, self.epoch[b], False))
                     if ev.before_op >= 0:
                         self.out_due[(it, ev.before_op)].append((b, self.epoch[b]))
             elif isinstance(ev, Release):
-                if where[b] == _DEV:
-                    where[b] = _OFF
-                    self.used -= self.nbytes[b]
-                elif where[b] in (_QUEUED, _COPYING):
-                    keep[b] = False
+                self.apply(b, Event.RELEASE)
             else:
                 target = it + 1 if ev.next_iteration else it
                 if target >= iterations:
                     continue  # serves an iteration that will not run
-                if where[b] in (_QUEUED, _COPYING):
-                    keep[b] = True
-                elif where[b] == _OFF:
-                    where[b] = _ARRIVING
-                    self.arriving[b] = [(target, ev.before_op)]
-                    self.awaited[(target, ev.before_op)] += 1
-                    self.lane.append((b, self.epoch[b], True))
-                elif where[b] == _ARRIVING:
+                do = self.apply(b, Event.SWAP_IN)
+                if do & (Do.COPY_H2D | Do.JOIN):
+                    if do & Do.COPY_H2D:
+                        self.arriving[b] = []
+                        self.lane.append((b, self.epoch[b], True))
                     self.arriving[b].append((target, ev.before_op))
                     self.awaited[(target, ev.before_op)] += 1
         self.pump()

@@ -8,29 +8,18 @@ from __future__ import annotations
 import numpy as np
 
 # NOTE [ Whole buffers ]
-# At one instant a buffer holds all its bytes or none (the allocator takes
-# and frees whole buffers), and an absent gap comes back one way, by the lane
-# or by one recompute kernel (NOTE [ Absences ] in gaps.py). So the cover
-# under a bound at one instant -- the least cost of gaps holding >= need
-# bytes, each gap taken or not -- is a 0/1 knapsack, and the fractional
-# cover (`window_bound._min_cover`: the last gap taken in part) is its
-# relaxation. Weak duality holds for any inner minimum, so the split bound
-# of NOTE [ Window bounds ] stays a bound with the 0/1 cover in it, and is
-# higher where the gaps are large next to the need (vgg16 at 60%: a 392 MiB
-# activation and 400 MiB of weight gradients around a 1.25 GiB need).
-#
-# Solved by dynamic programming over the bytes in units of `need / UNITS`:
-# a gap of at least `BIG` units is whole, its bytes rounded *up* to whole
-# units (it seems to cover more: only a lower cost); smaller gaps stay
-# fractional, taken cheapest per byte first (a relaxation of taking them
-# whole). For each j, dp[j] is the least cost of whole gaps of >= j units,
-# and the cover is min_j dp[j] + (the fractional cost of the small gaps for
-# the bytes still missing, need - j units), which is at most the cost of
-# any real choice: its whole gaps have some j units, rounded up, and its
-# small gaps hold at least the bytes still missing. Every value is a lower
-# bound; rounding and the fractional part only keep it below the exact
-# 0/1 optimum (tests/planners/test_whole_cover.py checks both against
-# enumeration).
+# A buffer holds all its bytes or none, and an absent gap comes back one way (NOTE [ Absences ]
+# in gaps.py), so the cover at one instant (the least cost of gaps holding >= need bytes, each
+# taken or not) is a 0/1 knapsack, whose relaxation is the fractional `window_bound._min_cover`.
+# Weak duality holds for any inner minimum, so the split bound of NOTE [ Window bounds ] stays a
+# bound with the 0/1 cover in it, higher where gaps are large next to the need.
+# Solved by dynamic programming over units of `need / UNITS`: a gap of >= `BIG` units is whole,
+# its bytes rounded *up* to whole units; smaller gaps stay fractional, cheapest per byte first.
+# dp[j] is the least cost of whole gaps of >= j units, and the cover min_j dp[j] + (the small
+# gaps' fractional cost of the need - j units still missing): at most any real choice's cost,
+# so a lower bound of the exact 0/1 optimum (tests/planners/test_whole_cover.py checks both
+# against enumeration).
+# Example and derivation: docs/notes.md, "Whole buffers".
 
 UNITS = 1024  # units the need is cut into
 BIG = 16  # a gap of at least this many units is taken whole (rounded up by < 1/16)

@@ -31,58 +31,20 @@ from memplan.traces.model import Trace
 from ortools.graph.python import min_cost_flow
 
 # NOTE [ Window bounds ]
-# Two bounds built on NOTE [ Absences ] (planners/analysis/gaps.py), for one
-# iteration [I, I'] of length T, with D its ops' durations summed.
-#
-# Split ("split"). Pick an op k and an instant sigma of it, its kernel's
-# start or its end: D_< is the ops before sigma, D_> the others. At sigma at
-# least need_k bytes of the gaps around k are absent, and each comes back
-# either by the lane -- its D2H copy, where one is forced, after its epoch's
-# write w_g ends and before sigma, its H2D copy, where forced, after sigma
-# and before its next access q_g starts -- or by a recompute kernel after
-# sigma. Pick also an op s before sigma and an op r after it (s = -1: the
-# iteration's start, r = n: its end). Before sigma, ops 0..s run, then the
-# D2H copies of the gaps with w_g >= s; after sigma, the H2D copies of the
-# gaps with q_g <= r end before op r starts, and ops r.. follow it. With
-# y_g, z_g in {0, 1} (back by the lane / by a recompute),
-#   T >= max(D_<, D_{<=s} + sum_{w_g >= s} d2h_g y_g)
-#      + max(D_> + sum rec_g z_g, sum_{q_g <= r} h2d_g y_g + D_{>=r}),
-#   sum nbytes_g (y_g + z_g) >= need_k,  y_g + z_g <= 1,
-# with one lane or two alike (only D2H copies are counted before sigma, only
-# H2D copies after). Relaxed to 0 <= y, z and dualised on the terms of the
-# two maxima with weights 1 - b1, b1 and 1 - b2, b2,
-#   T >= (1 - b1) D_< + b1 D_{<=s} + (1 - b2) D_> + b2 D_{>=r} + (the least
-#        cost of need_k bytes at, per gap,
-#        cost_g = min(b1 d2h_g [w_g >= s] + b2 h2d_g [q_g <= r], (1 - b2) rec_g)),
-# a fractional knapsack, for *every* b1, b2 in [0, 1], s and r (weak
-# duality): the search over them and over ops can only miss the best, never
-# give an invalid bound. It is what the single-op bound misses when copies
-# cannot hide: the lane time before sigma is the compute before sigma, less
-# what runs before the buffers are written.
-#
-# Multi-op ("multi-op"). The whole iteration, with every op over the budget
-# covered at once. An absent gap costs its copies or a recompute kernel, all
-# within the iteration; the D2H copy of an epoch is charged to one of its
-# gaps only (the one covering the most ops), so however many of them use
-# it, at most one copy is charged. So T >= max(D + sum rec_g z_g, lane(y))
-# with sum_{g around k} nbytes_g (y_g + z_g) >= need_k for every k over the
-# budget, and dualising the max with 1 - b, b gives, for every b in [0, 1],
-#   T >= (1 - b) D + (the least cost covering every need_k at
-#        cost_g = min(b lane_g, (1 - b) rec_g) per gap),
-# lane_g = (d2h_g if charged) + h2d_g (half of it on two lanes). Each gap
-# covers an interval of ops, so subtracting consecutive rows of the cover
-# makes it a min-cost flow (per gap an arc from the row after its last op
-# back to its first, its bytes as capacity; free arcs forward), solved
-# exactly in integers with costs per byte rounded down (a lower cost only
-# lowers the bound). Dropping rows only relaxes the cover: at most MAX_ROWS
-# ops are kept (the largest needs and a spread of the others).
-#
-# Both bounds take rec_g from NOTE [ Dead sources ] (planners/analysis/
-# sources.py): a recompute also pays for making again the sources that died
-# before the op (the split at its op k, the multi-op cover at a kept op at
-# or before the first its gap covers). The split bound also solves its
-# cover with whole buffers on its best ops (NOTE [ Whole buffers ],
-# planners/analysis/whole.py).
+# Two bounds on NOTE [ Absences ] (planners/analysis/gaps.py) for one iteration of length T, D
+# its ops' durations summed; both hold for every choice of their parameters (weak duality).
+# Split: at sigma, op k's kernel start or end (D_< the ops before it, D_> the others), an op
+# s before sigma and r after it (-1, n: the iteration's start, end), and b1, b2 in [0, 1],
+#   T >= (1 - b1) D_< + b1 D_{<=s} + (1 - b2) D_> + b2 D_{>=r} + (the least cost of
+#        need_k bytes at cost_g = min(b1 d2h_g [w_g >= s] + b2 h2d_g [q_g <= r], (1 - b2) rec_g)).
+# Multi-op: every op over the budget covered at once, each epoch's D2H copy charged to its gap
+# covering the most ops; for every b in [0, 1],
+#   T >= (1 - b) D + (the least cost covering every need_k at min(b lane_g, (1 - b) rec_g)),
+# lane_g = (d2h_g if charged) + h2d_g (half on two lanes); solved exactly as a min-cost flow in
+# integers (costs per byte rounded down), on at most MAX_ROWS ops (fewer rows only relax it).
+# rec_g includes remaking dead sources (NOTE [ Dead sources ] in planners/analysis/sources.py);
+# the split bound also covers with whole buffers on its best ops (NOTE [ Whole buffers ]).
+# Derivation: docs/notes.md, "Window bounds".
 
 SINGLE_OP, SPLIT, MULTI_OP, COMPUTE, PEAK_FLOOR = (
     "single-op",

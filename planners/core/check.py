@@ -26,7 +26,8 @@ Lane occupancy is timing too: the simulator queues copies FIFO on their lane,
 so `check` does not look for a double-booked lane. See NOTE [ Event
 semantics ] in `sim/model.py` for the run-time semantics this mirrors; the
 per-op tables and the plan's index are the simulator's (`OpTable`,
-`IndexedPlan`).
+`IndexedPlan`), and what each event does to a buffer is the transition
+function's (`planners.core.lifecycle`), with every copy instantaneous.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.lifecycle import DEV, Buffers, Ctx, Do, Event
 from memplan.planners.core.order import positions
 from memplan.planners.core.plan import Plan, Release, SwapIn, SwapOut, describe, validate
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Recomputation, Triggered
@@ -105,9 +107,7 @@ class _Replay:
         # a static replay loads every input and applies the start's releases
         # (the same as never loading them: NOTE [ Duplicate events ])
         self.start = ip.start_events()
-        self.alive = [False] * nb
-        self.present = [False] * nb
-        self.host = [False] * nb
+        self.bufs = Buffers(nb)
         self.why: list[tuple[int, int, int] | None] = [None] * nb  # (event, op, iteration)
         self.it = 0
 
@@ -159,13 +159,13 @@ class _Replay:
 
     # ---- replay ----------------------------------------------------------------
     def run(self) -> None:
-        persistent = self.table.persistent
+        persistent, bufs = self.table.persistent, self.bufs
         for b in persistent:
-            self.alive[b] = self.present[b] = True
-        seen: set[tuple[tuple[bool, ...], tuple[bool, ...]]] = set()
-        at_present, at_host = self.present.__getitem__, self.host.__getitem__
+            bufs.create(b)
+        seen: set[tuple[tuple[int, ...], tuple[bool, ...]]] = set()
+        at_where, at_host = bufs.where.__getitem__, bufs.host.__getitem__
         for it in range(MAX_ITERATIONS):
-            state = (tuple(map(at_present, persistent)), tuple(map(at_host, persistent)))
+            state = (tuple(map(at_where, persistent)), tuple(map(at_host, persistent)))
             if it >= 2 and state in seen:
                 return
             seen.add(state)
@@ -173,28 +173,28 @@ class _Replay:
             self._iteration()
 
     def _iteration(self) -> None:
-        alive, present, host, tab = self.alive, self.present, self.host, self.table
-        for b in tab.inputs:
-            alive[b] = present[b] = True
-            host[b] = False
+        bufs, tab = self.bufs, self.table
+        where, free = bufs.where, bufs.free
+        bufs.create_all(tab.inputs)
         self._events(self.start, -1)
         triggered, events = self.ip.triggered, self._events
         for i in self.ip.order:  # NOTE [ Plans under another order ]
             for b in tab.need[i]:
-                if not present[b]:
-                    self._resolve(b, i, ())
-            for b in tab.creates[i]:
-                alive[b] = present[b] = True
-                host[b] = False
-            for b in tab.writes[i]:
-                host[b] = False
-            for b in tab.frees[i]:
-                alive[b] = present[b] = host[b] = False
+                if where[b] != DEV:
+                    made: list[int] = []
+                    self._resolve(b, i, (), made)
+                    for x in made:  # a freed source made for the chain: that
+                        if not bufs.alive[x]:  # life ends with it, as in the simulator
+                            free(x)
+            bufs.create_all(tab.creates[i])
+            bufs.written(tab.writes[i])
+            bufs.free_all(tab.frees[i])
             if triggered[i + 1]:
                 events(triggered[i + 1], i)
 
-    def _resolve(self, b: int, i: int, chain: tuple[int, ...]) -> None:
-        """Make absent `b` present before op `i` by its Recompute, or fail."""
+    def _resolve(self, b: int, i: int, chain: tuple[int, ...], made: list[int]) -> None:
+        """Make absent `b` present before op `i` by its Recompute, or fail;
+        `made` collects what was made."""
         hit = self.ip.recompute.get((b, i))
         op = self.trace.ops[i]
         if hit is None:
@@ -213,12 +213,15 @@ class _Replay:
             )
         for _k, srcs in hit.sources:
             for s in srcs:
-                if not self.present[s]:
-                    self._resolve(s, i, (*chain, b))
-        self.present[b] = True
+                if self.bufs.where[s] != DEV:
+                    self._resolve(s, i, (*chain, b), made)
+        do = self.bufs.apply(b, Event.NEED, Ctx(recompute=True))
+        assert do == Do.RECOMPUTE, Do.names(do)
+        self.bufs.apply(b, Event.REMAKE)
+        made.append(b)
 
     def _why(self, b: int) -> str:
-        if not self.alive[b]:
+        if not self.bufs.alive[b]:
             f = int(self.trace.freed_after[b])
             return f"freed by the framework after op {f}"
         return self._said(b)
@@ -240,8 +243,8 @@ class _Replay:
         return f"iteration {self.it}, after {_when(k)}: events[{e}] ({describe(ev)})"
 
     def _apply(self, e: int, ev: Triggered, k: int) -> None:
-        b = ev.buffer
-        if not self.alive[b]:
+        b, bufs = ev.buffer, self.bufs
+        if not bufs.alive[b]:
             w = self._where(e, ev, k)
             c = int(self.trace.created_at[b])
             raise PlanError(
@@ -249,21 +252,32 @@ class _Replay:
                 f"freed by the framework after op {int(self.trace.freed_after[b])})"
             )
         if isinstance(ev, SwapOut | Release):
-            if not self.present[b]:
+            if bufs.where[b] != DEV:
                 w = self._where(e, ev, k)
                 raise PlanError(f"{w}: buffer {b} is not on the device ({self._said(b)})")
-            self.present[b] = False
             self.why[b] = (e, k, self.it)
-            if isinstance(ev, SwapOut):
-                self.host[b] = True
-        elif isinstance(ev, SwapIn) and not self.present[b]:
-            if not self.host[b]:
+            if isinstance(ev, Release):
+                bufs.apply(b, Event.RELEASE)
+            else:
+                self._swap_out(b, ev.delay_us > 0)
+        elif isinstance(ev, SwapIn) and bufs.where[b] != DEV:
+            if not bufs.host[b]:
                 w = self._where(e, ev, k)
                 raise PlanError(
                     f"{w}: no host copy to read ({self._said(b)}, with no swap-out since "
                     f"it was last written)"
                 )
-            self.present[b] = True
+            bufs.apply(b, Event.SWAP_IN)
+            bufs.apply(b, Event.H2D_END)
+
+    def _swap_out(self, b: int, delayed: bool) -> None:
+        """A SwapOut whose copy, if it has bytes to move, happens at once."""
+        bufs = self.bufs
+        if not bufs.apply(b, Event.SWAP_OUT, Ctx(delayed=delayed)) & Do.COPY_D2H:
+            return  # a valid host copy: the device copy is dropped at the trigger
+        if bufs.apply(b, Event.COPY_OUT) & Do.LEAVE:
+            bufs.apply(b, Event.D2H_START)
+            bufs.apply(b, Event.D2H_END)
 
 
 def _when(k: int) -> str:

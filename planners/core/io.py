@@ -115,23 +115,20 @@ def save(
 
 # ---- reading ---------------------------------------------------------------
 # NOTE [ Plan fields ]
-# Every field of a plan file goes through `traces/fields.py` (NOTE [ Fields
-# from files ]): `type` is one of the four event names; `buffer` an integer
-# >= 0; `after_op` an integer >= -1 (-1: the iteration's start), `before_op`
-# >= 0 (a swap-out's may be -1: no deadline), recompute `ops` integers >= 0;
-# `delay_us` a finite number >= 0 and at most MAX_DELAY_US (a day: no
-# training iteration is longer, and anything past it is surely garbage;
-# the bound by the iteration itself needs a device, NOTE [ Delays within the
-# iteration ] in `planners/core/check.py`); `next_iteration` and
-# `restore_rng` true or false; a plan's optional `order` a list of integers
-# >= 0 (a permutation the trace allows: `validate`); the fingerprint, model, planner, status,
-# reason and detail strings; `solve_time_s` a finite number >= 0; `options`
-# and `stats` objects; the optional `provenance` an object (what made the
-# file: the app's NOTE [ Provenance ]; read as a whole, never interpreted,
-# and not kept in the `PlanResult`). Whether ids exist in the trace is `validate`'s
-# (`planners.core.plan`), run when the traces are given. The whole document
-# nests at most `fields.MAX_DEPTH` levels, and no object has a key its kind
-# does not know (`_KEYS`): a typo (`delay_su`) would otherwise be ignored.
+# Every field of a plan file goes through `traces/fields.py` (NOTE [ Fields from files ]): `type`
+# is one of the four event names; `buffer` an integer >= 0; `after_op` an integer >= -1 (-1: the
+# iteration's start), `before_op` >= 0 (a swap-out's may be -1: no deadline), recompute `ops`
+# integers >= 0; `delay_us` a finite number >= 0 and at most MAX_DELAY_US (a day: no training
+# iteration is longer, and anything past it is surely garbage; the bound by the iteration
+# itself needs a device, NOTE [ Delays within the iteration ] in `planners/core/check.py`);
+# `next_iteration` and `restore_rng` true or false; a plan's optional `order` a list of
+# integers >= 0 (a permutation the trace allows: `validate`); the fingerprint, model, planner,
+# status, reason and detail strings; `solve_time_s` a finite number >= 0; `options` and `stats`
+# objects; the optional `provenance` an object (what made the file: the app's NOTE [ Provenance ];
+# read as a whole, never interpreted, and not kept in the `PlanResult`). Whether ids exist in
+# the trace is `validate`'s (`planners.core.plan`), run when the traces are given. The document
+# nests at most `fields.MAX_DEPTH` levels, and no object has a key its kind does not know
+# (`_KEYS`): a typo (`delay_su`) would otherwise be ignored.
 MAX_DELAY_US = 86_400e6
 _KEYS = {
     "swap_out": ("type", "buffer", "after_op", "delay_us", "before_op"),

@@ -24,30 +24,20 @@ class OrderError(PlanError):
 
 
 # NOTE [ Allowed orders ]
-# An order is allowed when every op comes after each op it depends on in
-# the trace's order (SwapAdvisor's schedule is a topological order of the
-# dataflow graph). Dependencies are worked out per buffer, never per view:
-# views alias one storage, and an in-place op (`relu_`, `add_`) writes the
-# buffer its input lives in. Walking a buffer's accesses in trace order:
-# - read after write: an op reading the buffer after the last op that wrote it;
-# - write after read: an op writing it after every op that read it since the
-#   last write (else that reader would see the new value);
-# - write after write: an op writing it after the last writer.
-# An op that reads and writes (in place) is a writer that also reads.
-# Two more constraints hold across buffers:
-# - RNG order: ops that draw random numbers (`Op.rng`: bernoulli_, dropout,
-#   randn, ... as the recorder marks them) keep their relative order, since
-#   the generator's state advances per draw and the k-th draw must see the
-#   state the trace's k-th draw saw.
-# - Phases: the trace is cut into segments of consecutive ops of one phase
-#   (forward, backward, optimizer; a trace with gradient accumulation has
-#   several forward/backward segments). An op stays in its segment: every op
-#   of an earlier segment comes first. Autograd runs backward only once the
-#   loss exists and the optimizer step only once every gradient is in, so a
-#   real training loop cannot interleave them whatever the buffers say; and
-#   cross-iteration swaps (NOTE [ Cross-iteration swaps ]) name optimizer and
-#   forward ops whose roles must not change. Within a segment, independent
-#   branches may interleave freely.
+# An order is allowed when every op comes after each op it depends on in the trace's order
+# (SwapAdvisor's schedule is a topological order of the dataflow graph). Dependencies are per
+# buffer, never per view (views alias one storage; an in-place op writes its input's buffer).
+# Walking a buffer's accesses in trace order (an in-place op is a writer that also reads):
+# - read after write: an op reading it comes after the last op that wrote it;
+# - write after read: an op writing it comes after every op that read it since the last write;
+# - write after write: an op writing it comes after the last writer.
+# Across buffers: ops that draw random numbers (`Op.rng`) keep their relative order (the k-th
+# draw must see the generator state the trace's k-th draw saw); and each op stays in its
+# segment of consecutive ops of one phase (forward, backward, optimizer; several with gradient
+# accumulation), every op of an earlier segment first, as a real training loop runs them and
+# as cross-iteration swaps need (NOTE [ Cross-iteration swaps ]). Within a segment independent
+# branches may interleave freely.
+# Full text: docs/notes.md, "Allowed orders".
 
 
 class Dependency(NamedTuple):

@@ -82,21 +82,13 @@ _TABLES: weakref.WeakKeyDictionary[Trace, OpTable] = weakref.WeakKeyDictionary()
 
 
 # NOTE [ One object per buffer id ]
-# `tolist()` makes a new int object for every element, so a table built from
-# the trace's arrays held one object per access, write, creation and free of
-# a buffer: on a 30k-op step about 200k ints of 32 bytes, spread over 6 MB,
-# which the simulator's loop over ops reads (and reference-counts) as it
-# goes. The table shares one int per buffer id (`ids`) instead: 42k, in
-# buffer order, the order the per-buffer lists are in. Measured with the
-# sizes interleaved, three runs each: `GpuModel.run` per op on a 30k-op
-# step 2.64-2.95 us before, 2.38-2.48 after; on a 1k-op step 1.75-2.06 and
-# 1.70-1.91.
-# Sizes likewise: the simulator reads `nbytes[b]` at every allocation and
-# free, and a step repeats few sizes (its layers'), so `nbytes` and
-# `create_bytes` share one object per distinct value, which stays in cache,
-# where `tolist()` gave each buffer its own. Per op of `simulate` (in one
-# process, interleaved, 9 rounds, two runs): 30k-op step 2.58-2.63 us before,
-# 2.41-2.48 after; 1k-op step 2.16-2.18 and 2.15-2.16.
+# `tolist()` makes a new int object for every element, so a table built from the trace's arrays
+# would hold one object per access, write, creation and free of a buffer, which the simulator's
+# loop over ops reads (and reference-counts) as it goes. The table shares one int per buffer id
+# (`ids`) instead, in buffer order, the order the per-buffer lists are in. Sizes likewise: the
+# simulator reads `nbytes[b]` at every allocation and free, and a step repeats few sizes, so
+# `nbytes` and `create_bytes` share one object per distinct value, which stays in cache.
+# Measurements: docs/notes.md, "One object per buffer id".
 def _build_table(t: Trace) -> OpTable:
     n = t.n_ops
     sizes: dict[int, int] = {}  # one object per size (NOTE [ One object per buffer id ])
@@ -203,28 +195,19 @@ class Recomputation(NamedTuple):
 
 # NOTE [ Duplicate events ]
 # One rule, applied by everything that reads an `IndexedPlan`:
-# - Triggered events (SwapOut, SwapIn, Release) are never merged or dropped.
-#   The events of one trigger act in plan order, each on the state the one
-#   before it left, so a repeated event finds its work done: a second SwapOut
-#   or Release of one buffer finds it gone -- the simulator logs `skip`, the
-#   checker rejects the plan ("buffer 3 is not on the device"), as it rejects
-#   any swap-out or release of an absent buffer; a second SwapIn finds the
-#   buffer arriving (the simulator waits for that one copy before each
-#   swap-in's `before_op`) or present (the checker: nothing to do).
-# - An input released at the start of the iteration (`Release(b, -1)`) is
-#   never loaded (NOTE [ Iteration boundary ] in sim/model.py): such releases
-#   are not triggered events but `IndexedPlan.unloaded`, and `inputs` lacks
-#   their buffers. A consumer that loads every input and then releases (the
-#   checker, the replay executor) applies them with the start's other events,
-#   in plan order (`start_events`), so the checker rejects a second release
-#   of one input as above; the simulator just does not load the input.
-# - Recomputes act on demand, looked up by (buffer, before_op): when op i
-#   needs absent buffer b, the Recompute of b before i rebuilds it. Two for
-#   one key would leave the chain to an arbitrary choice (the simulator and
-#   the replay took the last one, the checker rejected the plan), so a
-#   second Recompute of one buffer before one op is a `PlanError` naming
-#   both events, wherever a plan is indexed. Recomputes of one buffer before
-#   different ops are independent.
+# - Triggered events (SwapOut, SwapIn, Release) are never merged or dropped: one trigger's
+#   events act in plan order, each on the state the one before left. A second SwapOut or
+#   Release of a buffer finds it gone (the simulator logs `skip`, the checker rejects the plan:
+#   "buffer 3 is not on the device"); a second SwapIn finds it arriving (the simulator waits
+#   for that one copy before each swap-in's `before_op`) or present (the checker: nothing to do).
+# - An input released at the iteration's start (`Release(b, -1)`) is never loaded
+#   (NOTE [ Iteration boundary ] in sim/model.py): such releases are `IndexedPlan.unloaded`,
+#   not triggered events, and `inputs` lacks their buffers. A consumer that loads every input
+#   and then releases (checker, replay) applies them with the start's other events in plan
+#   order (`start_events`), so the checker rejects a second release of one input.
+# - Recomputes act on demand: op i needing absent b runs the Recompute of b before i. A second
+#   one for one (buffer, before_op) is a `PlanError` naming both, wherever a plan is indexed.
+# Full text: docs/notes.md, "Duplicate events".
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from memplan.traces.model import Trace
 
 # NOTE [ Recompute chains ]
@@ -159,8 +158,3 @@ def recompute_points(
     for (gid, r), s in srcs.items():
         out.setdefault(gid, []).append(RecPoint(r, s, tuple(sorted(pullers.get((gid, r), ())))))
     return {gid: tuple(sorted(ps, key=lambda p: p.op)) for gid, ps in out.items()}
-
-
-def points_per_gap(points: dict[int, tuple[RecPoint, ...]]) -> float:
-    """The mean number of points of a recomputable gap (a size figure)."""
-    return float(np.mean([len(p) for p in points.values()])) if points else 0.0

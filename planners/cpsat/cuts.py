@@ -9,27 +9,17 @@ from memplan.planners.cpsat.spec import BuiltModel
 from ortools.sat.python import cp_model
 
 # NOTE [ Lane windows ]
-# A copy-out of a buffer absent at hot op h runs between the end of the
-# access that opens its gap (E_a; 0 for a HEAD gap of one job) and E_{h-1} -
-# margin, or R_h if h waits for it (NOTE [ Swap-out deadlines in the model ]
-# in cpsat/model.py; R_h >= E_{h-1} either way); a copy-in of it (but a cross-iteration one, which may wrap into the
-# next period) between E_h + margin and the ready time of the access that
-# closes it, R_c <= E_c - d_c. Copies in one direction never overlap (one
-# lane, or one lane per direction), so for every hot op h and every k
+# A copy-out of a buffer absent at hot op h runs between E_a and E_{h-1} - margin (or R_h
+# if h waits for it, NOTE [ Swap-out deadlines in the model ] in cpsat/model.py); a copy-in
+# (not a cross-iteration one) between E_h + margin and R_c <= E_c - d_c. Copies of one
+# direction never overlap, so for every hot op h and every k
 #     sum of out_ticks over gaps absent at h with a >= k <= R_h - E_k
 #     sum of in_ticks over gaps absent at h with c <= k  <= E_k - d_k - E_h
-# (without the margin: with no gap absent the window may be shorter than it).
-# The lane's no-overlap implies them once the times are fixed, but its
-# linear relaxation knows nothing of it: only the memory rows say which
-# buffers must leave, and the LP lets them all leave at once. On chain(13)
-# at a tight budget (benchmarks/cpsat.py --solve-times) the LP bound goes
-# from 2.073 to 2.145 ms in the first 0.2 s (optimum 2.183 ms) and the proof
-# from 21-28 s to 4-9 s with two workers. Only gaps certain to copy out (no
-# earlier host copy to reuse) enter the first sum, and only free gaps
-# (dropping terms keeps an inequality valid). Each window sums a prefix of
-# the gaps sorted by a (or c), so the terms grow as hot ops x gaps^2; above
-# WINDOW_TERMS_MAX only the widest window of each hot op is kept (from the
-# earliest a, up to the latest c).
+# (without the margin). The lane's no-overlap implies them once times are fixed, but its LP
+# relaxation lets every buffer leave at once; the cuts tighten the bound and shorten the
+# proof. Only gaps certain to copy out enter the first sum, only free gaps either (dropping
+# terms keeps them valid). Terms grow as hot ops x gaps^2: above WINDOW_TERMS_MAX only each
+# hot op's widest window is kept. Measurements: docs/notes.md, "Lane windows".
 
 
 WINDOW_TERMS_MAX = 60_000

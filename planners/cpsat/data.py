@@ -48,31 +48,19 @@ INEXACT_MARGIN = 64  # ticks
 
 
 # NOTE [ Several jobs ]
-# Jobs planned together share the compute, the lane(s) and one budget. The
-# model keeps them in step (NOTE [ Jobs in step ] in planners/analysis/bounds.py): one
-# period holds one iteration of every job, its ops at the positions of
-# `in_step_order`, and everything per op below is per position -- `dur`,
-# `mem0` (the joint release-only memory), the hot positions, the op chain
-# E_p = max(E_{p-1}, swap-ins due at p) + d_p. Buffers are numbered job by job
-# (`buf0`). A gap of job j is still between two accesses of j's own ops, but
-# its buffer may be absent at any position in between, other jobs' ops
-# included. On top of the one-job rules (NOTE [ CP-SAT semantics ]):
-# - The simulator must serve the ops in this order: a stall long enough for
-#   the next job to ask for the compute first would let it run ahead. So each
-#   op's request time Q_p = max(end of its job's previous op, its swap-ins)
-#   is earlier, by the margin, than the next position's (NOTE [ FIFO order ]
-#   in cpsat/model.py).
-# - Plan events are triggered by the job's own ops: a swap must leave a hole
-#   that contains the end of one of its own ops (where its SwapIn fires), and
-#   a HEAD gap's copy-out starts after the job's op 0 (in iteration 0 every
-#   job starts at time 0, later job j's iteration starts when its previous
-#   one ends, before the frame starts: an event at the iteration start would
-#   move between the two).
-# - No recomputation: a recompute runs on the shared compute as a request of
-#   its own, and another job's op would slip in between it and the op it
-#   serves, changing the order.
-# Jobs must have the same number of ops (else they do not stay in step, and a
-# PlanError says so).
+# Jobs planned together share the compute, the lane(s) and one budget. The model keeps them
+# in step (NOTE [ Jobs in step ] in planners/analysis/bounds.py): one period holds one
+# iteration of every job, its ops at the positions of `in_step_order`, and everything per op
+# (`dur`, `mem0`, the hot positions, the op chain) is per position; buffers are numbered job
+# by job (`buf0`). A gap of job j lies between two of j's accesses but may be absent at any
+# position between, other jobs' ops included. On top of NOTE [ CP-SAT semantics ]:
+# - each op's request time Q_p is earlier, by the margin, than the next position's, so the
+#   simulator serves the ops in this order (NOTE [ FIFO order ] in cpsat/model.py);
+# - plan events are triggered by the job's own ops (a swap's hole contains the end of one of
+#   its ops; a HEAD gap's copy-out starts after its op 0);
+# - no recomputation: another job's op would slip in before the op it serves.
+# Jobs must have the same number of ops, else a PlanError.
+# Full text and the reasons: docs/notes.md, "Several jobs".
 
 
 class GapKind(enum.Enum):
@@ -178,14 +166,6 @@ class CpsatData:
         """The position of the previous op of p's job, -1 for its op 0."""
         j, k = int(self.order.job[p]), int(self.order.op[p])
         return int(self.order.pos[j][k - 1]) if k else -1
-
-    def gaps_at(self) -> list[list[int]]:
-        """Per hot position, the gaps counting absence there."""
-        out: list[list[int]] = [[] for _ in range(len(self.hot))]
-        for g in self.gaps:
-            for h in g.hot_idx:
-                out[h].append(g.id)
-        return out
 
 
 def op_ticks(trace: Trace, device: DeviceModel) -> np.ndarray:

@@ -29,26 +29,17 @@ BEST = "best"  # `CpsatOptions.hint`: every heuristic planner, the fastest that 
 HEURISTICS = "memplan.planners.heuristics."
 
 # NOTE [ Hints ]
-# With `hint="best"` every registered planner of planners/heuristics (but
-# the no-move ones of heuristics/vanilla) plans the jobs at the budget, one
-# after the other while the hint's share of the time limit lasts. A plan is
-# a candidate when it fits by the planners' own memory view: for one job
-# its op-grid peak (`analysis.opgrid.memory_of_plan` on the predicted
-# timeline) is within the budget, for several jobs the planner says it
-# fits (the op grid is per job). The candidates, cheapest first by a lower
-# bound on their time in the model (compute plus recompute time, or the
-# swap-ins' time on the lane, which the model's period holds), become the
-# model's decisions (`readout.modes_from_plans`), fixed, with the timing
-# left to the model under a soft budget (NOTE [ Soft budget ] in
-# cpsat/search.py), until the fastest plan the model found is no slower
-# than the next candidate's bound, or until the time left would not cover
-# another repair as long as the last (its model's build is not bounded by
-# the solver's limit: densenet121's took 8 s, and five of them ran 43 s of a
-# 12 s share): that plan is the hint. Where none is,
-# the candidate (or, with none, the plan of least op-grid peak) whose
-# completion is least over the budget starts the soft search instead. A
-# planner that raises is skipped: a hint is a convenience. `hint=NAME` asks
-# one planner, fitting or not.
+# With `hint="best"` every registered heuristic planner (but vanilla's no-move ones) plans
+# the jobs at the budget while the hint's share of the time limit lasts. A plan is a
+# candidate when it fits by the planners' view (one job: its op-grid peak; several: the
+# planner's word). Candidates, cheapest first by a lower bound on their time in the model,
+# become the model's fixed decisions (`readout.modes_from_plans`), timed by the model under
+# a soft budget (NOTE [ Soft budget ] in cpsat/search.py), until the fastest plan found is
+# no slower than the next candidate's bound or the time left would not cover another repair
+# as long as the last (builds are not bounded by the solver's limit): that plan is the hint.
+# With none, the candidate (or plan of least op-grid peak) least over the budget starts the
+# soft search. A planner that raises is skipped; `hint=NAME` asks one planner, fitting or
+# not. Full text and measurements: docs/notes.md, "Hints".
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,30 +19,19 @@ from memplan.planners.cpsat.solve import solve, time_left
 from memplan.planners.cpsat.spec import ModelSpec, Objective, Solution
 
 # NOTE [ Windows ]
-# The exact model has one absence literal per (gap, hot op): up to a million
-# on the shipped traces. Above `max_exact_terms` of them the planner
-# 1. solves a coarsened model, in which a gap is absent over whole blocks of
-#    consecutive hot ops (`lns_coarse_segments` literals at most) -- a
-#    restriction of the exact model, so every solution is a valid plan;
-# 2. then repeatedly re-opens a window of `lns_window_hot_ops` hot ops around
-#    the tightest op of the incumbent (least memory slack first): the gaps
-#    with hot ops in the window (at most `lns_max_free_gaps`) become free,
-#    with one literal per hot op inside the window; every other gap keeps the
-#    incumbent's decision and absence span, and all times stay free. A window
-#    solution replaces the incumbent when it is strictly better.
-# A coarse model that turns out infeasible is refined (blocks a quarter as
-# long) and solved again; at one hot op per block it is the exact model and
-# its infeasibility a proof. Otherwise a restricted model proves nothing
-# globally, so the reported best bound is the analytic one of
-# `planners/analysis/bounds.py`; the stats say `search: "lns"`.
-# Building a model takes time the solver's limit does not see (0.7-1.3 s a
-# window on densenet121, 5.5 s its first coarse model; twice that with the
-# two cores shared), so a window starts only while the time left exceeds
-# the slowest window build so far plus 0.5 s, and an infeasible coarse model
-# is refined only while it exceeds its build plus 1 s (a finer one builds no
-# faster). Starting one with 0.5 s left had CP-SAT end at 61.0 s of a 60 s
-# limit (densenet121 at 50%, two processes; NOTE [ The time limit is the
-# planner's ] in cpsat/search.py).
+# The exact model has one absence literal per (gap, hot op). Above `max_exact_terms` the
+# planner 1. solves a coarsened model (a gap absent over whole blocks of hot ops, at most
+# `lns_coarse_segments` literals: a restriction, so every solution is a valid plan), then
+# 2. re-opens windows of `lns_window_hot_ops` hot ops around the incumbent's tightest op:
+# the gaps with hot ops inside (at most `lns_max_free_gaps`) become free, every other gap
+# keeps its decision and span, all times free; a strictly better solution replaces the
+# incumbent. An infeasible coarse model is refined (blocks a quarter as long); at one hot op
+# per block its infeasibility is a proof. Otherwise the reported bound is the analytic one
+# (planners/analysis/bounds.py; stats `search: "lns"`). Model builds take time the solver's
+# limit does not see, so a window starts only while the time left exceeds the slowest build
+# so far plus 0.5 s, and a refinement only while it exceeds its build plus 1 s
+# (NOTE [ The time limit is the planner's ] in cpsat/search.py).
+# Measurements: docs/notes.md, "Windows".
 
 
 COARSE_SHARE = 0.4  # of what is left, for the coarse model before the windows

@@ -23,38 +23,20 @@ from memplan.planners.cpsat.spec import RECOMPUTE, SWAP, BuiltModel, ModelSpec, 
 from ortools.sat.python import cp_model
 
 # NOTE [ CP-SAT semantics ]
-# The model costs a plan the way `sim` runs it (NOTE [ Event semantics ] in
-# sim/model.py), for one job alone on the device, in steady state (for
-# several, read "op k" as "position k" and see NOTE [ Several jobs ]):
-# - Op k becomes ready at R_k = max(E_{k-1}, end of every swap-in due before
-#   k, and of every copy-out it waits for: NOTE [ Swap-out deadlines in the
-#   model ]) (E_{-1} = 0, the iteration start), runs the recomputations placed
-#   before it, then itself: E_k = R_k + sum(recompute durations) + d_k. Ops
-#   never idle: R_k is an equality, as in the simulator.
-# - A swapped gap has an optional D2H interval starting at or after E_a and an
-#   H2D interval starting at or after the D2H end and ending by R_c. Every
-#   interval of a lane goes into one `add_no_overlap` (one lane shared by
-#   both directions, or one per direction with lanes=2). The plan pins every
-#   copy to its model start with (trigger op, delay), so the simulator finds
-#   the lane free exactly when the model does.
-# - Memory is checked per op window [E_{k-1}, E_k], closed at both ends: a
-#   buffer in a gap counts as absent at op k only if its D2H copy ended at
-#   least `margin` ticks before E_{k-1} and its H2D copy starts at least
-#   `margin` ticks after E_k. The simulator processes events of equal time in
-#   scheduling order, so a free and an allocation at the same instant may
-#   come either way; the margin (1 ns) makes every such tie harmless.
-#   Frees in the job's own process (framework frees, Release after op a) are
-#   done before op a+1 allocates, so a release counts from window a+1.
-# - Absence is decided per segment of a gap's hot ops (one hot op each in the
-#   exact model; longer runs when coarsened for large traces): absent over a
-#   segment requires the copy-out done before its first op's window and the
-#   copy-in started after its last. A swap must be absent over at least one
-#   segment: then an op ends between the copy-out and the copy-in, which is
-#   where the plan triggers the swap-in (a swap-in triggered while the
-#   swap-out is still running would cancel it in the simulator).
-# - A gap whose earlier gap of the same write epoch was swapped needs no D2H:
-#   the host copy is still valid; the plan releases it after a instead (a
-#   synchronous free) and swaps it back in from that copy.
+# The model costs a plan the way `sim` runs it (NOTE [ Event semantics ] in sim/model.py),
+# for one job alone, in steady state (several: NOTE [ Several jobs ]):
+# - Op k is ready at R_k = max(E_{k-1}, the swap-ins due before k, the copy-outs it waits
+#   for) (E_{-1} = 0), runs its recomputations, then itself: E_k = R_k + recompute + d_k.
+#   R_k is an equality: ops never idle.
+# - A swapped gap has an optional D2H interval from E_a and an H2D interval after it, ending
+#   by R_c; each lane's intervals go into one `add_no_overlap`. The plan pins every copy to
+#   its model start (trigger op, delay), so the simulator finds the lane free when the model does.
+# - Memory per op window [E_{k-1}, E_k], closed: a gap's buffer is absent at k only if its
+#   D2H ended `margin` (1 ns, against ties) before E_{k-1} and its H2D starts `margin` after
+#   E_k. Own-process frees after op a count from window a+1.
+# - Absence is per segment of hot ops; a swap is absent over at least one, so an op ends
+#   between its copies to trigger the swap-in. A gap whose same-epoch earlier gap was swapped
+#   reuses the host copy (Release, no D2H). Full text: docs/notes.md, "CP-SAT semantics".
 #
 # NOTE [ Recompute ]
 # A WITHIN gap of buffer b may instead release b after its access a and

@@ -24,21 +24,15 @@ UNFIT_S = 1e9
 
 
 # NOTE [ AutoSwap BO ]
-# §IV-C tunes w1..w4 in [-1, 1] of the BO score (NOTE [ AutoSwap scores ])
-# with Bayesian optimisation, the objective the communication overhead
-# measured with the trial's weights, about 30 trials. Ours: optuna's TPE
-# sampler (`TPESampler(seed=seed)`, one trial at a time: the same seed gives
-# the same trials, weights and plan; the paper's Gaussian-process prior is
-# optuna's GPSampler, which needs scipy besides torch), `trials` trials, the
-# objective the simulated iteration time of the trial's plan under the
-# budget through the app shell's evaluator -- the overhead plus the vanilla
-# time, which is the same for every trial. A plan that runs out of memory
-# on its own scores `UNFIT_S`. The first four trials are the single scores
-# (weights one-hot, enqueued), so BO never returns a plan slower than the
-# best single score; the best trial wins, ties to the earlier. Trials whose
-# weights select the same candidates share one simulation. `time_limit_s`
-# stops BO after the trial that passes it; only `trials` binding first makes
-# the result independent of the machine's speed (`stats["bo_stopped_by"]`).
+# §IV-C tunes w1..w4 in [-1, 1] of the BO score (NOTE [ AutoSwap scores ]) by Bayesian
+# optimisation of the measured overhead. Ours: optuna's TPE sampler (seeded, one trial at a
+# time; the paper's Gaussian process would be GPSampler, which needs scipy), `trials`
+# trials, the objective the simulated iteration time of the trial's plan under the budget
+# (`UNFIT_S` when it runs out of memory alone). The first four trials are the single scores
+# (one-hot), so BO is never worse than the best of them; the best trial wins, ties to the
+# earlier; trials selecting the same candidates share one simulation. `time_limit_s` stops
+# after the trial that passes it; only `trials` makes the result machine-independent
+# (`stats["bo_stopped_by"]`). Full text: docs/notes.md, "AutoSwap BO".
 def tune(
     planner: Planner, evaluator: Evaluator, opts: AutoSwapOptions
 ) -> tuple[tuple[float, ...], dict[str, Any]]:

@@ -56,33 +56,19 @@ class Schedule:
 
 
 # NOTE [ AutoSwap scheduling ]
-# §IV-E: swap-outs in ascending order of the access they follow, each
-# starting right after that access ends or, if the stream is busy, when the
-# swap-out before it ends; swap-ins by their next access, each started early
-# enough to arrive before it, one at a time, so they chain back from the
-# last one (Fig. 7): a swap-in ends when its access is ready or when the
-# next swap-in starts, whichever is earlier. We compute both chains on the
-# predicted timeline, one stream per direction and job as in the paper
-# (its runtime serves one job). The plan
-# triggers each swap-out right after its access (the simulator's lane runs
-# copies one at a time in trigger order, which is this chain) and each
-# swap-in at its chained start (`delay_us` after the op that ends last
-# before it). The buffer is off the device for the ops lo..hi: from the
-# first one ready after its swap-out's chained end to the last one ending
-# before its swap-in's chained start -- widened to hold the gap's ops in
-# the peak time, which is what the candidate is for (NOTE [ AutoSwap
-# candidates ]). A
-# chain that runs late (the copies take longer than the compute between the
-# accesses, or one lane carries both directions) would leave the hole empty;
-# the paper's runtime then makes a malloc wait for the swap-outs, and the
-# plan says so with a deadline: each swap-out's `before_op` is lo
-# (planners.core.plan NOTE [ Swap-out deadlines ]), and a swap-in is
-# triggered no earlier than after op hi. A late swap-in starts no earlier
-# than planned, so it takes its bytes no earlier either: the memory on the
-# op grid holds however the lane runs, and late copies show as stall time --
-# the overhead BO minimises. This is why the planners' free-slot lane model
-# (`LaneSet`, for TENSILE's hidden copies) is not used here: AutoSwap does
-# not skip a copy that cannot hide, it queues it.
+# §IV-E (Fig. 7): swap-outs in order of the access they follow, each starting when that
+# access ends or when the swap-out before it ends; swap-ins by their next access, one at a
+# time, chained back from the last (each ends when its access is ready or the next one
+# starts, whichever is earlier). Both chains are computed on the predicted timeline, one
+# stream per direction and job. The plan triggers each swap-out right after its access and
+# each swap-in at its chained start (`delay_us` after the last op ending before it). The
+# buffer is off the device for ops lo..hi, widened to hold the gap's ops in the peak time
+# (NOTE [ AutoSwap candidates ]). A chain that runs late makes AutoSwap's malloc wait, so
+# each swap-out's `before_op` is lo (planners.core.plan NOTE [ Swap-out deadlines ]) and a
+# swap-in is triggered no earlier than after op hi: the op-grid memory holds however the
+# lane runs, and late copies show as stall, the overhead BO minimises. Hence no `LaneSet`
+# here: AutoSwap does not skip a copy that cannot hide, it queues it.
+# Full text: docs/notes.md, "AutoSwap scheduling".
 def schedule(state: State, chosen: Sequence[int]) -> Schedule:
     """Schedule the candidates `chosen` (NOTE [ AutoSwap scheduling ])."""
     jobs, cands = state.jobs, state.cands

@@ -68,28 +68,17 @@ class Candidate:
 
 
 # NOTE [ AutoSwap candidates ]
-# §IV-A keeps the variables (i) of at least a size threshold (`min_bytes`,
-# the paper's "e.g. 1 MB": 1 MiB by default) (ii) whose lifetime spans the
-# peak time. We read both on each job's memory load under the framework's
-# own frees (the trace's lifetimes; on the shipped traces the load peaks at
-# the same op and height as with frees right after the last access). A
-# candidate is one gap of a buffer: the ops strictly between two
-# consecutive accesses, within the iteration (a gap that wraps into the
-# next iteration, an optimizer state touched only by the update, is left
-# alone: swapping across iterations is TENSILE's idea, not AutoSwap's), as
-# the paper draws it (Fig. 5). "The peak time" we take as the ops over the
-# limit: with a budget, the ops whose load is above it (with several jobs,
-# above the job's share of it, in proportion to its peak: the peak of all
-# is the sum of theirs); without one, or if no op is over, the first op of
-# the maximum. A gap is a candidate if one of its ops is in the peak time.
-# Reading the peak as a single op, the candidates are too few where the
-# limit is tight: once they are all out the load peaks elsewhere (resnet50
-# at 60% of its peak: every gap around op 320 swapped leaves the peak at
-# 84%), and SWDOA's reason to exist, a peak that moves as variables leave,
-# says the paper meant the region where the load is high. A buffer may so
-# give several candidates (one per gap); their holes never overlap. The
-# gap's ops in the peak time (`first`..`last`) are what its swap is for: its
-# hole holds them whatever the copies cost (NOTE [ AutoSwap scheduling ]).
+# §IV-A keeps the variables (i) of at least a size threshold (`min_bytes`, 1 MiB by default)
+# (ii) whose lifetime spans the peak time, read on each job's load under the framework's
+# own frees. A candidate is one gap of a buffer: the ops strictly between two consecutive
+# accesses within the iteration (Fig. 5; a gap wrapping into the next iteration is left
+# alone: that is TENSILE's idea). "The peak time" is the ops whose load is over the budget
+# (with several jobs, over the job's share, in proportion to its peak); with no budget or
+# no op over, the first op of the maximum. A single peak op gives too few candidates where
+# the limit is tight, and SWDOA exists because the peak moves. A gap is a candidate if one
+# of its ops is in the peak time; a buffer may give several, whose holes never overlap.
+# Its ops in the peak time (`first`..`last`) are what its swap is for
+# (NOTE [ AutoSwap scheduling ]). Full text and an example: docs/notes.md.
 def candidates(
     jobs: Sequence[AutoSwapJob], min_bytes: int, budget: int | None = None
 ) -> list[Candidate]:
@@ -123,28 +112,17 @@ def candidates(
 
 
 # NOTE [ AutoSwap scores ]
-# The four priority scores of §IV-B, for a candidate of `nbytes` bytes off
-# the device between accesses `prev` and `nxt` (all on the predicted
-# timeline, microseconds; the load is bytes per op):
-# - span = ready(nxt) - end(prev): the time between the two accesses;
-# - DOA = span - d_out - d_in: the span minus the swap-out and swap-in copy
-#   times (`DeviceModel.copy_time`), the time it could be away;
-# - AOA = DOA * nbytes, and DOA / nbytes when DOA < 0 (the paper's rule
-#   for a variable whose copies do not fit its gap: the smaller its size,
-#   the more negative);
-# - WDOA = the area under the load between the two accesses: the sum over
-#   ops prev < k < nxt of load[k] * (end(k) - ready(k)) (bytes x us);
-# - SWDOA = WDOA made submodular: take the candidate of highest WDOA,
-#   lower the load by its bytes over its gap (the ops prev < k < nxt), and
-#   compute WDOA of the rest on that load; repeat until every candidate is
-#   taken. A candidate's SWDOA is its WDOA on the load when it was taken,
-#   so ranking by it ranks in the order taken (a later take never has a
-#   larger value: the load only goes down).
-# Ties in any ranking go to the lower (job, buffer, gap). The BO score (§IV-C,
-# equation 3) is w1 z(DOA) + w2 z(AOA) + w3 z(WDOA) + w4 z(SWDOA) with each
-# score standardised over the candidates (z = (x - mean) / std; 0 for a
-# score equal on all of them) and weights in [-1, 1]; a single score is the
-# weight vector with a 1 in its place.
+# §IV-B's scores of a candidate of `nbytes` off the device between accesses `prev` and `nxt`
+# (predicted timeline, microseconds):
+# - span = ready(nxt) - end(prev); DOA = span - d_out - d_in (`DeviceModel.copy_time`);
+# - AOA = DOA * nbytes, or DOA / nbytes when DOA < 0 (the paper's rule);
+# - WDOA = sum over ops prev < k < nxt of load[k] * (end(k) - ready(k)) (bytes x us);
+# - SWDOA: WDOA made submodular -- take the highest-WDOA candidate, lower the load by its
+#   bytes over its gap, recompute the rest's WDOA, repeat; each keeps its value when taken.
+# Ties go to the lower (job, buffer, gap). The BO score (§IV-C, Eq. 3) is
+# w1 z(DOA) + w2 z(AOA) + w3 z(WDOA) + w4 z(SWDOA), each score standardised over the
+# candidates (0 where equal on all), weights in [-1, 1]; a single score is a one-hot vector.
+# Full text: docs/notes.md, "AutoSwap scores".
 def scores(jobs: Sequence[AutoSwapJob], cands: Sequence[Candidate]) -> np.ndarray:
     """float64[len(cands), 4]: DOA, AOA, WDOA, SWDOA of each candidate
     (NOTE [ AutoSwap scores ])."""

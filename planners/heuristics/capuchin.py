@@ -59,47 +59,31 @@ from memplan.planners.heuristics.capuchin_options import (
 from memplan.traces.model import Trace
 
 # NOTE [ Capuchin candidates and rounds ]
-# - The "measured execution" is our predicted one: the timeline of
-#   `analysis.predict_timelines` (jobs run together, each planned alone) and
-#   the framework's frees; the memory is `analysis.memory_of_plan`'s op grid.
-# - Memory to save = peak - budget at the current peak op p. Candidates are
-#   access pairs (evicted access, back access) of non-persistent buffers
-#   resident at p with p strictly between the two accesses (so the buffer is
-#   accessed more than once and its accesses span the peak). Each chosen
-#   candidate lowers the peak by its bytes (`mem_saving -= t.mem`).
-# - Capuchin refines its plan over iterations by feedback; we refine it over
-#   rounds: when the saving is reached the plan's memory is predicted again,
-#   and if the peak moved to another op still over budget, Algorithm 1 runs
-#   again around that op. No candidate left with the peak over budget:
-#   it stops with no move left (the plan so far is returned).
-# - Several jobs: each is planned alone against a share of the budget
-#   proportional to its vanilla peak.
+# - The "measured execution" is our predicted one (`analysis.predict_timelines`, the
+#   framework's frees); memory is `analysis.memory_of_plan`'s op grid.
+# - Memory to save = peak - budget at the current peak op p. Candidates: access pairs
+#   (evicted, back) of non-persistent buffers resident at p with p strictly between them;
+#   each chosen one lowers the peak by its bytes.
+# - Capuchin refines over iterations by feedback; we refine over rounds: once the saving is
+#   reached the memory is predicted again, and Algorithm 1 runs again around a new peak op
+#   still over budget, until no candidate is left (the plan so far is returned).
+# - Several jobs: each planned alone against a share of the budget in proportion to its
+#   vanilla peak. Full text: docs/notes.md, "Capuchin candidates and rounds".
 #
 # NOTE [ Capuchin swaps ]
-# - FT = SwapInStartTime - SwapOutEndTime with the ideal times: the swap-out
-#   starts when the evicted access ends, the swap-in ends when the back
-#   access starts (Eq. 1); candidates are ranked by FT, longest first.
-# - PCIe carries one copy at a time (§4.4): copies are booked on the job's
-#   lane timeline (`analysis.LaneSet`). The swap-out takes the earliest free
-#   slot after the evicted access and must end before p starts (else it does
-#   not lower this peak: no swap). The in-trigger is the latest op whose end
-#   (+ `delay_us`) starts a free slot ending before the back access, and it
-#   may not lie inside the peak: the copy starts after p ends. If no such
-#   slot exists the swap-in takes the earliest free slot after p, and its
-#   overhead is the time the back access waits for it.
-# - Phase 1 takes candidates in FT order while their swap-in is hidden. At
-#   the first one that is not, phase 2 starts: each step weighs the swap of
-#   the remaining candidate with the longest FT against the recompute of the
-#   one with the highest MSPS and takes the one with less overhead (§4.5:
-#   "compare the minimal overhead of swapping or recomputing ..."); the
-#   other stays a candidate. Ties go to swapping.
-#
-# - Each swap-out names the first op that starts after its planned copy
-#   end as its deadline (`SwapOut.before_op`): the op this plan counts the
-#   buffer gone for waits for a late copy instead of running with it
-#   (planners.core.plan NOTE [ Swap-out deadlines ]). It costs stall where
-#   the lane is congested; without it those plans ran with more memory than
-#   the planner counted at the ops it checked (measured: docs/planners.md).
+# - FT = SwapInStartTime - SwapOutEndTime at the ideal times (Eq. 1); longest first.
+# - PCIe carries one copy at a time (§4.4): copies are booked on the job's lane
+#   (`analysis.LaneSet`). The swap-out takes the earliest free slot after the evicted access
+#   and must end before p starts (else no swap). The swap-in is triggered by the latest op
+#   outside the peak whose end starts a free slot ending before the back access; with none,
+#   it takes the earliest slot after p, and the back access's wait is its overhead.
+# - Phase 1 takes candidates in FT order while their swap-in is hidden; then each step takes
+#   the cheaper of swapping the longest-FT candidate and recomputing the highest-MSPS one
+#   (§4.5), ties to swapping.
+# - Each swap-out's deadline (`SwapOut.before_op`) is the first op starting after its
+#   planned copy end (planners.core.plan NOTE [ Swap-out deadlines ]): a late copy stalls
+#   instead of overrunning the memory counted. Full text: docs/notes.md; measured in
+#   docs/planners.md.
 
 
 class JobPlanner:

@@ -14,25 +14,16 @@ if TYPE_CHECKING:
     from memplan.planners.heuristics.capuchin import JobPlanner
 
 # NOTE [ Capuchin recompute ]
-# - Recompute frees the buffer after the evicted access (`Release`) and
-#   re-runs its lineage on demand before the back access (`Recompute`),
-#   §4.4. The lineage is `planners.analysis.msps.chain`: the buffer's producer and,
-#   recursively, the producers of inputs not on the device then -- freed by
-#   the framework, or evicted by this plan over the back access -- up to
-#   `max_recompute_ops` ops (NOTE [ What can be recomputed ] in msps.py).
-# - MSPS = bytes / (rp_time + ext_time) with Algorithm 2's iterative update:
-#   first every candidate's sources are taken to be on the device; when t is
-#   chosen, a candidate that recomputes from t recomputes from t's sources
-#   instead (rp_time += t.rp_time), and a candidate that chosen recomputes
-#   read as a source carries their repeated work in ext_time. We apply a
-#   replacement only when t is really absent over that candidate's back
-#   access (its evicted gap contains it), and treat a swapped candidate the
-#   same way for the others' lineages (Algorithm 2 only knows recomputes).
-# - Chains are rebuilt from the final evictions when the plan is assembled:
-#   a later eviction of a source lengthens an earlier chain. A recompute
-#   whose chain can no longer be built is dropped and not tried again.
-# - Recompute overhead = the chain's predicted time (+ ext_time); it is not
-#   fed back into the timeline (Capuchin measures it in the next iteration).
+# - Recompute (§4.4): `Release` after the evicted access, `Recompute` of its lineage before
+#   the back access; the lineage is `planners.analysis.msps.chain`, up to `max_recompute_ops`
+#   ops (NOTE [ What can be recomputed ] in msps.py).
+# - MSPS = bytes / (rp_time + ext_time), with Algorithm 2's iterative update, applied only
+#   where the chosen t is really absent over that candidate's back access, and for swapped
+#   candidates too (Algorithm 2 only knows recomputes).
+# - Chains are rebuilt from the final evictions when the plan is assembled; a recompute whose
+#   chain can no longer be built is dropped and not tried again.
+# - Recompute overhead = the chain's predicted time (+ ext_time), not fed back into the
+#   timeline (Capuchin measures it in the next iteration). Full text: docs/notes.md.
 
 
 class Hybrid:

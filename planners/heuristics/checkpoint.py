@@ -95,44 +95,20 @@ class _Tables:
 
 
 # NOTE [ Checkpoint boundaries ]
-# - The forward dataflow graph of activations on the main path: the entry
-#   is the first forward op that reads an input (the model's first layer);
-#   its outputs and, transitively, every buffer a forward op writes from
-#   one of them are the nodes, with an edge from each node an op reads to
-#   each it writes. A virtual source S joins the entry's outputs, a virtual
-#   sink T the nodes that the last forward op reading any reads (the model's
-#   output, read by the loss). Side values -- constants (a causal mask),
-#   values made from other inputs (shifted labels, an attention mask) -- are
-#   left out with parameters and inputs: never released, always available;
-#   as nodes they would tie every layer to the source or the sink and leave
-#   no boundary.
-# - Boundary candidates are the articulation points that separate S from T
-#   (the cut vertices on the S-T path of the block-cut tree): every value
-#   after such a buffer is computed from it alone (besides parameters and
-#   inputs). On a chain that is every layer's output; on a residual network
-#   only the blocks' outputs; where the graph is not a chain nothing inside a
-#   block qualifies. Only candidates read again in backward count (a kept
-#   boundary must outlive the forward pass without help).
-# - With n candidates and k segments (default round(sqrt(n)), at most n),
-#   candidate number floor(j * n / k) (1-based, j = 1..k) is kept: on a chain
-#   of 16 layers x4, x8, x12 and x16. The last candidate is always kept; when
-#   k does not divide n the final segment (not checkpointed) is the longer
-#   one, which recomputes the early segments later in backward, when less
-#   is resident (fewer fallbacks than ceil: docs/planners.md).
-# - Released: the activations created in forward up to the last kept
-#   boundary before the final segment and read again in backward, other
-#   than the kept boundaries and the other outputs of the ops that write
-#   them. Each is released after its last forward access. The final segment
-#   runs without checkpointing, as in `torch.utils.checkpoint.
-#   checkpoint_sequential`: backward starts by needing all of it, at the
-#   moment the forward pass peaks, so releasing it would lower no peak and
-#   cost a recomputation (and its temporaries). One segment = nothing released.
-# - A plan whose predicted peak (`analysis.memory_of_plan`, recompute
-#   temporaries included) is above the framework's own peak is not worth
-#   running: the planner returns the empty plan for that job instead
-#   (stats `fallback`). The recomputation of an early segment late in
-#   backward brings back its temporaries, which can outweigh what releasing
-#   the few segments before it saved on small or skip-heavy graphs.
+# - Graph: the forward dataflow graph of activations on the main path, from the first
+#   forward op reading an input (source S) to what the last forward op reads (sink T, the
+#   model's output). Side values (constants, masks, shifted labels) are left out with
+#   parameters and inputs: as nodes they would tie every layer to S or T.
+# - Candidates: the articulation points separating S from T (every later value is computed
+#   from one alone), read again in backward.
+# - Of n candidates and k segments (default round(sqrt(n)), at most n), number
+#   floor(j * n / k), j = 1..k, is kept: the final segment, never checkpointed, is the longer.
+# - Released: forward activations up to the last kept boundary before the final segment
+#   that backward reads again, other than the kept boundaries and their ops' other outputs,
+#   each after its last forward access. The final segment runs without checkpointing, as in
+#   `checkpoint_sequential`: releasing it would lower no peak.
+# - A plan predicted to peak above the framework's own peak is replaced by the empty plan
+#   (stats `fallback`). Full text and the reasons: docs/notes.md, "Checkpoint boundaries".
 def _forward_graph(tab: _Tables) -> tuple[nx.Graph, list[bool]]:
     """The undirected forward dataflow graph of the main path's activations
     with S and T (NOTE [ Checkpoint boundaries ]), and which buffers are its
@@ -223,21 +199,15 @@ def _segment(tab: _Tables, segments: int | None) -> Segmentation:
 
 
 # NOTE [ Checkpoint recomputation ]
-# Chen et al. re-run each segment's forward once, when backward reaches the
-# segment. Here each released buffer gets a `Recompute` keyed on the op that
-# first needs it, found by replaying the backward pass in order:
-# - its chain holds the ops that wrote it, and, for each input of those ops
-#   that the framework has freed by then (a temporary of the segment that
-#   backward never reads), the ops that wrote that input, recursively;
-# - an input that is released and not yet back is a *source* with its own
-#   `Recompute` before the same op (nested; the executor resolves sources
-#   first). It stays resident until the framework frees it, so a segment is
-#   recomputed once, from the boundary before it -- the collective
-#   recomputation of Capuchin §5.3;
-# - a chain that would re-run an op writing a persistent buffer or an input,
-#   or read a source overwritten since, cannot restore the value: that buffer
-#   is kept instead (its `Release` dropped). Ops consuming RNG state set
-#   `restore_rng`.
+# Chen et al. re-run each segment's forward once, when backward reaches it. Here each
+# released buffer gets a `Recompute` keyed on the op that first needs it (replaying backward
+# in order): its chain holds the ops that wrote it and, recursively, the writers of inputs
+# the framework has freed by then; an input released and not yet back is a *source* with its
+# own `Recompute` before the same op, kept resident until the framework frees it, so a
+# segment is recomputed once (Capuchin §5.3's collective recomputation). A chain that would
+# re-run an op writing a persistent buffer or an input, or read a source overwritten since,
+# cannot restore the value: that buffer is kept (its `Release` dropped). Ops consuming RNG
+# state set `restore_rng`. Full text: docs/notes.md, "Checkpoint recomputation".
 class _Replay:
     """Replays backward in demand order and builds the recompute events
     (NOTE [ Checkpoint recomputation ])."""

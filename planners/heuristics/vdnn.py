@@ -5,55 +5,23 @@ vDNN_all offloads the input feature maps of every layer, vDNN_conv only those
 of convolution layers (`VdnnOptions.layers`). It ignores the budget: the plan
 is fixed by the network's structure, which is the point of the baseline (the
 result is infeasible when the predicted peak still exceeds a budget given).
+"""
 
 # NOTE [ vDNN layers and feature maps ]
-# - A *layer* is a maximal run of consecutive forward ops with the same
-#   `Op.module`: a leaf module's call, or the functional ops a parent module
-#   runs between its children's calls (ResNet's residual `add`). A module
-#   called twice is two layers.
-# - A layer is a convolution layer when one of its ops is a convolution
-#   (`_is_conv`).
-# - The *input feature maps* of a layer are the non-persistent activation
-#   and input buffers its forward ops read and none of them writes (state a
-#   layer makes and updates itself, dropout's mask, is not an input), that
-#   are read or written again in backward.
-# - A buffer read by several layers (a skip connection) is offloaded once,
-#   after its *last* forward access -- offloading after an earlier layer would
-#   only have to bring it back for the later one. vDNN offloads while the
-#   layer computes; our swap-out starts when that op ends (a copy may not
-#   start while an op still reads the buffer in this model), and the memory
-#   is free when the copy ends.
-# - Prefetch: the swap-in is triggered when the backward of the *next* layer
-#   starts, and must end before the buffer's first backward access
-#   (`before_op`). The next layer is found from `before_op`: the layer of
-#   that op's module (backward ops carry the module of the forward op they
-#   differentiate; with several calls, the last one before the offload), then
-#   the layers after it in forward order, skipping those with no backward op
-#   in the window (a residual `add`'s backward is free). Its backward start is
-#   the first op of its last run of consecutive backward ops before
-#   `before_op`. With no such layer within `MAX_SCAN` layers (the loss, ops
-#   whose module ran no forward), the swap-in is triggered by the op just
-#   before `before_op`.
-# - A buffer whose swap-in would be triggered by the op that swaps it out is
-#   left alone (there is no time in which it could be off the device).
-# - Synchronisation: vDNN synchronises its memory stream with the compute
-#   stream at layer boundaries, so an offload overlaps one layer's compute
-#   and the next layer waits for it (the "delayed computation start" TENSILE
-#   counts among vDNN's problems). Here a copy may not start before the op
-#   reading the buffer has ended, so the layer it overlaps is the next one:
-#   the swap-out's deadline (`SwapOut.before_op`, planners.core.plan NOTE
-#   [ Swap-out deadlines ]) is the first op of the layer after that one --
-#   the first op after the forward pass if there is none, and at the latest
-#   the op whose end triggers the buffer's prefetch. A buffer whose copy
-#   would have no op to overlap before that deadline (the last layers'
-#   inputs, prefetched as soon as backward starts) is left alone: offloading
-#   it would only stall compute for the copy. Without deadlines the copies
-#   queue up behind each other through the forward pass, and whether one
-#   ends before or after a later op allocates, or is still queued when its
-#   prefetch comes, is a race the machine's noise decides (measured: one
-#   plan's simulated peak moved by 5% with every op 10% slower). The
-#   synchronisation costs time, as it does vDNN: 7-25% per iteration on the
-#   built-in small models, simulated for a CPU replay with a 1.5 GB/s lane.
+# - A *layer* is a maximal run of consecutive forward ops with the same `Op.module` (a module
+#   called twice is two layers); a convolution layer has a convolution among its ops.
+# - A layer's *input feature maps*: the non-persistent activation and input buffers its
+#   forward ops read and none of them writes, that are read or written again in backward.
+# - Each is offloaded once, after its *last* forward access (a skip connection too): the
+#   copy starts when that op ends, and the memory is free when the copy ends.
+# - Prefetch: triggered when the backward of the *next* layer starts (looked up from
+#   `before_op`, at most `MAX_SCAN` layers on; else by the op just before `before_op`), and
+#   due before the buffer's first backward access (`before_op`).
+# - vDNN syncs its streams at layer boundaries; here the swap-out's deadline
+#   (planners.core.plan NOTE [ Swap-out deadlines ]) is the first op of the layer after the
+#   one the copy overlaps. It costs time, as in vDNN, and makes the peak not depend on a race.
+# - Left alone: a buffer whose swap-in would be triggered by the op that swaps it out, and
+#   one whose copy has no op to overlap before its deadline. Full text: docs/notes.md.
 #
 # NOTE [ vDNN predicted peak ]
 # vDNN does not schedule its copies: they queue on the PCIe lane in trigger
@@ -65,7 +33,6 @@ result is infeasible when the predicted peak still exceeds a budget given).
 # the simulator's NOTE [ Event semantics ] for one job on one FIFO lane,
 # no budget (`planners.analysis.queued.queued_peak`) -- over three
 # iterations (each starts with the copies the one before left queued).
-"""
 
 from __future__ import annotations
 

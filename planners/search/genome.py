@@ -37,33 +37,19 @@ class Individual:
 
 
 # NOTE [ SwapAdvisor operators ]
-# Where the paper (and the notes) leave a choice, memplan's:
-# - Only non-persistent buffers get slots. Parameters and optimizer state
-#   stay resident and their bytes come off the budget first: the paper's
-#   double pass over parameters is not done here.
-# - Order crossover: child = the first CR ops of one parent, then the rest in
-#   the other parent's relative order (a prefix of an allowed order is closed
-#   under dependencies and phase segments, so the child is allowed). Two
-#   parents give two orders (either parent first) and two allocations: each
-#   child allocation keeps one parent's classes, its extended counts (a
-#   count per distinct size) are that parent's up to CR and the other's
-#   after, averaged per class and rounded up. 2 x 2 = 4 children.
-# - Order mutation: walking the order, the next op is the parent's next
-#   ready op, or with probability P a ready op drawn at random.
-# - Allocation mutation: each split flag flips with probability P (CLS[i]
-#   one up or down); each count with probability P is redrawn from a normal
-#   around it (sigma: half the count, at least 1).
-# - Fitting the budget: when the slots' bytes exceed the budget, every class
-#   gives up the same bytes (so counts fall in inverse proportion to slot
-#   size), one slot kept per class, as the notes' [8,3] -> [4,2].
-# - The swap plan: walk the order; a buffer made or needed takes a free slot
-#   of its class, else evicts the resident buffer of that class, not used by
-#   the op, whose next use is farthest (none: best). An evicted buffer with a
-#   later use is swapped out after its last access with the evicting op as
-#   deadline and swapped in (after the op that freed the slot it takes, at
-#   the earliest) before its next use; one without is released. No free or
-#   evictable slot: the individual has no plan (fitness infinite). The
-#   paper's threshold on how recently a victim was used is not applied.
+# Where the paper leaves a choice, memplan's:
+# - Only non-persistent buffers get slots; parameters and optimizer state stay resident and
+#   come off the budget first (no double pass over parameters).
+# - Order crossover: the first CR ops of one parent, then the rest in the other's order (an
+#   allowed order's prefix keeps the child allowed); allocations take one parent's classes
+#   and counts up to CR, the other's after. Two parents give 2 x 2 = 4 children.
+# - Mutation: with probability P the next op is a random ready op; each split flag flips and
+#   each count is redrawn from a normal around it (sigma half the count, at least 1).
+# - Over the budget, every class gives up the same bytes, one slot kept per class.
+# - Swap plan: walking the order, a buffer takes a free slot of its class or evicts the
+#   resident one not used by the op whose next use is farthest; evicted buffers with a later
+#   use are swapped (deadline: the evicting op), others released. No slot: no plan. The
+#   paper's recency threshold is not applied. Full text: docs/notes.md.
 
 
 def distinct_sizes(trace: Trace) -> tuple[int, ...]:

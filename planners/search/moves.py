@@ -220,16 +220,12 @@ def recompute_moves(
 
 
 # NOTE [ Hidden swaps ]
-# A swap pair costs its copies only where they do not hide behind compute;
-# on a lane the plan leaves idle it costs nothing. So besides the chains
-# slower than the two copies (sure gains), `swap_moves(hidden=True)` offers
-# the others -- the chains cheaper than their copies -- with the chain's
-# whole cost as the gain, for the simulation to say whether the lane hides
-# them. Most do not (the lane is busy where the buffer must come back), so
-# their batches are capped (`rounds.HIDDEN_EVALS`). Measured with 60 s
-# (session 11): densenet121 at 60% from 64.0 to 61.2 ms, resnet50 at 40%
-# from 50.9 to 50.3 (with `stall_moves` and the pair prunes: 45.5); offered
-# uncapped, the time they take cost inception_v3 at 40% 2.5 ms.
+# A swap pair costs its copies only where they do not hide behind compute; on a lane the
+# plan leaves idle it costs nothing. So besides the chains slower than the two copies (sure
+# gains), `swap_moves(hidden=True)` offers the others -- the chains cheaper than their
+# copies -- with the chain's whole cost as the gain, for the simulation to say whether the
+# lane hides them. Most do not (the lane is busy where the buffer must come back), so their
+# batches are capped (`rounds.HIDDEN_EVALS`). Measurements: docs/planners.md, "Hidden swaps".
 def swap_moves(
     traces: Sequence[Trace],
     device: DeviceModel,

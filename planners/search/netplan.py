@@ -18,33 +18,18 @@ from memplan.planners.core.plan import Event, Plan, Recompute, Release, SwapIn, 
 from memplan.traces.model import Trace
 
 # NOTE [ From the net to a plan ]
-# The moves of the job's last simulated iteration (the steady one) are read
-# per buffer in time order. An eviction at op k followed by a restore for op
-# m becomes, with p the buffer's last access before k (-1: the iteration's
-# start):
-# - swapped (a host copy): SwapOut(after p, deadline k) -- the copy starts
-#   right after the last use instead of when op k needs the room, and op k
-#   waits for it as it waited for the net -- and SwapIn(after m - 1, before
-#   m), which brings it back when the net did (on demand); `prefetch_moves`
-#   then moves that trigger earlier where the search finds it pays;
-# - dropped (DTR, no host copy): Release(after p) and Recompute(before m,
-#   the ops the net re-ran).
-# DTR remakes an absent input of a producer first: a remade buffer still
-# alive becomes its own Recompute before that op (a source the chain of the
-# next finds present), a dead one (released, or a temporary) an intermediate
-# op of the next live buffer's chain, freed when that chain ends, as DTR
-# frees it when the remake ends. A remake that re-runs a producer keeps its
-# other outputs the net had dropped (DTR's siblings, e.g. max pooling's
-# indices) without a move naming them; a plan's Recompute keeps only its
-# target, so each such sibling gets its own Recompute before its next access,
-# by the chain up to its producer (`_siblings`).
-# A restore with no eviction before it in the iteration pairs with the last
-# eviction of that buffer (a persistent buffer evicted late in one iteration
-# and needed early in the next): SwapIn(after the last op, before m,
-# next_iteration). An eviction never restored in the iteration is a
-# Release after p (nothing reads it again), or for a persistent buffer a swap
-# back before its first access of the next iteration. Events the base plan
-# already has stay; the result is checked by the caller.
+# The net's moves in the job's last (steady) simulated iteration, per buffer in time order.
+# An eviction at op k restored for op m, with p the buffer's last access before k:
+# - swapped: SwapOut(after p, deadline k) and SwapIn(after m - 1, before m), on demand as
+#   the net did (`prefetch_moves` moves the trigger earlier where it pays);
+# - dropped (DTR): Release(after p) and Recompute(before m, the ops the net re-ran). A remade
+#   input still alive gets its own Recompute; a dead one is an intermediate op of the next
+#   chain; siblings a remake kept get their own Recompute (`_siblings`).
+# A restore with no eviction before it pairs with the buffer's last eviction
+# (SwapIn(after the last op, before m, next_iteration)); an eviction never restored is a
+# Release after p, or for a persistent buffer a swap back before its next-iteration access.
+# Events the base plan has stay; the caller checks the result.
+# Full text: docs/notes.md, "From the net to a plan".
 
 
 def plan_from_net(

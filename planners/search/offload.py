@@ -13,28 +13,16 @@ from memplan.planners.core.plan import Event, SwapIn, SwapOut
 from memplan.traces.model import Trace
 
 # NOTE [ Offload at the iteration start ]
-# Under a tight budget the persistent buffers first used after the peak --
-# optimizer state, which only the optimizer phase reads -- sit on the device
-# through the forward and backward passes for nothing (bert_base: 835 of
-# 1253 persistent MiB; vgg16: 1056 of 1583). TENSILE's cross-iteration swap
-# (out after the last access, back in the next iteration) cannot take them
-# off in the first iteration, where every persistent buffer starts resident
-# (NOTE [ Cross-iteration swaps ]), so a plan that needs the room from the
-# first iteration on swaps them out at the iteration start instead: each
-# iteration, SwapOut after op -1 (a D2H copy: the optimizer wrote them) and
-# SwapIn before the first access m, in the same iteration. The copies out
-# queue on the lane at the start, largest first; each has as deadline the
-# first op whose predicted start is past the predicted end of the copies
-# queued up to it (so no op runs short of the room, and on an otherwise idle
-# lane none waits). The swap-ins are packed as late as possible on the
-# lane, back to back, in order of their first access (ALAP: each ends by its
-# own m and by the start of the next one's copy), each triggered after the
-# last op that ends before its copy must start -- and not before its copy
-# out must be over (a swap-in of a buffer still leaving cancels its free),
-# nor before the last op where the release-only memory, with all of them
-# off, has no room for it under the budget. `fraction` takes the largest
-# of them up to that share of their bytes: the lane they use is lane the
-# heuristics' own swaps lose.
+# Persistent buffers first used after the peak (optimizer state) sit on the device through
+# forward and backward for nothing, and TENSILE's cross-iteration swap cannot take them off
+# in the first iteration (NOTE [ Cross-iteration swaps ]). So each iteration swaps them out
+# after op -1 and in before their first access m. The copies out queue at the start,
+# largest first, each with as deadline the first op predicted to start after the copies
+# queued up to it end. The swap-ins are packed as late as possible, back to back in order of
+# first access, each triggered after the last op ending before its copy must start -- not
+# before its copy out is over, nor before the last op where the release-only memory has no
+# room for it. `fraction` takes the largest of them up to that share of their bytes: the
+# lane they use is lane the heuristics' swaps lose. Figures: docs/notes.md.
 
 
 def offload_candidates(trace: Trace) -> list[tuple[int, int]]:

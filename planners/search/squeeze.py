@@ -104,90 +104,34 @@ def _scales(text: str) -> list[float]:
 
 
 # NOTE [ Squeeze ]
-# 1. Start: release_only (free after the last access). If it fits, nothing
-#    better exists: done.
-# 2. Seeds: each heuristic of `seeds`, asked for the budget times each of
-#    `scales` (largest first; the first that fits is kept: a tighter ask
-#    only saves more); and each net of `nets` run under release_only, its
-#    choices written as plan events (NOTE [ From the net to a plan ]); the
-#    net's moves happen at run time, in an order a plan cannot always copy
-#    (DTR evicts in the middle of a remake), so a written-down plan that
-#    still runs short runs under the net again and takes its further
-#    choices, up to `NET_ROUNDS` times. For each share of `offload`, the
-#    same again from release_only with persistent buffers offloaded at the
-#    iteration start (NOTE [ Offload at the iteration start ]): it alone,
-#    each heuristic asked for the budget plus the bytes it frees, and the
-#    nets' choices around it (bert_base at 50%: 134.7 ms without, 115 ms
-#    with, from DTR's choices around the offload). Shares 1, 0.75 and 0.5:
-#    the lane all of it takes is lane DTR's choices cannot use (session 11,
-#    60 s: inception_v3 at 40% 59.7 ms with "1,0.5", 57.4 with 0.75 added,
-#    its best start; 0.9 or 0.25 added gave nothing more). Each
-#    candidate is checked and simulated without a net; those that fit alone
-#    are the starts, fastest first.
-# 3. Improve the fastest start with batched moves (NOTE [ Batched acceptance ]),
-#    each round: swap pairs of activations whose producer is cheaper than
-#    the two copies become Release + Recompute, and Release + Recompute
-#    pairs whose chain costs more than the two copies become swaps
-#    prefetched to hide behind compute; swap-out deadlines are
-#    dropped; swap-ins are prefetched as early as the predicted timeline
-#    hides them (not before their swap-out must be over); and what the plan
-#    added beyond release_only is removed, per buffer, costliest first (a
-#    swap or a recompute that the budget does not need). Then the moves
-#    that read the simulated run of the best plans: chains cheaper than
-#    their copies become swaps all the same, where the lane hides them
-#    (NOTE [ Hidden swaps ]; at most `rounds.HIDDEN_EVALS` evaluations a round);
-#    swap-ins that made an op wait are triggered earlier by the wait, first
-#    with the swap-ins queued ahead of them on the lane (`queue_moves`, NOTE
-#    [ Queues ahead of a stall ]), then alone, and swap-out deadlines that
-#    held an op are dropped (`stall_moves`); and each absence the plan
-#    added is removed alone (`pair_prune_moves`: a buffer absent twice may
-#    need only one). Rounds repeat while
-#    one gains and evaluations and time are left. `MAX_STARTS` starts are
-#    improved so in turn, each with 1/`SPLIT` of the evaluations and time
-#    left (1/k of the last k < `SPLIT`; what one leaves goes to the next):
-#    first the nets' starts, fastest first, then the others, fastest first;
-#    starts far slower than the best plan so far are skipped, and the time
-#    left over goes back to the searches cut short (NOTE [ Time left
-#    over ]); the fastest result is the plan (the fastest start itself if
-#    nothing beats it), after a last polish (NOTE [ Polish ]).
-#    The fastest start is not the one that improves most: in session 11
-#    the best plan came from a net's start on 9 of the 9 cells read
-#    (release_only+offload1+dtr on 5), where the heuristics' plans, often
-#    faster to begin with, took the first half of the time for little:
-#    gpt2 at 40%, tensile's 725.8 ms to 724.9 in 1393 evaluations, then the
-#    fourth start, dtr's 750.4, to 671.8 in 154. Nets first: gpt2 at 40%
-#    655.9 ms, densenet121 at 40% 72.0 (from 76.5).
-# The search stops at `max_evaluations` simulations or `time_limit_s`,
-# whichever comes first; only the first makes the result independent of the
-# machine's speed, and `stats["stopped_by"]` says which it was.
+# 1. Start: release_only (free after the last access); if it fits, nothing better exists.
+# 2. Seeds: each heuristic of `seeds` asked for the budget times each of `scales` (largest
+#    first; the first that fits is kept); each net of `nets` run under release_only, its
+#    choices written as plan events (NOTE [ From the net to a plan ]) and run under the net
+#    again while short, up to `NET_ROUNDS` times; for each share of `offload`, all of this
+#    again with persistent buffers offloaded (NOTE [ Offload at the iteration start ]).
+#    Candidates that fit alone, simulated without a net, are the starts.
+# 3. Improve: rounds of batched moves (NOTE [ Batched acceptance ]) -- swap <-> recompute,
+#    earlier prefetches, dropped deadlines, prunes, then the moves that read the simulated
+#    run (NOTE [ Hidden swaps ], `queue_moves`, `stall_moves`, `pair_prune_moves`) -- while
+#    one gains. `MAX_STARTS` starts in turn, the nets' first (NOTE [ Time left over ]); the
+#    fastest result, after NOTE [ Polish ], is the plan.
+# Stops at `max_evaluations` or `time_limit_s`; only the first is machine-independent
+# (`stats["stopped_by"]`). Full text and measurements: docs/planners.md, "Squeeze".
 # NOTE [ Time left over ]
-# Which start ends best shows only once it has been improved a while:
-# inception_v3 at 40% (60 s, session 12), capuchin's plan at 67.0 ms took
-# its half of the time (25 s) to reach 62.9, the third start (69.6 ms) went
-# to 57.5 in the 6 s left to it and was cut off still gaining. So each start
-# gets 1/`SPLIT` of what is left (the first 1/4: the nets' starts, which
-# win most cells, come first and still get most of the time), a start over
-# `FAR` times slower than the best plan so far is skipped (such starts
-# gained up to 28% in the cells read, inception_v3 at 40% 140.9 -> 100.8
-# ms, and none came near the best; the winners gained 11-18%), and what is
-# left after the last start goes to the searches their share cut short,
-# fastest first, each resumed where it stopped (its refused moves
-# remembered).
-# Four cells at 60 s, two at once (session 12), with `SPLIT` 2 (halves, as
-# before), 4 and 10 (equal shares): densenet121 at 50% 67.1, 66.9 and
-# 66.4 ms; at 40% 71.4, 72.1 and 72.8; inception_v3 at 40% and resnet50 at
-# 40% 57.2 and 45.4 in all three. Without the skips and the resumed
-# searches, inception_v3 at 40% gave 57.2 ms in one run and 58.7 in another.
+# Which start ends best shows only once it has been improved a while. So each start gets
+# 1/`SPLIT` of the evaluations and time left (the nets' starts, which win most cells, come
+# first and still get most of it); a start over `FAR` times slower than the best plan so far
+# is skipped; and what is left after the last start goes to the searches their share cut
+# short, fastest first, each resumed where it stopped (its refused moves remembered).
+# Measurements: docs/planners.md, "Time left over".
 # NOTE [ Polish ]
-# The starts stop on the time limit, mostly in the middle of a round's
-# prunes and hidden swaps, so the moves that read the best plan's simulated
-# run last (`queue`, `stall`: a few evaluations each, the largest gain per
-# evaluation of all kinds) are never tried on the plan that is returned.
-# `POLISH` of the time and of the evaluations is held back while the starts
-# are improved, and spent on rounds of those two kinds alone on the best
-# plan found. densenet121 at 50% (60 s, session 12): 69.6 ms without, 67.2
-# with (one queue of three swap-ins moved 2.2 ms earlier); the queue first,
-# as in a round: the stall move first took 69.6 to 68.0 and left no queue.
+# The starts stop on the time limit, mostly in the middle of a round's prunes and hidden
+# swaps, so the moves that read the best plan's simulated run last (`queue`, `stall`: a few
+# evaluations each, the largest gain per evaluation of all kinds) would never be tried on
+# the plan that is returned. `POLISH` of the time and of the evaluations is held back while
+# the starts are improved, and spent on rounds of those two kinds alone on the best plan
+# found, the queue first, as in a round. Measurements: docs/planners.md, "Polish".
 def squeeze(
     traces: Sequence[Trace],
     device: DeviceModel,

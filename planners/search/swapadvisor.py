@@ -67,29 +67,17 @@ class SwapAdvisorOptions:
 
 
 # NOTE [ SwapAdvisor search ]
-# - Start: the trace's order and population - 1 random allowed orders (a
-#   mutation of the trace's order with P = 1), each with a random allocation
-#   whose counts start from the peak's need and are fitted to the budget
-#   less the persistent bytes.
-# - A generation: pairs of parents drawn by softmax selection make 4
-#   children each (crossover, NOTE [ SwapAdvisor operators ]), every child
-#   mutated; parents and children are scored, and the next population is
-#   drawn from them by softmax selection without replacement, the best kept
-#   always (elitism: the answer never gets worse).
-# - Softmax selection: weight exp((t_best / t) / TEMPERATURE) for a finite
-#   iteration time t, 0 for an individual without a plan or that does not
-#   fit; all zero: uniform.
-# - Determinism: every random draw is made in this process from one
-#   generator seeded by `seed`; workers only simulate, and their results are
-#   read in submission order (`Executor.map`), so a seed gives one answer
-#   whatever the worker count. Workers are forked and inherit the evaluator
-#   (a closure over the simulator, which does not pickle); only plans cross.
-# - Fitness of an individual is cached by its plan (equal plans score alike).
-# - Time: a generation starts only if one as long as the slowest so far (the
-#   first population's scoring counts as one) still ends within
-#   `time_limit_s`. Checking only that the limit had not passed let the
-#   last generation run past it: densenet121 in benchmarks/pressure.py took
-#   60.5-62.6 s at a 60 s limit (several seconds a generation).
+# - Start: the trace's order and population - 1 random allowed orders, each with a random
+#   allocation sized from the peak's need and fitted to the budget less persistent bytes.
+# - A generation: parent pairs drawn by softmax selection make 4 children each
+#   (NOTE [ SwapAdvisor operators ]), all mutated; the next population is drawn from parents and
+#   children by softmax selection without replacement, the best always kept (elitism).
+# - Softmax weight exp((t_best / t) / TEMPERATURE); 0 without a plan or a fit; all 0: uniform.
+# - Determinism: every draw is made here from one generator seeded by `seed`; forked workers
+#   only simulate and are read in submission order, so a seed gives one answer whatever the
+#   worker count. Fitness is cached by plan.
+# - A generation starts only if one as long as the slowest so far still ends within
+#   `time_limit_s`. Full text and the measurement: docs/notes.md, "SwapAdvisor search".
 _EVALUATOR: Evaluator | None = None
 
 

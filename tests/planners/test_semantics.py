@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 from memplan.hwmodels.device import DeviceModel
+from memplan.hwmodels.latency import Roofline
+from memplan.hwmodels.profile import load_hardware
+from memplan.planners import registry
 from memplan.planners.analysis import memory_of_plan, predict_timeline
 from memplan.planners.analysis.queued import queued_peak
 from memplan.planners.core.check import check
@@ -266,6 +269,23 @@ def test_queued_peak_counts_a_copy_waiting_for_the_lane():
     check(p, t)
     assert queued_peak(t, tl, p, dev) == 7 * MiB
     assert simulate([Job(t, p)], dev).peak_bytes == 7 * MiB
+
+
+def test_queued_peak_is_the_simulators_peak_on_vdnn_plans():
+    """The queue replays what the simulator does with one job on one lane: on
+    vDNN's plans for random steps the two peaks are the same byte count."""
+    dev = DeviceModel(load_hardware("rtx-a6000"), Roofline())
+    compared = 0
+    for seed in range(12):
+        t = synthetic.random_dag(50, seed=seed)
+        res = registry.run("vdnn", [t], dev)
+        if not res.plans or not res.plans[0].events:
+            continue
+        p = res.plans[0]
+        sim_peak = simulate([Job(t, p)], dev, context_reserve=0).jobs[0].peak_bytes
+        assert queued_peak(t, predict_timeline(t, dev), p, dev) == sim_peak, seed
+        compared += 1
+    assert compared >= 6
 
 
 def test_queued_peak_models_swaps_and_releases_only():

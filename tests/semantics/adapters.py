@@ -180,42 +180,20 @@ def sim_bytes_per_op(result: SimResult, n_ops: int, iteration: int) -> tuple[int
 
 
 # NOTE [ The simulator's order on the replay ]
-# The replay's copy lanes are threads; left alone, whether a copy ends before
-# or after an op is a race. The simulator's log says, for each copy, in which
-# op's span (or in the gap before which op: a stall, a chain) it started and
-# ended, so the replay is put in that order with the test hooks of
-# `validate/replay/lanes.py` (NOTE [ Test synchronisation ]): the replay
-# samples its pool right after an op's call and fires the op's events after
-# that, so
-# - a copy starting in op X's span, or before X starts, has started before
-#   X is called (the compute thread waits for it after the op before X);
-# - a swap-out ending in X's span ends after X's events (held until X is
-#   done, then waited for), as the simulator counts its bytes in X -- unless
-#   X uses the buffer: then the simulator keeps it on the device (pinned), and
-#   the replay sees the same if the copy ends just before X is called, with X
-#   pinning the buffer;
-# - a swap-in ending in X's span, and any copy ending before X starts, ends
-#   before X is called (its bytes count from its start either way);
-# - one lane runs copies FIFO: none starts before the one ahead has ended.
-# The hooks say by when a copy has started, never "not before": a plan's
-# delay does that, and on the replay it is wall time while the table's op
-# times are the hand device's milliseconds. A CPU op of these traces takes
-# 0.1 to 2 ms whatever its hand duration, so a delay that starts a copy an op
-# or two after its trigger in the simulator could start it before the replay
-# has sampled the next op. The replay runs the plan with its delays
-# multiplied by REPLAY_DELAY_SCALE, on one intra-op thread: its ops took at
-# most 2 ms here (8 ms with a thread pool on a busy 2-CPU machine), so one
-# would have to take 25 times that (50 ms per hand millisecond) for a
-# delayed copy to start early. A delay of 0 stays 0 (a swap-out without
-# delay discards at its trigger).
-# Copies are named (direction, buffer, iteration of the trigger, n-th such).
-# Two orders have no hook: a copy that the simulator ends during op X when
-# X's end triggers another event of the same buffer (the replay's hooks
-# follow an op's events; cases avoid it, and deriving the order fails if one
-# does not), and a copy triggered at an iteration's start, which can be
-# waited for only after that iteration's op 0 (cases start no swap-in there).
-# A replay that leaves the simulator's order (a copy that never starts)
-# stops with `SimOrder.STUCK` in its message: a failure, not a reject.
+# The replay's copy lanes are threads: whether a copy ends before or after an op is a race. The
+# simulator's log says in which op's span (or the gap before which op) each copy starts and
+# ends, and the hooks of `validate/replay/lanes.py` (NOTE [ Test synchronisation ]) put the
+# replay in that order; it samples its pool right after an op's call, then fires its events:
+# - a copy starting in op X's span, or before X starts, has started before X is called;
+# - a swap-out ending in X's span ends after X's events -- unless X uses the buffer: then just
+#   before X is called, with X pinning it; a swap-in ending in X's span, and any copy ending
+#   before X starts, ends before X is called; one lane runs copies FIFO.
+# Hooks never say "not before": delays do, multiplied by REPLAY_DELAY_SCALE on one intra-op
+# thread so a delayed copy cannot start early (0 stays 0). Copies are named (direction, buffer,
+# trigger's iteration, n-th such). No hook orders a copy ending in X when X's end triggers
+# another event of its buffer, or one triggered at an iteration's start: cases avoid both. A
+# replay that leaves the order stops with `SimOrder.STUCK`: a failure, not a reject.
+# Why the scale suffices: docs/notes.md, "The simulator's order on the replay".
 
 
 _COPIES = {

@@ -7,8 +7,7 @@ four implementations of plan semantics (`Impl`): the static checker, the
 planners' op-grid memory, the SimPy simulator and the CPU replay
 (`tests/semantics/adapters.py` calls them). They agree, or the case says in
 `differs` which may differ and why, and what that implementation is then
-held to (`Check`); `xfail` names an implementation that does not yet do what
-the case expects (non-strict).
+held to (`Check`).
 
 Bytes per op are compared as NOTE [ Resident bytes per op ] says (next to
 `Case`); the hand device every case runs on is NOTE [ The hand device ]
@@ -127,7 +126,6 @@ class Case:
     peak_mib: int | None = None
     reject: Reject | None = None
     differs: Mapping[Impl, Differs] = field(default_factory=dict)
-    xfail: Mapping[Impl, str] = field(default_factory=dict)
 
     def built(self) -> Built:
         return self.trace()

@@ -53,21 +53,14 @@ class Head(enum.Enum):
 
 
 # NOTE [ Hugging Face workloads ]
-# `hf:ARCH` is a transformers `model_type` (`hf:llama`, any case) or a model
-# class (`hf:LlamaForCausalLM`, built as named). Its config: the config
-# class's defaults, then `config_file`, then `config` (NOTE [ Config
-# values ]); nothing comes from the hub. A model_type gets the first head it
-# has of `Head`: masked LM, causal LM, seq2seq LM, sequence, token
-# classification -- so decoders (llama) get their causal LM, encoders (bert)
-# their masked LM rather than the decoder variant the causal mapping lists,
-# t5 its seq2seq LM. Inputs: `seq` random ids, else min(512,
-# max_position_embeddings); labels are the ids (random classes for the
-# classification heads; seq2seq shifts them right after
-# `decoder_start_token_id`, the pad id where unset, as T5's configs say).
-# Built by `_from_config(config, dtype=...)`, what `AutoModel*.from_config`
-# calls: the dtype option decides, never the config. Kept as the model has
-# them: its attention (sdpa where supported; `attn_implementation` sets it)
-# and `use_cache` (a default transformers step fills the cache in forward).
+# `hf:ARCH` is a transformers `model_type` (any case) or a model class. Its config: the
+# class's defaults, then `config_file`, then `config` (NOTE [ Config values ]); nothing from
+# the hub. A model_type gets the first head it has of `Head` (masked LM, causal LM, seq2seq
+# LM, sequence, token classification). Inputs: `seq` random ids, else min(512,
+# max_position_embeddings); labels are the ids (random classes for classification heads;
+# shifted right for seq2seq). Built by `_from_config(config, dtype=...)`: the dtype option
+# decides. Kept as the model has them: its attention implementation and `use_cache`.
+# Full text: docs/notes.md, "Hugging Face workloads".
 @dataclass(frozen=True, slots=True)
 class TransformersModel:
     """A resolved ``hf:`` name: what `build_transformers` builds."""

@@ -50,21 +50,16 @@ aten = torch.ops.aten
 
 
 # NOTE [ SDPA calls per backend ]
-# What attention.cpp's composite `scaled_dot_product_attention` calls once a
-# backend is chosen (`pad_last_dim`, `preprocess_mask`,
-# `convert_boolean_attn_mask`; a recent main, its commit not known to us):
-# - flash (CUDA): q, k, v zero-padded to a head dim multiple of 8 (one
-#   `constant_pad_nd` each, only when needed), the scale from the unpadded
-#   head dim, `_scaled_dot_product_flash_attention`, the output sliced back.
-# - efficient: a bool mask made additive (0 / -inf), padded when its strides
-#   are not multiples of 8 and sliced back, expanded to (B, H, L, S);
-#   `compute_log_sumexp` only when a backward is needed.
+# What attention.cpp's composite `scaled_dot_product_attention` calls per backend (a recent
+# main; its commit not known to us):
+# - flash (CUDA): q, k, v zero-padded to a head dim multiple of 8 where needed, the scale
+#   from the unpadded dim, `_scaled_dot_product_flash_attention`, the output sliced back.
+# - efficient: a bool mask made additive (0 / -inf), padded where its strides are not
+#   multiples of 8, expanded to (B, H, L, S); `compute_log_sumexp` only for backward.
 # - cuDNN: as efficient without the padding, masked-out entries -65504.
 # - cpu flash: the additive mask, `_scaled_dot_product_flash_attention_for_cpu`.
-# - math: the call itself: meta's composite is the math path (it repeats K/V
-#   heads with `repeat_interleave` for enable_gqa). The fused kernels get K/V
-#   with their own heads. The bool-mask conversion is what 2.13 records on
-#   cpu: two `scalar_tensor`s and one `where`.
+# - math: the call itself (meta's composite; K/V heads repeated for enable_gqa).
+# Full text: docs/notes.md, "SDPA calls per backend".
 _POSITIONAL = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 _KEYWORDS = frozenset((*_POSITIONAL, "scale", "enable_gqa"))
 

@@ -36,24 +36,17 @@ class CastPolicy(enum.Enum):
 
 
 # NOTE [ Autocast on meta ]
-# Read: torch 2.13.0's include/ATen/autocast_mode.h (`WrapFunction_` per
-# `CastPolicy`, `is_eligible`, the cuda lists AT_FORALL_*) and pytorch 008ec6b
-# aten/src/ATen/autocast_mode.cpp (`cached_cast`, the AutocastCPU list);
-# the op names equal what torch registers for AutocastCUDA / AutocastCPU.
-# Autocast wraps aten ops, the mode sees torch-level calls: a call is looked
-# up by its aten op's name (`a @ b` -> matmul) in the target device type's
-# list and its tensor arguments, alone or in lists, are cast by that policy,
-# the last argument first (as GCC evaluates the wrapper's argument pack).
-# Eligible: floating, not float64, on meta; `out=` calls are left alone. A
-# float32 leaf requiring grad (a weight) cast to the autocast dtype is cast
-# once per region (`Emulation.cast_cache`). torch.nn.functional's Python
-# composites run their body under the mode (`_body`): the calls inside
-# MultiheadAttention, cross_entropy or interpolate are cast one by one, as
-# autocast casts their aten ops. Left out: the ops inside C++ composites
-# (but CUDA's cross_entropy is rebuilt: `_cross_entropy_loss`), composites
-# outside torch.nn.functional (torch.functional, torch.special) go by their
-# own name, and user code asking `torch.is_autocast_enabled()` (checkpoint's
-# recomputation among it) is told autocast is off.
+# Read: torch 2.13.0's include/ATen/autocast_mode.h (`WrapFunction_` per `CastPolicy`,
+# `is_eligible`, the cuda lists) and pytorch 008ec6b aten/src/ATen/autocast_mode.cpp
+# (`cached_cast`, the AutocastCPU list). A torch-level call is looked up by its aten op's
+# name in the target device type's list, and its tensor arguments (alone or in lists) are
+# cast by that policy, the last argument first. Eligible: floating, not float64, on meta;
+# `out=` calls are left alone. A float32 leaf requiring grad is cast once per region
+# (`Emulation.cast_cache`). torch.nn.functional's Python composites run their body under
+# the mode (`_body`), so their aten ops are cast one by one. Left out: ops inside C++
+# composites (but CUDA's cross_entropy is rebuilt), composites outside
+# torch.nn.functional (cast by their own name), and code asking
+# `torch.is_autocast_enabled()` is told autocast is off. Full text: docs/notes.md.
 def _ops(policy: CastPolicy, *names: str) -> dict[str, CastPolicy]:
     return dict.fromkeys(names, policy)
 

@@ -141,23 +141,16 @@ class RnnShape:
 
 
 # NOTE [ Recurrent layers on a CUDA target ]
-# aten's `lstm`, `gru`, `rnn_tanh`, `rnn_relu` (aten/src/ATen/native/RNN.cpp)
-# take cuDNN first when `use_cudnn(input)`: cuDNN enabled, a CUDA tensor with
-# elements, of float, double or half, or of bfloat16 where
-# `supportsBFloat16RNNWithCuDNN` (sm 8.0 and up, built with cuDNN 9.13 or
-# later: assumed of a target's build); anything else takes the per-step path,
-# which meta runs itself. The cuDNN stub `_cudnn_impl` (native/cudnn/RNN.cpp)
-# then makes ONE `_cudnn_rnn` for the whole stack -- every layer and both
-# directions, `num_layers` and `bidirectional` being its arguments -- with
-# `batch_first` passed through, weight_stride0 = 4 weights per layer and
-# direction (2 without biases, 1 more with a projection), hidden_size from cx
-# where it differs from hx (proj_size then hx's), the flat weight buffer when
-# the weights are its views (NOTE [ cuDNN weight buffer ]) and the cached
-# dropout state, defined only when training with dropout > 0: we pass none,
-# so its ~2 MiB, made once per device, is missing. Packed input takes the same
-# call with `batch_sizes`. Autograd saves input, weights, hx, cx, output,
-# reserve and weight buffer (derivatives.yaml); backward is one
-# `_cudnn_rnn_backward`.
+# aten's `lstm`, `gru`, `rnn_tanh`, `rnn_relu` (aten/src/ATen/native/RNN.cpp) take cuDNN
+# when `use_cudnn(input)`: a non-empty CUDA tensor of float, double, half, or bfloat16 where
+# `supportsBFloat16RNNWithCuDNN` (sm 8.0+, cuDNN 9.13+: assumed of a target's build); else
+# the per-step path, which meta runs itself. `_cudnn_impl` (native/cudnn/RNN.cpp) then makes
+# ONE `_cudnn_rnn` for the whole stack (all layers and directions), `batch_first` passed
+# through, weight_stride0 = 4 (2 without biases, +1 with a projection), the flat weight
+# buffer when the weights are its views (NOTE [ cuDNN weight buffer ]) and no dropout state
+# (its ~2 MiB, made once per device, is missing). Packed input adds `batch_sizes`. Autograd
+# saves input, weights, hx, cx, output, reserve and weight buffer; backward is one
+# `_cudnn_rnn_backward`. Full text: docs/notes.md, "Recurrent layers on a CUDA target".
 @handles(*FUNC_MODES)
 def _fused(em: Emulation, func: Callable, args: tuple, kwargs: dict) -> Any:
     call = _RnnCall.parse(func, args, kwargs)
@@ -265,22 +258,17 @@ def _recording() -> bool:
 
 
 # NOTE [ cuDNN weight buffer ]
-# On a GPU, nn.RNNBase flattens its weights when built or moved there
-# (`flatten_parameters`, native/cudnn/RNN.cpp `copy_weights_to_flat_buf_views`):
-# one zeroed buffer of cuDNN's weight-space size holds every weight as a view,
-# if all are half, float or double of one dtype (`cudnn.is_acceptable`) and
-# none alias. `try_get_weight_buf` hands that buffer to `_cudnn_rnn`; weights
-# not so laid out (bfloat16 ones, say) make `_cudnn_rnn` copy them into a new
-# buffer every forward, kept for backward. The weight space has both bias
-# slots even without biases (`try_get_weight_buf` counts twice the pointers);
-# per layer and direction `get_parameters` finds the gates' input matrices,
-# their hidden matrices, the two biases, then the projection, with no gap
-# inside a layer (its `cur_offset` checks), and we assume none between layers.
-# Backward's weight grads are views of one zeroed buffer of that size when the
-# module has biases (the stride0s match in `_cudnn_rnn_backward_weight`), else
-# one tensor per weight. Under autocast, `_cudnn_rnn_cast_reflatten`
-# (aten/src/ATen/cudnn/AutocastRNN.cpp) copies the weights into a new float16
-# buffer every call and casts input, hx, cx: float16, even under bf16 autocast.
+# On a GPU, nn.RNNBase flattens its weights (`flatten_parameters`,
+# `copy_weights_to_flat_buf_views` in native/cudnn/RNN.cpp) into one zeroed buffer of cuDNN's
+# weight-space size when all are half, float or double of one dtype and none alias;
+# `_cudnn_rnn` then uses it, else it copies the weights into a new buffer every forward, kept
+# for backward. The space has both bias slots even without biases; per layer and direction:
+# input matrices, hidden matrices, the two biases, the projection, no gap (none assumed
+# between layers either). Backward's weight grads are views of one zeroed buffer of that size
+# when the module has biases, else one tensor per weight. Under autocast,
+# `_cudnn_rnn_cast_reflatten` (AutocastRNN.cpp) copies the weights into a new float16
+# buffer every call and casts input, hx, cx to float16, even under bf16 autocast.
+# Full text: docs/notes.md, "cuDNN weight buffer".
 FLATTENED_DTYPES = frozenset({torch.float16, torch.float32, torch.float64})
 
 
@@ -413,21 +401,15 @@ def _rows(a: Mapping[str, Any]) -> int:
 
 
 # NOTE [ cuDNN reserve space ]
-# The reserve is what cuDNN's training forward keeps for its backward:
-# `_cudnn_rnn` allocates it at the size `cudnnGetRNNTempSpaceSizes`
-# (`cudnnGetRNNTrainingReserveSize` before the v8 API) reports, returns it as
-# output 3, autograd saves it, and it dies with the graph after backward. Meta
-# gives 0 bytes and NVIDIA documents no formula. Our rule, per step, batch row
-# and direction: the gate values of every layer -- LSTM 5 (four gates and the
-# cell), GRU 6, RNN 1 -- of hidden_size each, plus the hidden state (proj_size
-# or hidden_size wide) of every layer but the last, whose hidden state is the
-# op's output; in the input's element size, when training. It gives exactly
-# the sizes cuDNN 7 reported on a P100 for a 4-layer LSTM and GRU of 320 units
-# (736,000,000 and 864,000,000 bytes, pytorch/pytorch#2895: 23 and 27 units of
-# 320 x rows x 4 bytes; layers and width read off the parameter counts there).
-# Unmeasured, so possibly off: cuDNN 8/9's layout and padding, the persistent
-# algorithms `get_algo` picks for small hidden sizes, gates kept in float32 for
-# float16 input (then 2x more), dropout masks between layers, projections.
+# The reserve is what cuDNN's training forward keeps for backward: `_cudnn_rnn` allocates it
+# (`cudnnGetRNNTempSpaceSizes`), returns it as output 3, autograd saves it, and it dies with
+# the graph. Meta gives 0 bytes and NVIDIA documents no formula. Our rule, per step, batch
+# row and direction, when training: every layer's gate values (LSTM 5, GRU 6, RNN 1, of
+# hidden_size each) plus every layer's hidden state but the last's, in the input's element
+# size. It matches cuDNN 7's sizes for a 4-layer LSTM and GRU of 320 units on a P100
+# (pytorch/pytorch#2895). Unmeasured, so possibly off: cuDNN 8/9's layout and padding,
+# persistent algorithms, float32 gates for float16 input, dropout masks, projections.
+# Full text: docs/notes.md, "cuDNN reserve space".
 def _cudnn_rnn(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
     """`aten._cudnn_rnn` on meta, with its reserve (NOTE [ cuDNN reserve
     space ]) and, for weights not laid out in one buffer, the new weight

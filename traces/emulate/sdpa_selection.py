@@ -16,21 +16,17 @@ from memplan.traces.errors import TraceError
 from memplan.traces.target import AttentionBackend, Target, TargetDevice
 
 # NOTE [ SDPA backend selection ]
-# Read: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp at pytorch
-# 001f694 (`select_sdp_backend`, `priority_order`,
-# `check_prefer_cudnn_attention`, `can_use_{flash,mem_efficient,cudnn}_attention`),
-# sdp_utils_cpp.cpp at 02315a4 (`select_sdp_backend_cpp`), and the filters
-# they share in sdp_utils_cpp.h as the installed 2.13 wheel ships it.
-# - CUDA tries flash, efficient, math, cuDNN (at::Context's default order);
-#   the first whose filters all pass wins. Math has no filter, so cuDNN runs
-#   only when pinned, or when `check_prefer_cudnn_attention` puts it first:
-#   cuDNN newer than 9.15 on sm 9.0/9.3/10.0/10.3. We assume a CUDA 12.x
-#   wheel and the cuDNN it ships, 9.10 (`CUDNN_VERSION`): never preferred.
+# Read: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp at pytorch 001f694
+# (`select_sdp_backend` and its filters), sdp_utils_cpp.cpp at 02315a4, and sdp_utils_cpp.h
+# as the 2.13 wheel ships it.
+# - CUDA tries flash, efficient, math, cuDNN; the first whose filters pass wins. cuDNN runs
+#   only when pinned or preferred (cuDNN > 9.15 on sm 9.0/9.3/10.0/10.3); we assume a CUDA
+#   12.x wheel with its cuDNN 9.10 (`CUDNN_VERSION`): never preferred.
 # - cpu tries its flash kernel, then math.
-# - A pinned backend (`Target.attention`) is `sdpa_kernel([it])`: the only one
-#   enabled; when its filters fail, torch's "No available kernel" (one line).
-# Runtime switches (enable_*_sdp, deterministic algorithms, FA3, environment
-# variables) are at their defaults; nested tensors are not modelled.
+# - A pinned backend (`Target.attention`) is the only one enabled; failing its filters is
+#   torch's "No available kernel".
+# Runtime switches are at their defaults; nested tensors are not modelled.
+# Full text: docs/notes.md, "SDPA backend selection".
 CUDNN_VERSION = 91002  # cuDNN 9.10.2, as cudnnGetVersion() reports it
 
 

@@ -29,102 +29,45 @@ from memplan.validate.errors import ValidationError
 from memplan.validate.replay.result import ReplayResult
 
 # NOTE [ What the simulator is told ]
-# The simulator predicts a replay, so every figure it gets is measured on the
-# replay itself, never taken from a datasheet:
-# - Op latency (`Fixed`): per op, the least call time over the steady
-#   iterations (all but the first), plus the replay's per-op harness cost --
-#   the part of the best steady iteration that no op call accounts for
-#   (argument views, pool bookkeeping, the framework's frees), spread evenly
-#   over the ops. A vanilla replay's iteration is then predicted to be
-#   exactly its measured best: what is left to predict is what the plan adds
-#   (stalls, recomputes, copies, NOTE [ Steady figures ] in
-#   `validate/calibrate/report.py`).
-# - Lane bandwidth: the throttle when one is given (NOTE [ Throttled copies ]
-#   in `validate/replay/lanes.py`), else the device's measured copy speed
-#   (`hwmodels.microbench.measure_copy`: memcpy on CPU, pinned copies on
-#   CUDA).
-# - Fixed cost per transfer: measured by a probe replay (NOTE [ The lane
-#   probe ]), not the microbenchmark's 4-byte memcpy: a replay's transfer
-#   also pays for waking the lane thread, its bookkeeping, the throttle's
-#   sleep overshoot, and for waking the compute thread that waits on it.
-# - Memory: the machine's RAM (CPU) or the card's (CUDA); replays run without
-#   a budget, and so does the simulation.
+# The simulator predicts a replay, so every figure it gets is measured on the replay, never
+# taken from a datasheet:
+# - Op latency (`Fixed`): per op, the least call time over the steady iterations, plus the
+#   replay's per-op harness cost spread evenly over the ops, so a vanilla replay is
+#   predicted at its measured best and what is left to predict is what the plan adds
+#   (NOTE [ Steady figures ] in `validate/calibrate/report.py`).
+# - Lane bandwidth: the throttle when given (NOTE [ Throttled copies ] in
+#   `validate/replay/lanes.py`), else `hwmodels.microbench.measure_copy`.
+# - Fixed cost per transfer: from a probe replay (NOTE [ The lane probe ]), which covers the
+#   lane thread's wake-up and bookkeeping, not the microbenchmark's memcpy.
+# - Memory: the machine's RAM or the card's; replays and simulation run without a budget.
+# Full text: docs/notes.md, "What the simulator is told".
 
 # NOTE [ The lane probe ]
-# A probe replay applies a plan of its own to the trace: up to `PROBE_SWAPS`
-# activation buffers, the largest gaps between two accesses first, then
-# parameters if there are too few (a small model like `mlp` has four, too few
-# transfers to measure), swapped out after one access and back in just before
-# the next. The fixed cost is the median, over the probe's transfers, of how
-# late each one ended after the link's own schedule says it does (start: the
-# later of its ready time and the link's previous end by that schedule;
-# length: `nbytes / bandwidth`), at least 0: the time from the bytes' end to
-# the moment the lane thread ends the transfer -- its timer wake-up, its wait
-# for the GIL, its bookkeeping -- which every transfer pays, here 30-45 us.
-# The probe moves the trace's own buffer sizes through the replay's own lanes,
-# so the figure covers what a plan's transfers pay, whatever plan is validated
-# afterwards. A trace without such buffers gets no probe and a fixed cost of
-# 0. The probe runs as often as the plan is sampled, each time after a vanilla
-# replay; the least contended pair gives the fixed cost (NOTE [ Contention ]).
-# It runs again in every bracket of `validate_plan`, between the first vanilla
-# replay and the plan's (NOTE [ Paired runs ] in `validate/calibrate/brackets.py`), for
-# the compute-thread cost (NOTE [ Transfers cost the compute thread too ]).
-#
-# The simulator adds the fixed cost to every copy's time on the lane, so a
-# copy's end comes that much after its bytes there too. It then also holds the
-# lane for it, which the emulated link does not (a late lane thread does not
-# delay the link's next copy, NOTE [ Throttled copies ] in
-# `validate/replay/lanes.py`): a lane busy back to back is predicted slower than it
-# is, by the fixed cost per copy. Measured before as the span from the later
-# of the ready time and the previous transfer's actual end, it hid the
-# lateness of every copy that queued behind another and read 9-15 us; the
-# simulations missed about 40 us of stall per copy a compute op waited on.
-# Measured over 3 replays of each heuristic plan of the five built-in models,
-# the new figure moved the mean |time error| from 4.8% to 3.7% and the worst
-# from 12.5% to 10.1% (tiny_resnet under TENSILE went from +3.3% to +10.1%,
-# the cases that waited on copies from -9% to -3%).
-#
-# `PROBE_SWAPS` = 16, measured against 48: 48 swaps cut the spread of the
-# per-transfer compute cost over repeated probes of tiny_resnet from 26% to
-# 8%, but read it lower (37 against 45 us), and over 8 benchmark runs each the
-# time error's 90th percentile went from 6.5% to 8.3%. Re-probing inside every
-# bracket and simulating each bracket with its own probe's figure did no
-# better either: 6.0% against 5.7%, with three misses against none (one probe
-# replay reads the cost with a wide spread); nor did a 0.1 ms GIL switch
-# interval during replays (6.1% against 6.5%, one miss in 8 runs either way).
-# What did help is pooling: every bracket's probe joins the figure, and the
-# kept bracket is one whose probe agrees with it (NOTE [ Paired runs ] in
-# `validate/calibrate/brackets.py`).
+# A probe replay swaps up to `PROBE_SWAPS` buffers (the largest gaps of activations first,
+# then parameters if too few) out after one access and back just before the next. The fixed
+# cost is the median over its transfers of how late each ended after the link's own schedule
+# (start: the later of its ready time and the link's previous scheduled end; length:
+# `nbytes / bandwidth`), at least 0: the lane thread's wake-up, GIL wait and bookkeeping. It moves
+# the trace's own sizes through the replay's own lanes; a trace without such buffers gets no
+# probe and a cost of 0. It runs as often as the plan is sampled, each after a vanilla
+# replay; the least contended pair gives the figure (NOTE [ Contention ]), and again in every
+# bracket (NOTE [ Paired runs ] in `validate/calibrate/brackets.py`), where it is pooled, for
+# NOTE [ Transfers cost the compute thread too ]. The simulator adds the cost to every
+# copy's time and so also holds the lane for it, which the emulated link does not: a lane
+# busy back to back is predicted slower by that much per copy.
+# What it replaced, and the measurements behind `PROBE_SWAPS`: docs/notes.md, "The lane probe".
 
 # NOTE [ Transfers cost the compute thread too ]
-# Queueing a copy (the executor's bookkeeping, waking the lane thread) runs on
-# the compute thread, and the lane thread's own work -- its Python, which
-# holds the GIL, and on CPU the memcpy itself -- takes from the compute
-# thread: an op that returns while the lane thread holds the GIL waits for it,
-# and the two share the machine's cores and memory bandwidth. Measured here,
-# 50-300 us per transfer (more for larger ones), a fifth of a 15 ms iteration
-# for a plan with 40 transfers, about half of it as slower op calls and half
-# as harness. The simulator's copy engine costs compute nothing, so the cost
-# is put into the latencies instead: per transfer, on the op whose end
-# triggers it. Its size is what the compute thread of the probe replay takes
-# in its best steady iteration, stalls aside, beyond what that of the vanilla
-# replay run just before it takes (`busy_s`), per transfer of an iteration;
-# the median over the samples (a pair sees about the same machine; the median
-# drops the pairs that did not). The samples are pooled over the whole
-# validation: the pairs that measure the lane before planning, and one per
-# bracket after it, spread over the minute the plan replays take. The cost
-# swings between regimes that last seconds (here 35-45 us per transfer in one,
-# 70-100 in another, on tiny_resnet), and a figure taken only before the plan
-# replays missed by as much when one of them covered it: tiny_resnet under
-# TENSILE, 135 transfers an iteration, was predicted 37% slow once in 8
-# benchmark runs, its lane probe alone having read 85 us per transfer. Whole
-# iterations, not each op's least time (as the latencies are counted): the
-# lane thread slows a different op in each iteration, and each op's least time
-# over the iterations leaves that out -- here by half. Wall time, as the GIL
-# waits count; noisy on a busy machine (here 100-500 us for `mlp`'s large
-# transfers from one sample to the next). The harness time alone misses the
-# slower op calls; the compute thread's CPU time misses the GIL waits and
-# varies about as much.
+# Queueing a copy runs on the compute thread, and the lane thread's Python (holding the GIL)
+# and, on CPU, its memcpy take from it: ops wait for the GIL and share cores and memory
+# bandwidth. The simulator's copy engine costs compute nothing, so the cost is put into the
+# latencies: per transfer, on the op whose end triggers it. Its size: what the compute
+# thread of the probe replay takes in its best steady iteration, stalls aside, beyond the
+# vanilla replay run just before it (`busy_s`), per transfer; the median over the samples,
+# pooled over the whole validation (the pairs before planning and one per bracket after),
+# because the cost swings between regimes lasting seconds. Whole iterations, not each op's
+# least time (the lane thread slows a different op each iteration); wall time, as GIL waits
+# count. Sizes, regimes and what else was tried: docs/notes.md, same title.
 
 # NOTE [ Contention ]
 # The machine is shared: while another process holds the cores, the replay's

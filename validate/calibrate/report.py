@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memplan.planners.core.plan import Plan
+from memplan.traces.fields import nan_to_none
 from memplan.traces.model import Trace
 from memplan.validate.calibrate.brackets import Pair
 from memplan.validate.calibrate.measure import LaneModel, best_iteration
@@ -101,9 +102,6 @@ class ValidationReport:
         return _rel(self.peak_pred_bytes, self.peak_meas_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        def num(x: float) -> float | None:
-            return None if math.isnan(x) else x
-
         return {
             "model": self.model,
             "planner": self.planner,
@@ -111,12 +109,12 @@ class ValidationReport:
             "device": self.device,
             "correct": self.correct,
             "mismatch": self.mismatch,
-            "time_pred_s": num(self.time_pred_s),
+            "time_pred_s": nan_to_none(self.time_pred_s),
             "time_meas_s": self.time_meas_s,
-            "time_err": num(self.time_err),
+            "time_err": nan_to_none(self.time_err),
             "peak_pred_bytes": self.peak_pred_bytes,
             "peak_meas_bytes": self.peak_meas_bytes,
-            "peak_err": num(self.peak_err),
+            "peak_err": nan_to_none(self.peak_err),
             "peak_pred_range_bytes": [self.peak_pred_lo_bytes, self.peak_pred_hi_bytes],
             "vanilla_time_s": self.vanilla_time_s,
             "vanilla_peak_bytes": self.vanilla_peak_bytes,
@@ -136,7 +134,7 @@ class ValidationReport:
             "bandwidth_throttled": self.lane.throttled,
             "transfer_fixed_s": self.lane.fixed_s,
             "op_overhead_s": self.overhead_s,
-            "contention": num(self.contention),
+            "contention": nan_to_none(self.contention),
             "drift": self.drift,
             "per_run": [
                 {k: getattr(r, k) for k in RunFigures.__dataclass_fields__} for r in self.per_run

@@ -40,22 +40,14 @@ from memplan.validate.errors import ValidationError
 from memplan.validate.replay.executor import replay
 
 # NOTE [ Timing-sensitive peaks ]
-# A plan's peak can hinge on a race: whether a swap-out's copy ends (and frees
-# its bytes) before a later op allocates, or a prefetch starts (and takes its
-# bytes) before or after one. When the two are a few percent apart, the
-# machine's noise decides, in the simulation (fed one pair's latencies) as in
-# the replay: tiny_resnet under vdnn simulated at 3.90 MiB with the measured
-# latencies and at 3.68 MiB with every op 10% slower, and replays landed on
-# either. No peak prediction can be within 1% of such a plan every time. A
-# plan removes the race by naming, for each swap-out, the op by which it
-# counts on the memory (planners.core.plan NOTE [ Swap-out deadlines ]): vDNN,
-# TENSILE and Capuchin plans do, and tiny_resnet under vdnn then simulates at
-# 3.68 MiB with every op 15% faster or slower, and replays at 3.68 MiB every
-# time. For plans without deadlines (CP-SAT's, a hand-made one) the
-# report also gives the simulated peak with compute `PEAK_SPREAD` faster and
-# slower than measured (the lane unchanged): where that range is wide, the
-# peak depends on timing the plan leaves no slack for, and a measured peak
-# anywhere in it is what the model predicts.
+# A plan's peak can hinge on a race: whether a swap-out's copy ends before a later op
+# allocates, or a prefetch starts before or after one. When the two are close, the
+# machine's noise decides, in the simulation as in the replay, and no peak prediction is
+# within 1% every time. A plan removes the race by naming each swap-out's deadline
+# (planners.core.plan NOTE [ Swap-out deadlines ]), as vDNN, TENSILE and Capuchin plans do.
+# For plans without deadlines the report also gives the simulated peak with compute
+# `PEAK_SPREAD` faster and slower (lane unchanged): a measured peak anywhere in that range
+# is what the model predicts. The example: docs/notes.md, "Timing-sensitive peaks".
 
 
 @contextlib.contextmanager

@@ -49,38 +49,20 @@ from memplan.validate.replay.transfer import Direction, Transfer
 # between runs. The caller's generator state is restored when the replay ends.
 
 # NOTE [ Applying a plan ]
-# Semantics are the simulator's (NOTE [ Event semantics ] in `sim/model.py`),
-# so that a replay measures what a simulation predicts:
-# - Events with `after_op = i` fire when op i ends (-1: when the iteration
-#   starts), in plan order, before the framework's own frees after op i (a
-#   checked plan has no event on a buffer freed there, so the order is moot).
-# - `SwapOut` queues a copy to the host pool; the device copy is freed when
-#   the copy ends (NOTE [ Device bytes ]). The buffer stays usable until then;
-#   needing it again keeps it (NOTE [ Keep ] in `validate/replay/pool.py`). A
-#   swap-out of a buffer whose host copy is still valid moves no bytes. One of
-#   a buffer already leaving or arriving does nothing, as in the simulator.
-#   Its `before_op`, if set, waits until the transfer is over (planners.core.plan
-#   NOTE [ Swap-out deadlines ]), counted in `wait_seconds`.
-# - `SwapIn` queues a copy back; its device bytes are taken when the copy
-#   starts. `before_op` (of the next iteration if `next_iteration`) waits for
-#   it, and so does any op that needs the buffer: both count in
-#   `wait_seconds`. A swap-in of a buffer on the device does nothing; of one
-#   still leaving, it keeps it (no copy either way); of one arriving, it
-#   waits for that copy. The host copy stays valid until the buffer is
-#   written, so a `Release` followed by another `SwapIn` needs no second
-#   `SwapOut`. In the last iteration a `next_iteration` swap-in is not started.
-# - `Release` frees the device copy at once; of a leaving buffer it undoes a
-#   keep; of an arriving one it does nothing; of one not on the device it is
-#   an error.
-# - Each op first waits for the swap-ins due before it and the swap-outs
-#   with it as deadline, then makes every buffer it needs present, in buffer
-#   order: leaving is present (and kept), arriving is waited for, absent is
-#   recomputed by a `Recompute` for that buffer and op (NOTE [ Recompute on demand ])
-#   -- else the replay stops with a `ValidationError` naming the op and the
-#   buffer.
-# - Lanes (NOTE [ Throttled copies ] in `validate/replay/lanes.py`): with one lane
-#   every copy shares it, in order of ready time; with two, swap-outs use
-#   lane 0 and swap-ins lane 1.
+# The simulator's semantics (NOTE [ Event semantics ] in `sim/model.py`), so a replay
+# measures what a simulation predicts. Events with `after_op = i` fire when op i ends (-1:
+# the iteration start), in plan order, before the framework's own frees after op i.
+# - `SwapOut` queues a copy to the host pool and frees the device copy when it ends
+#   (NOTE [ Device bytes ]); the buffer stays usable meanwhile (NOTE [ Keep ] in
+#   `validate/replay/pool.py`); a valid host copy (valid until the buffer is written) means no
+#   bytes move; `before_op` waits for it.
+# - `SwapIn` takes its device bytes when the copy starts; `before_op` and any op needing the
+#   buffer wait for it. `Release` frees the device copy at once (undoes a leaving one's keep).
+# - Each op waits for its due swap-ins and deadlines, then makes its buffers present:
+#   leaving is kept, arriving waited for, absent recomputed (NOTE [ Recompute on demand ]),
+#   else a `ValidationError` naming op and buffer.
+# - Lanes (NOTE [ Throttled copies ]): one lane shared in ready order, or swap-outs on lane 0
+#   and swap-ins on lane 1. The waits count in `wait_seconds`. Full text: docs/notes.md.
 
 # NOTE [ Recompute on demand ]
 # A `Recompute` runs on demand: only when `before_op` needs its buffer and it

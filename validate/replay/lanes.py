@@ -26,52 +26,31 @@ from memplan.validate.replay.transfer import Transfer, TransferRecord
 
 # NOTE [ Throttled copies ]
 # On CPU a copy is a memcpy on the lane's thread, far faster than PCIe. Given
-# `bandwidth_bytes_per_s`, the lane emulates the link on a schedule: a
-# transfer occupies the link from the later of its ready time and the end of
-# the link's previous transfer, for `nbytes / bandwidth`, and the lane holds
-# it until then, so its end (a swap-out's free, a swap-in's arrival) comes
-# when the link's would. The schedule is the link's, not the thread's: a
-# thread that wakes late (timer overshoot, the GIL, a busy CPU) does not push
-# every later transfer back by as much -- the link was free on time -- it
-# only ends that transfer late, and catches up. Waiting out the span is the
-# emulation of a device lane, not a wait for a result: the thread sleeps
-# until the earlier of the copy's end and the next transfer's ready time, and
-# wakes for either or for a new transfer; nothing polls. What the emulation
-# adds -- the thread's wake-up after the span, its bookkeeping, which bounds
-# how fast it can take transfers whose bytes take less (tens of us here) --
-# is the lane's fixed cost, measured by the lane probe (NOTE [ The lane
-# probe ] in `validate/calibrate/measure.py`). To keep it small and steady the lane
-# thread asks the kernel for exact timer wake-ups (`PR_SET_TIMERSLACK`; the
-# default slack lets every timed wait overshoot by up to 50 us) and, where
-# allowed, a higher scheduling priority than the compute thread (a copy
-# engine does not wait for a CPU); both Linux only, best effort. On CUDA the
-# copy runs on the lane's own stream into (or out of) pinned host memory; the
-# lane waits for the copy's event before it ends the transfer, so the lane is
-# busy at least while the copy engine is.
+# `bandwidth_bytes_per_s`, the lane emulates the link on a schedule: a transfer occupies it
+# from the later of its ready time and the link's previous end, for `nbytes / bandwidth`,
+# and the lane holds it until then. The schedule is the link's, not the thread's: a thread
+# that wakes late only ends that transfer late and catches up. The thread sleeps until the
+# earlier of the copy's end and the next transfer's ready time; nothing polls. What the
+# emulation adds (wake-up, bookkeeping) is the lane's fixed cost (NOTE [ The lane probe ] in
+# `validate/calibrate/measure.py`); to keep it small and steady the lane thread asks for exact
+# timer wake-ups (`PR_SET_TIMERSLACK`) and, where allowed, a higher priority than the compute
+# thread (Linux only, best effort). On CUDA the copy runs on the lane's own stream with
+# pinned host memory, and the lane waits for the copy's event before ending the transfer.
+# Full text: docs/notes.md, "Throttled copies".
 
 # NOTE [ Lean lanes ]
-# On CPU the lane thread is Python: every step of a transfer it runs holds the
-# GIL, and an op that returns meanwhile waits for it; every wake-up of the
-# lane thread is a kernel round trip. That cost lands on the compute thread,
-# which the simulator's copy engine never slows (NOTE [ Transfers cost the
-# compute thread too ] in `validate/calibrate/measure.py`), and it swings with the
-# machine, so the lane does as little as it can per transfer:
-# - a transfer that is ready when queued arrives on the queueing thread, and
-#   the lane thread is woken only for what it must do before it wakes anyway:
-#   a copy for an idle lane, an earlier ready time; a busy lane takes a new
-#   copy when its current one ends, without a wake-up of its own;
-# - a copy up to `GIL_COPY_BYTES` (`validate/replay/mover.py`) is a
-#   `memmove` that keeps the GIL (a few microseconds here, less than handing
-#   the GIL over and back), a larger one lets the compute thread run
-#   meanwhile; the copies go between untyped storages, with no tensor made
-#   per copy;
-# - a transfer's `done` is a `Latch` (a held lock), not a `threading.Event`;
-# - the pool's lock is taken once per step of a transfer, inside the pool's
-#   own methods, and never for the lane's records (NOTE [ One lock ] in
-#   `validate/replay/pool.py`).
-# Measured on tiny_resnet's TENSILE plan (about 135 transfers an iteration,
-# most under 1 KiB): the compute thread's extra wall time per transfer went
-# from 35 to 29 us, the lane thread's CPU from 28 to 25 us.
+# On CPU the lane thread is Python: every step holds the GIL and every wake-up is a kernel
+# round trip, a cost that lands on the compute thread and swings with the machine
+# (NOTE [ Transfers cost the compute thread too ] in `validate/calibrate/measure.py`). So per
+# transfer the lane does as little as it can:
+# - a transfer ready when queued is handed over on the queueing thread; the lane thread is
+#   woken only for a copy for an idle lane or an earlier ready time;
+# - a copy up to `GIL_COPY_BYTES` (`validate/replay/mover.py`) is a `memmove` that keeps the
+#   GIL, a larger one releases it; copies go between untyped storages;
+# - `done` is a `Latch` (a held lock), not a `threading.Event`;
+# - the pool's lock is taken once per step, never for the lane's records (NOTE [ One lock ]
+#   in `validate/replay/pool.py`).
+# Measured gains: docs/notes.md, "Lean lanes".
 
 # NOTE [ Test synchronisation ]
 # `LaneSync.copy_started(t)` is called on the lane thread once a copy holds

@@ -33,30 +33,18 @@ from torch.utils.checkpoint import (
 )
 
 # NOTE [ Offload and prefetch ]
-# - Pack: every saved tensor on the model's device is matched to the next
-#   entry of the trace's `saved` list that the hooks see (entries packed
-#   inside a checkpointed region are the checkpoint's and are skipped); the
-#   module it was packed in must be the recorded one, and its storage the
-#   recorded size, else `RuntimePlanError`. Saved tensors are matched, not
-#   guessed: a model that is not the traced one fails at its first
-#   difference, and at the end of the step if it saved fewer tensors.
-# - Offload copies the whole storage (so the view, strides and offset come
-#   back exactly) into host memory, once per buffer in the step. CUDA: on a
-#   persistent side stream that first waits for the stream current at the
-#   call, into pinned memory from a reused pool; the source storage is kept
-#   alive until the copy's event has completed (checked at every later pack
-#   and unpack), so the caching allocator cannot hand it out mid-copy. CPU:
-#   a synchronous copy.
-# - Prefetch starts at the unpack named by `prefetch_after`: CUDA, a copy on
-#   the side stream into memory allocated on it, which the compute stream
-#   waits for (and records) at the unpack that needs it; CPU, a copy into a
-#   separate host tensor standing for the device copy. A tensor whose
-#   prefetch never started is fetched when unpacked (`StepStats.late`).
-# - Accounting: bytes of distinct non-persistent storages (not the model's
-#   parameters or buffers) that saved tensors hold on the device side, now
-#   and at peak: a kept tensor from pack until autograd lets go of it, an
-#   offloaded one while its copy is in flight and from prefetch until
-#   released.
+# - Pack: every saved tensor on the model's device is matched to the next entry of the
+#   trace's `saved` list the hooks see (checkpointed regions' entries skipped); a wrong
+#   module or storage size is a `RuntimePlanError`, as are too few saved tensors at the end.
+# - Offload copies the whole storage (view, strides and offset come back exactly) to the
+#   host, once per buffer in the step. CUDA: on a side stream that waits for the current
+#   one, into a reused pinned pool, the source kept alive until the copy's event completes;
+#   CPU: synchronously.
+# - Prefetch starts at the unpack named by `prefetch_after` (CUDA: on the side stream, which
+#   the compute stream waits for at the unpack that needs it; CPU: into a separate host
+#   tensor); a tensor never prefetched is fetched when unpacked (`StepStats.late`).
+# - Accounting: device-side bytes of distinct non-persistent storages held by saved tensors,
+#   now and at peak. Full text: docs/notes.md, "Offload and prefetch".
 
 
 @dataclass(slots=True)

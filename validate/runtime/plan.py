@@ -17,65 +17,32 @@ from memplan.traces.model import Phase, Trace
 from memplan.validate.runtime.errors import RuntimePlanError
 
 # NOTE [ From plan events to saved tensors ]
-# A runtime in user code cannot act "after op 12"; it sees the tensors
-# autograd saves (pack hooks, in forward, in `Trace.saved` order) and takes
-# them back (unpack hooks, in backward). So, per buffer held by a saved tensor
-# (`SavedTensor.view`'s buffer):
-# - offload: a `SwapOut` after a forward op and a `SwapIn` whose `before_op`
-#   is a backward op (the first such, if several). Every saved tensor holding
-#   the buffer is copied to the host when packed (the plan's swap-out after
-#   the buffer's last forward use is where autograd's hold is all that is
-#   left of it; copying at pack time drops that hold as early as possible).
-#   The prefetch starts at an unpack, in the backward pass, of a saved tensor
-#   the runtime sees (outside a checkpointed module, and not packed with the
-#   tensor itself: autograd unpacks what one op saved together): the first
-#   whose buffer is first read by a backward op after the swap-in's
-#   `after_op` and before the tensor's own use -- the first moment user code
-#   can observe after that op -- else the last one read at or before it (a
-#   little early rather than too late). None: fetched when unpacked. Unpack
-#   order is estimated by each buffer's first backward access;
-#   `prefetch_after` names the trigger's pack index. A swap-out's deadline
-#   (`before_op`, planners.core.plan NOTE [ Swap-out deadlines ]) has no
-#   counterpart: no user-code moment waits for an offload to end.
-# - recompute: a `Release` in forward with a `Recompute` in backward whose
-#   ops are forward ops. The ops are recomputed by selective activation
-#   checkpointing of a *region*: the innermost module enclosing the event's
-#   ops and the modules whose saved tensors hold its buffer (so the buffer is
-#   made and consumed inside and nothing outside holds it), else the
-#   innermost module enclosing the ops alone (correct, but the saving is lost
-#   if a module outside saves the buffer); a region must be a module with a
-#   forward, not the root (whose own ops cannot be told from the loss's).
-#   Regions inside other regions merge into the outer one. In a region the
-#   plan's ops are PREFER_RECOMPUTE and every other op MUST_SAVE (its output
-#   is cached, needed for backward or not: selective checkpointing's cost);
-#   saved tensors packed inside a region are the checkpoint's
-#   (`Action.RECOMPUTE` if their buffer is recomputed, else `Action.REGION`).
-#   An op is matched at run time by (region invocation, innermost module,
-#   target, occurrence among that module's ops of that target in the
-#   invocation); the set is closed as NOTE [ Closing the recompute set ] says.
-# - everything else is listed in `skipped` with the reason: swaps of
-#   parameters and optimizer state, cross-iteration swaps, swaps of buffers
-#   no saved tensor holds (a skip connection between forward ops), swaps
-#   inside the backward pass, recomputes of ops outside every module (the
-#   root's own ops and the loss), and releases after the last use (autograd
-#   frees saved tensors when their node has run).
+# User code cannot act "after op 12"; it sees autograd's saved tensors (pack hooks in
+# forward, in `Trace.saved` order; unpack hooks in backward). Per buffer a saved tensor holds:
+# - offload: a `SwapOut` after a forward op and a `SwapIn` before a backward op. Each saved
+#   tensor holding the buffer is copied to the host when packed; the prefetch starts at the
+#   unpack of the first visible saved tensor read after the swap-in's `after_op`, else the
+#   last one before it (`prefetch_after`; none: fetched when unpacked). A swap-out's deadline
+#   has no counterpart: no user-code moment waits for an offload.
+# - recompute: a forward `Release` with a backward `Recompute` of forward ops, done by
+#   selective activation checkpointing of a *region* (a module with a forward, not the root:
+#   the innermost enclosing the ops and the modules whose saved tensors hold the buffer, else
+#   the ops alone; nested regions merge). Plan ops PREFER_RECOMPUTE, the rest MUST_SAVE;
+#   ops are matched at run time by invocation, module, target and occurrence; the set is
+#   closed as NOTE [ Closing the recompute set ] says.
+# - everything else is listed in `skipped` with the reason. Full text: docs/notes.md.
 
 # NOTE [ Closing the recompute set ]
-# Checkpoint replays a region in backward from its inputs, taking each op's
-# output from the cache or running it again. Three things would make the
-# replay compute something else, so the ops to recompute are closed until
-# none applies (in each invocation):
-# - In-place chains are all or nothing: an op writing a buffer brings every
-#   op writing it (its creator, `bernoulli_`, `div_`) -- a cached tensor
-#   written by a recomputed op, or the reverse, would mix versions.
-# - A recomputed op that read a buffer before a later in-place write must
-#   see that version again: the buffer's writers are recomputed too (a
-#   cached tensor is its last version).
-# - Random ops: checkpoint restores the generator at the region's start and
-#   cached ops draw nothing, so every random op before a recomputed one is
-#   recomputed as well, and the generator advances exactly as it did.
-# Cached tensors are final versions, so entries may be mutated after caching
-# (`allow_cache_entry_mutation=True`): no recomputed op reads them early.
+# Checkpoint replays a region in backward from its inputs, taking each op's output from the
+# cache or running it again; the ops to recompute are closed (per invocation) so the replay
+# computes the same values:
+# - in-place chains are all or nothing: an op writing a buffer brings every writer of it;
+# - a recomputed op that read a buffer before a later in-place write brings its writers
+#   (a cached tensor is its last version);
+# - every random op before a recomputed one is recomputed too, so the generator, restored at
+#   the region's start, advances as it did.
+# Cached tensors are final versions, so `allow_cache_entry_mutation=True` is safe.
+# Full text: docs/notes.md, "Closing the recompute set".
 
 
 class Action(enum.Enum):
