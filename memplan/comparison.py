@@ -36,11 +36,16 @@ from memplan.traces.fields import nan_to_none
 from memplan.traces.model import Trace
 
 UNLIMITED_BYTES = 1 << 62
-NEEDS_BUDGET = ("capuchin",)
 # The runtime safety net under a plan: `--fallback` name -> the simulator's OOM policy.
 FALLBACKS = {"none": "fail", "passive": "passive", "dtr": "dtr"}
 # Rows with no plan at all: the online policy alone (NOTE [ The safety net ]).
 WITNESSES = ("passive", "dtr")
+
+
+def _budget_from(name: str) -> str | None:
+    """The planner whose peak is `name`'s budget when none is given (its
+    registry traits); None for the witnesses and planners that need none."""
+    return None if name in WITNESSES else registry.traits(name).budget_from
 
 
 class Fit:
@@ -385,8 +390,9 @@ def compare_planners(
     for name in planners:  # unknown names and bad options fail before any work
         if name not in WITNESSES:
             registry.make_options(name, options.get(name))
+    lenders = {_budget_from(n) for n in planners} - {None}  # their options count too
     for name in options:
-        if name not in planners and not (name == "tensile" and set(NEEDS_BUDGET) & set(planners)):
+        if name not in planners and name not in lenders:
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
     memory: dict[str, Any] = {"allocator": allocator, "context_reserve": context_reserve}
     vanilla = simulate(
@@ -400,28 +406,29 @@ def compare_planners(
     )
     seen = planner_view(traces, device, budget, **memory)[0]  # rounded once for every planner
     rows: dict[str, Row] = {}
-    order = sorted(planners, key=lambda n: n in NEEDS_BUDGET)  # tensile before capuchin
+    order = sorted(planners, key=lambda n: _budget_from(n) is not None)  # lenders first
     for name in order:
         own_budget = budget
-        if own_budget is None and name in NEEDS_BUDGET:
-            tensile = rows.get("tensile")
-            if tensile is None:
+        lender = _budget_from(name) if own_budget is None else None
+        if lender is not None:
+            lent = rows.get(lender)
+            if lent is None:
                 if progress:
-                    progress(f"{name}: planning tensile for its default budget")
-                tensile = run_planner(
-                    "tensile",
+                    progress(f"{name}: planning {lender} for its default budget")
+                lent = run_planner(
+                    lender,
                     traces,
                     device,
                     vanilla,
                     budget=None,
                     iterations=iterations,
-                    options=options.get("tensile"),
+                    options=options.get(lender),
                     fallback=fallback,
                     view=(seen, None),
                     workload=workload,
                     **memory,
                 )
-            own_budget = tensile.peak_bytes
+            own_budget = lent.peak_bytes
         if progress:
             progress(f"planning {name}")
         try:

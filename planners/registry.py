@@ -39,6 +39,8 @@ from memplan.planners.core.plan import PlanResult
 __all__ = [
     "NoOptions",
     "PlannerSpec",
+    "Search",
+    "Traits",
     "get",
     "make_options",
     "names",
@@ -46,17 +48,42 @@ __all__ = [
     "options_dict",
     "register",
     "run",
+    "traits",
 ]
+
+
+class Search(enum.Enum):
+    """How long a planner runs: it plans and stops (NONE), searches until its
+    own limits, a few seconds by default (BOUNDED), or uses its whole time
+    limit (WHOLE_LIMIT)."""
+
+    NONE = "none"
+    BOUNDED = "bounded"
+    WHOLE_LIMIT = "whole_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class Traits:
+    """What the app shell knows of a planner beside its signature.
+    `budget_from`: it plans only to a budget; given none, the shell gives it
+    the peak that planner reaches (Capuchin's paper sets its budget so).
+    `search`: how long it runs (`all` in `compare` leaves out WHOLE_LIMIT
+    searches, in `capacity` every search)."""
+
+    budget_from: str | None = None
+    search: Search = Search.NONE
 
 
 @dataclass(frozen=True, slots=True)
 class PlannerSpec:
-    """A planner: its name, function, options dataclass and a one-line summary."""
+    """A planner: its name, function, options dataclass, a one-line summary
+    and its traits."""
 
     name: str
     fn: Callable[..., PlanResult]
     options: type
     summary: str = ""
+    traits: Traits = Traits()
 
     def make_options(self, given: object = None) -> Any:
         return make_options(self, given)
@@ -83,8 +110,8 @@ class PlannerSpec:
         return "evaluator" in inspect.signature(self.fn).parameters
 
 
-# name -> (module, function, options class or None, summary); imported lazily.
-_BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
+# name -> (module, function, options class or None, summary[, traits]); imported lazily.
+_BUILTIN: dict[str, tuple[str, str, str | None, str] | tuple[str, str, str | None, str, Traits]] = {
     "vanilla": (
         "memplan.planners.heuristics.vanilla",
         "vanilla",
@@ -108,6 +135,7 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
         "capuchin",
         "CapuchinOptions",
         "Capuchin: swap by free time, MSPS recompute",
+        Traits(budget_from="tensile"),
     ),
     "vdnn": (
         "memplan.planners.heuristics.vdnn",
@@ -133,18 +161,21 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str]] = {
         "SqueezeOptions",
         "memplan's planner for memory pressure: heuristics and the net's choices, "
         "improved by simulation",
+        Traits(search=Search.BOUNDED),
     ),
     "swapadvisor": (
         "memplan.planners.search.swapadvisor",
         "swapadvisor",
         "SwapAdvisorOptions",
         "SwapAdvisor: genetic search over op orders, size-class allocations and swaps",
+        Traits(search=Search.WHOLE_LIMIT),
     ),
     "cpsat": (
         "memplan.planners.cpsat.planner",
         "cpsat",
         "CpsatOptions",
         "CP-SAT: our exact baseline",
+        Traits(search=Search.WHOLE_LIMIT),
     ),
 }
 _EXTRA: dict[str, PlannerSpec] = {}
@@ -177,14 +208,24 @@ def get(name: str) -> PlannerSpec:
         return _LOADED[name]
     if name not in _BUILTIN:
         raise PlanError(f"unknown planner {name!r}; known: {', '.join(names())}")
-    module, fn_name, opt_name, summary = _BUILTIN[name]
+    module, fn_name, opt_name, summary = _BUILTIN[name][:4]
     if importlib.util.find_spec(module) is None:
         raise PlanError(f"planner {name!r} is not available (module {module} is missing)")
     mod = importlib.import_module(module)
     fn = getattr(mod, fn_name)
     opts = NoOptions if opt_name is None else getattr(mod, opt_name)
-    spec = _LOADED[name] = PlannerSpec(name, fn, opts, summary)
+    spec = _LOADED[name] = PlannerSpec(name, fn, opts, summary, traits(name))
     return spec
+
+
+def traits(name: str) -> Traits:
+    """A planner's traits, without importing it; PlanError if it is unknown."""
+    if name in _EXTRA:
+        return _EXTRA[name].traits
+    entry = _BUILTIN.get(name)
+    if entry is None:
+        raise PlanError(f"unknown planner {name!r}; known: {', '.join(names())}")
+    return entry[4] if len(entry) > 4 else Traits()  # type: ignore[misc]
 
 
 # ---- options ---------------------------------------------------------------------

@@ -35,7 +35,6 @@ DEFAULT_HI = 65_536
 # cpsat 5 s. `--option` overrides them (squeeze.max_evaluations=3000
 # searches as `compare` does). A searching planner's answer is what it finds
 # within these limits: a larger limit may fit a larger batch.
-SEARCHING = ("squeeze", "cpsat", "swapadvisor")
 PROBE_OPTIONS = {
     "squeeze": ["max_evaluations=20", "time_limit_s=60"],
     "cpsat": ["time_limit_s=5"],
@@ -208,14 +207,17 @@ def planner_list(text: str) -> tuple[str, ...]:
     """vanilla first, then `compare`'s reading of --planners without the
     searching planners in `all` (NOTE [ Capacity time limits ])."""
     from memplan.commands.compare import planner_names
+    from memplan.comparison import WITNESSES
+    from memplan.planners import registry
 
+    none = registry.Search.NONE
     names: list[str] = ["vanilla"]
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
         found = planner_names(item)
-        if item == "all":
-            found = [n for n in found if n not in SEARCHING]
+        if item == "all":  # the searches run only when named
+            found = [n for n in found if n in WITNESSES or registry.traits(n).search is none]
         names += [n for n in found if n not in names]
     if len(names) == 1 and "vanilla" not in text.split(","):
         raise MemplanError("--planners: give 'all' or planner names separated by commas")

@@ -98,7 +98,10 @@ def planner_names(text: str) -> list[str]:
     from memplan.comparison import WITNESSES
     from memplan.planners import registry
 
-    heuristics = [n for n in registry.names() if n not in ("vanilla", "cpsat", "swapadvisor")]
+    whole = registry.Search.WHOLE_LIMIT
+    heuristics = [
+        n for n in registry.names() if n != "vanilla" and registry.traits(n).search is not whole
+    ]
     names: list[str] = []
     for n in (x.strip() for x in text.split(",")):
         for name in [*heuristics, *WITNESSES] if n == "all" else [n] if n else []:

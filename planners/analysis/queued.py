@@ -33,12 +33,10 @@ from collections import defaultdict, deque
 
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.analysis.optimes import Timeline
-from memplan.planners.core.lifecycle import DEAD, NO_CTX, Ctx, Do, Event, State, Where, step
+from memplan.planners.core.lifecycle import LEAVING, NO_CTX, Buffers, Ctx, Do, Event
 from memplan.planners.core.plan import Plan, Release, SwapOut
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Triggered
 from memplan.traces.model import Trace
-
-OFF, DEV, LEAVING, ARRIVING = Where
 
 
 def queued_peak(
@@ -71,8 +69,7 @@ class _Queue:
         self.dur: list[float] = tl.duration_us.tolist()
         self.d2h = device.copy_time(trace.nbytes, Direction.D2H, TimeUnit.US).tolist()
         self.h2d = device.copy_time(trace.nbytes, Direction.H2D, TimeUnit.US).tolist()
-        self.state: list[State] = [DEAD] * nb
-        self.epoch = [0] * nb
+        self.bufs = Buffers(nb)
         self.writes = [0] * nb  # writes so far, to tell a copy an op overlapped
         self.used = self.peak = 0
         for b in self.tab.persistent:
@@ -87,13 +84,11 @@ class _Queue:
 
     def apply(self, b: int, ev: Event, ctx: Ctx = NO_CTX) -> int:
         """Move `b` by `ev` and do its bytes; returns the `Do` bits."""
-        self.state[b], do = step(self.state[b], ev, ctx)
+        do = self.bufs.apply(b, ev, ctx)
         if do & Do.TAKE:
             self.take(self.nbytes[b])
         elif do & Do.DROP:
             self.used -= self.nbytes[b]
-        if ev is Event.FREE:
-            self.epoch[b] += 1
         return do
 
     def create(self, b: int) -> None:
@@ -107,7 +102,7 @@ class _Queue:
         """Start the next live copy if the lane is free."""
         while self.copying is None and self.lane:
             b, ep, is_in = self.lane.popleft()
-            if ep != self.epoch[b]:
+            if ep != self.bufs.epoch[b]:
                 continue
             if is_in:
                 self.take(self.nbytes[b])  # the copy's bytes until it lands
@@ -122,7 +117,7 @@ class _Queue:
         assert self.copying is not None
         b, ep, is_in, writes = self.copying
         end, self.copying, self.copy_end = self.copy_end, None, math.inf
-        if ep != self.epoch[b]:
+        if ep != self.bufs.epoch[b]:
             self.used -= self.nbytes[b]  # the life ended during the copy: the bytes were its
         elif is_in:
             self.apply(b, Event.H2D_END)
@@ -143,7 +138,7 @@ class _Queue:
             while self.awaited[key] > 0:
                 self.finish_copy()
             for b, ep in self.out_due.pop(key, ()):
-                while self.epoch[b] == ep and self.state[b].where == LEAVING:
+                while self.bufs.epoch[b] == ep and self.bufs.where[b] == LEAVING:
                     self.finish_copy()
             self.run_lane_until(self.now)
             for b in tab.need[i]:
@@ -186,9 +181,9 @@ class _Queue:
                 do = self.apply(b, Event.SWAP_OUT)
                 if do & Do.COPY_D2H:
                     self.apply(b, Event.COPY_OUT)
-                    self.lane.append((b, self.epoch[b], False))
+                    self.lane.append((b, self.bufs.epoch[b], False))
                     if ev.before_op >= 0:
-                        self.out_due[(it, ev.before_op)].append((b, self.epoch[b]))
+                        self.out_due[(it, ev.before_op)].append((b, self.bufs.epoch[b]))
             elif isinstance(ev, Release):
                 self.apply(b, Event.RELEASE)
             else:
@@ -199,7 +194,7 @@ class _Queue:
                 if do & (Do.COPY_H2D | Do.JOIN):
                     if do & Do.COPY_H2D:
                         self.arriving[b] = []
-                        self.lane.append((b, self.epoch[b], True))
+                        self.lane.append((b, self.bufs.epoch[b], True))
                     self.arriving[b].append((target, ev.before_op))
                     self.awaited[(target, ev.before_op)] += 1
         self.pump()

@@ -156,3 +156,24 @@ def test_register_a_planner():
         registry._EXTRA.clear()
     with pytest.raises(PlanError, match="is not a dataclass"):
         registry.register(PlannerSpec("bad", toy, dict))
+
+
+def test_traits_are_read_without_importing_the_planner():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from memplan.planners import registry as r;"
+        "t = r.traits('capuchin'), r.traits('cpsat'), r.traits('squeeze'), r.traits('tensile');"
+        "print([x.budget_from for x in t], [x.search.value for x in t],"
+        " 'memplan.planners.heuristics.capuchin' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("] ") == [
+        "['tensile', None, None, None",
+        "['none', 'whole_limit', 'bounded', 'none'",
+        "False\n",
+    ]
+    assert registry.get("capuchin").traits == registry.traits("capuchin")
+    with pytest.raises(PlanError, match="unknown planner 'nope'"):
+        registry.traits("nope")
