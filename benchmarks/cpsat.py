@@ -47,7 +47,7 @@ from memplan.planners.analysis.bounds import bounds, gap_to_bound, peak_lower_bo
 from memplan.planners.cpsat.planner import CpsatOptions, cpsat  # noqa: E402
 from memplan.traces import io  # noqa: E402
 from memplan.traces.model import Trace  # noqa: E402
-from memplan.traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, unet  # noqa: E402
+from memplan.traces.synthetic import Durations, Grain, chain, random_dag, residual, unet  # noqa: E402
 
 from memplan.comparison import compare_planners  # noqa: E402
 
@@ -57,7 +57,7 @@ SHIPPED_FRACTIONS = (0.95, 0.9)  # of the release-only peak
 
 
 def synthetic(quick: bool) -> list[tuple[str, Trace]]:
-    d = Durations(TimeUnit.US, 5, 100)
+    d = Durations(Grain.US, 5, 100)
     out = [
         (f"random_dag({n})", random_dag(n, seed=n, durations=d))
         for n in (40, 60, 80, 100, 120, 140, 160, 180, 200)
@@ -139,7 +139,7 @@ def _fmt_row(row: dict, planners: list[str]) -> str:
 
 def small_synthetic() -> list[tuple[str, Trace]]:
     """Synthetic steps of at most 60 ops."""
-    d = Durations(TimeUnit.US, 5, 100)
+    d = Durations(Grain.US, 5, 100)
     out = [(f"random_dag({n})", random_dag(n, seed=n, durations=d)) for n in (30, 40, 50, 60)]
     out.append(("random_dag(45, dropout)", random_dag(45, seed=46, dropout=True, durations=d)))
     out += [

@@ -23,8 +23,8 @@ from memplan.traces.synthetic_builder import (  # noqa: F401  (re-exported)
     SGD_KWARGS,
     Durations,
     Family,
+    Grain,
     MiB,
-    TimeUnit,
     _Builder,
     _Kind,
     _Node,
@@ -43,7 +43,7 @@ from memplan.traces.synthetic_builder import (  # noqa: F401  (re-exported)
 #   for replay.
 # - FLOPs: a layer is a 1x1 convolution with a square weight
 #   (``2 * out_elements * isqrt(weight_elements)``), elementwise ops one per element.
-#   Durations are whole `TimeUnit`s drawn from the seed. Full text: docs/notes.md.
+#   Durations are whole `Grain`s drawn from the seed. Full text: docs/notes.md.
 
 
 # ---- the generators ----------------------------------------------------------------

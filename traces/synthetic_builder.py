@@ -28,7 +28,7 @@ SGD_KWARGS: dict[str, Any] = {
 _ITEMSIZE = {"float32": 4, "bool": 1}
 
 
-class TimeUnit(enum.Enum):
+class Grain(enum.Enum):
     """The grain of synthetic op durations; the value is microseconds."""
 
     US = 1
@@ -38,9 +38,9 @@ class TimeUnit(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Durations:
     """Op durations: whole `unit`s drawn from the seed, uniformly in lo..hi
-    (inclusive). ``Durations(TimeUnit.MS, 1, 1)`` makes every op 1 ms."""
+    (inclusive). ``Durations(Grain.MS, 1, 1)`` makes every op 1 ms."""
 
-    unit: TimeUnit = TimeUnit.US
+    unit: Grain = Grain.US
     lo: int = 1
     hi: int = 9
 

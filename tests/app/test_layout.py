@@ -153,25 +153,22 @@ def test_planner_rooms_point_down():
     assert bad == []
 
 
-def sizes(path: Path) -> tuple[int, list[tuple[str, int]]]:
-    text = path.read_text()
-    long = []
-    for node in ast.walk(ast.parse(text)):
+def long_functions(path: Path) -> list[tuple[str, int]]:
+    """(name, lines) of the functions in `path` longer than 100 lines."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             n = node.end_lineno - node.lineno + 1
             if n > 100:
-                long.append((node.name, n))
-    return len(text.splitlines()), long
+                out.append((node.name, n))
+    return out
 
 
-def test_no_module_over_500_lines_no_function_over_100():
-    big, long = [], []
-    for name, path in MODULES.items():
-        n, fns = sizes(path)
-        if n > 500:
-            big.append((name, n))
-        long += [(name, f, k) for f, k in fns]
-    assert (big, long) == ([], [])
+def test_no_function_over_100_lines():
+    """Modules are split by concept, not by length (no cap on a module);
+    a function stays readable on a screen or two."""
+    long = [(name, f, k) for name, path in MODULES.items() for f, k in long_functions(path)]
+    assert long == []
 
 
 def test_pyproject_lists_every_package():

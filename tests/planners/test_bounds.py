@@ -22,7 +22,7 @@ from memplan.planners.core.plan import Plan, Recompute, Release, fingerprint_of
 from memplan.sim import Job, simulate
 from memplan.traces import io
 from memplan.traces.model import Op
-from memplan.traces.synthetic import Durations, TimeUnit, random_dag
+from memplan.traces.synthetic import Durations, Grain, random_dag
 
 from memplan.cli import main
 from tests.planners.bruteforce import (
@@ -161,7 +161,7 @@ def test_bounds_never_exceed_the_brute_force_optimum(seed):
 
 @pytest.mark.parametrize(("n_ops", "seed", "frac"), [(40, 3, 0.85), (60, 4, 0.75)])
 def test_bounds_hold_for_every_planners_simulated_plan(n_ops, seed, frac):
-    t = random_dag(n_ops, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
+    t = random_dag(n_ops, seed=seed, durations=Durations(Grain.US, 20, 400))
     hw, lat = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096), Measured()
     budget = int(frac * t.peak("liveness")[0])
     device = DeviceModel(hw, lat)

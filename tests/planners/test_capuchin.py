@@ -23,7 +23,7 @@ from memplan.planners.heuristics.capuchin import NO_BUDGET, capuchin
 from memplan.sim import Job, simulate
 from memplan.traces import io
 from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View
-from memplan.traces.synthetic import Durations, TimeUnit, sized
+from memplan.traces.synthetic import Durations, Grain, sized
 
 MiB = 1 << 20
 
@@ -251,7 +251,7 @@ def test_several_jobs_share_the_budget_by_their_peaks():
 
 # ---- property: every plan checks, never above vanilla, fits when it says so -----------
 V100 = load_hardware("v100-sxm2-16gb")
-MS = Durations(TimeUnit.MS, 1, 9)
+MS = Durations(Grain.MS, 1, 9)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,13 +21,13 @@ from memplan.planners.heuristics.checkpoint import (
     segment,
 )
 from memplan.sim import Job, simulate
-from memplan.traces.synthetic import Durations, TimeUnit, chain, random_dag, residual, sized
+from memplan.traces.synthetic import Durations, Grain, chain, random_dag, residual, sized
 
 from tests.planners.test_capuchin import make
 
 MiB = 1 << 20
 V100 = load_hardware("v100-sxm2-16gb")
-MS = Durations(TimeUnit.MS, 1, 9)
+MS = Durations(Grain.MS, 1, 9)
 
 
 def x(i: int) -> int:
@@ -74,7 +74,7 @@ def test_the_final_segment_is_not_checkpointed_and_segments_is_an_option():
 
 
 def test_chain_saves_memory_in_the_simulator():
-    t = chain(16, act_mib=4, param_mib=1, durations=Durations(TimeUnit.MS, 1, 1))
+    t = chain(16, act_mib=4, param_mib=1, durations=Durations(Grain.MS, 1, 1))
     lat = Measured()
     res = checkpoint([t], DeviceModel(V100, lat))
     sim = simulate([Job(t, res.plans[0])], DeviceModel(V100, lat), iterations=1)
@@ -151,7 +151,7 @@ def test_falls_back_to_the_empty_plan_when_it_would_raise_the_peak():
 
 
 def test_budget_and_registry():
-    t = chain(16, act_mib=4, param_mib=1, durations=Durations(TimeUnit.MS, 1, 1))
+    t = chain(16, act_mib=4, param_mib=1, durations=Durations(Grain.MS, 1, 1))
     lat = Measured()
     peak = checkpoint([t], DeviceModel(V100, lat)).stats["peak_bytes"]
     assert checkpoint([t], DeviceModel(V100, lat), budget_bytes=peak).feasible

@@ -44,7 +44,7 @@ from memplan.planners.cpsat.timing import plan_timing
 from memplan.planners.registry import PlannerSpec
 from memplan.sim import Job, simulate
 from memplan.sim.log import LogKind
-from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
+from memplan.traces.synthetic import Durations, Grain, random_dag, residual
 from ortools.sat.python import cp_model
 
 from tests.planners.bruteforce import (
@@ -321,7 +321,7 @@ def test_another_planners_swaps_timed_forward_are_a_solution_of_the_model(planne
     # ops waiting for the copy-outs the plan set deadlines on: every variable
     # fixed to that timing, the model (soft budget, as a hint is completed)
     # accepts it as it is -- the solver needs no search for a first timing
-    t = random_dag(60, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
+    t = random_dag(60, seed=seed, durations=Durations(Grain.US, 20, 400))
     device = DeviceModel(tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096), Measured())
     budget = int(frac * t.peak("liveness")[0])
     res = registry.run(planner, [t], device, budget_bytes=budget)
@@ -443,7 +443,7 @@ def test_optimum_equals_the_brute_force_denser_graphs(seed):
 
 @pytest.mark.parametrize(("n_ops", "seed", "frac"), [(40, 0, 0.8), (50, 1, 0.7), (60, 2, 0.8)])
 def test_synthetic_plans_check_and_simulate_as_the_model_says(n_ops, seed, frac):
-    t = random_dag(n_ops, seed=seed, durations=Durations(TimeUnit.US, 20, 400))
+    t = random_dag(n_ops, seed=seed, durations=Durations(Grain.US, 20, 400))
     hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
     budget = int(frac * t.peak("liveness")[0])
     opts = CpsatOptions(hint=None, num_workers=2, time_limit_s=20)
@@ -478,7 +478,7 @@ def test_a_budget_no_plan_of_the_model_meets_stops_model_infeasible():
 
 
 def test_an_expired_time_limit_is_feasible_or_unknown():
-    t = random_dag(200, seed=1, durations=Durations(TimeUnit.US, 20, 400))
+    t = random_dag(200, seed=1, durations=Durations(Grain.US, 20, 400))
     hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
     budget = int(0.6 * t.peak("liveness")[0])
     opts = CpsatOptions(hint=None, num_workers=1, time_limit_s=1.0)
@@ -516,7 +516,7 @@ def test_no_hot_op_is_optimal_without_a_solve():
 
 # ---- large traces: windows --------------------------------------------------------------
 def test_windows_give_a_valid_plan_no_worse_than_the_hint():
-    t = random_dag(120, seed=0, durations=Durations(TimeUnit.US, 20, 400))
+    t = random_dag(120, seed=0, durations=Durations(Grain.US, 20, 400))
     hw = tiny_hw(lanes_bw_mib_per_ms=25, memory_mib=4096)
     budget = int(0.8 * t.peak("liveness")[0])
     ten = registry.get("tensile")([t], DeviceModel(hw, Measured()), budget_bytes=budget)
@@ -622,7 +622,7 @@ def test_a_coarse_model_too_coarse_to_fit_is_refined_then_windows_improve_it():
     # residual(4) halfway between its peak bound and its release-only peak,
     # no op waiting for a copy-out: blocks of 8 hot ops cannot fit
     # (INFEASIBLE), blocks of 2 can; the exact optimum is 2.534 ms
-    t = residual(4, act_mib=4, param_mib=2, seed=4, durations=Durations(TimeUnit.US, 5, 100))
+    t = residual(4, act_mib=4, param_mib=2, seed=4, durations=Durations(Grain.US, 5, 100))
     hw = load_hardware("a100-pcie-40gb")
     lb, peak = peak_lower_bound(t).nbytes, t.peak("liveness")[0]
     budget = int(lb + 0.5 * (peak - lb))

@@ -27,7 +27,7 @@ from memplan.planners.cpsat.planner import CpsatOptions, cpsat
 from memplan.sim import Job, simulate
 from memplan.sim.log import LogKind
 from memplan.traces.io import fingerprint
-from memplan.traces.synthetic import Durations, TimeUnit, random_dag, residual
+from memplan.traces.synthetic import Durations, Grain, random_dag, residual
 
 from memplan.comparison import compare_planners
 from tests.planners.bruteforce import MS, B, MiB, Step, tiny_hw, tiny_trace
@@ -146,8 +146,8 @@ def test_jobs_with_different_op_counts_are_a_plan_error():
 
 
 # ---- seeded synthetic jobs agree with the simulator --------------------------------------
-D = Durations(TimeUnit.US, 20, 400)
-A100 = Durations(TimeUnit.US, 5, 100)
+D = Durations(Grain.US, 20, 400)
+A100 = Durations(Grain.US, 5, 100)
 SYNTHETIC = {
     # traces, lane MiB per ms (None: a100-pcie-40gb), budget: a fraction of the
     # way from the joint peak bound to the joint release-only peak, or (< 0)

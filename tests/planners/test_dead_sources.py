@@ -192,10 +192,9 @@ def test_bounds_hold_for_chains_that_make_dead_sources_again(seed):
     policy, is at or above every bound; and the bounds do charge dead
     sources somewhere (they rise above the bounds that do not)."""
     from memplan.sim.state import OomPolicy
-    from memplan.traces.synthetic import Durations
-    from memplan.traces.synthetic import TimeUnit as Unit
+    from memplan.traces.synthetic import Durations, Grain
 
-    t = synthetic.random_dag(60, seed=seed, dropout=True, durations=Durations(Unit.US, 20, 400))
+    t = synthetic.random_dag(60, seed=seed, dropout=True, durations=Durations(Grain.US, 20, 400))
     dev = DeviceModel(tiny_hw(lanes_bw_mib_per_ms=0.5, memory_mib=4096), Fixed(durations_s(t)))
     g, d = gap_table(t, dev), dev.op_durations(t, TimeUnit.S)
     ds = DeadSources(t, d)

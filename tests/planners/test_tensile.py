@@ -202,7 +202,7 @@ def test_max_swap_rate_makes_two_jobs_take_turns():
     """NOTE [ Max swapping rate ]: a job may swap while its count is at most
     rate x all swaps so far. At 0.5 two jobs alternate; at 0.25 both are
     stuck after one swap each (0 <= 0, then 0 <= 0.25, then 1 > 0.5)."""
-    t = syn.residual(3, act_mib=2, optimizer=False, durations=syn.Durations(syn.TimeUnit.MS, 2, 6))
+    t = syn.residual(3, act_mib=2, optimizer=False, durations=syn.Durations(syn.Grain.MS, 2, 6))
     free = tensile([t, t], DeviceModel(HW, Measured()))
     half = tensile([t, t], DeviceModel(HW, Measured()), options=TensileOptions(max_swap_rate=0.5))
     quarter = tensile(
@@ -242,7 +242,7 @@ def test_result_records_options_and_stats():
 
 
 # ---- properties over the synthetic graphs ----------------------------------------------------
-MS = syn.Durations(syn.TimeUnit.MS, 1, 9)
+MS = syn.Durations(syn.Grain.MS, 1, 9)
 
 
 @st.composite

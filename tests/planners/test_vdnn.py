@@ -23,12 +23,12 @@ from memplan.planners.heuristics.vdnn import (
 )
 from memplan.sim import Job, simulate
 from memplan.traces.capture import CaptureOptions, capture
-from memplan.traces.synthetic import Durations, TimeUnit, chain, residual, sized, unet
+from memplan.traces.synthetic import Durations, Grain, chain, residual, sized, unet
 from memplan.traces.zoo import ZOO
 
 MiB = 1 << 20
 V100 = load_hardware("v100-sxm2-16gb")
-MS = Durations(TimeUnit.MS, 1, 9)
+MS = Durations(Grain.MS, 1, 9)
 
 # chain(3): buffers 0 input, 1 target, 2/4/6 weights, 3/5/7 the outputs of
 # layer1..3. Ops: 0-2 the convolutions, 3 mse_loss, 4 ones_like, 5
@@ -138,7 +138,7 @@ def planned_chain(durations):
 
 def test_predicted_peak_is_the_simulated_one():
     # 1 ms ops: every copy (~0.3 ms on a V100) hides
-    t, _res, sim = planned_chain(Durations(TimeUnit.MS, 1, 1))
+    t, _res, sim = planned_chain(Durations(Grain.MS, 1, 1))
     assert sim.peak_bytes < t.peak()[0]
     assert sim.jobs[0].stall_s == 0
 
@@ -147,7 +147,7 @@ def test_deadlines_make_the_peak_independent_of_timing():
     # 100 us ops: every copy (~0.3 ms on a V100) outlasts the layer it
     # overlaps, so the layer after waits for it (stall), and the peak is the
     # same with every op 20% faster or slower
-    t, res, sim = planned_chain(Durations(TimeUnit.US, 100, 100))
+    t, res, sim = planned_chain(Durations(Grain.US, 100, 100))
     lat = Measured()
     assert sim.jobs[0].stall_s > 0
     secs = np.asarray(lat.predict_all(t, V100))
@@ -170,7 +170,7 @@ def test_deadlines_make_the_peak_independent_of_timing():
 
 
 def test_budget_feasibility_and_registry():
-    t = chain(8, act_mib=4, durations=Durations(TimeUnit.MS, 1, 1))
+    t = chain(8, act_mib=4, durations=Durations(Grain.MS, 1, 1))
     lat = Fixed(np.full(t.n_ops, 1e-3))
     peak = vdnn([t], DeviceModel(V100, lat)).stats["peak_bytes"]
     assert vdnn([t], DeviceModel(V100, lat), budget_bytes=peak).feasible

@@ -22,8 +22,7 @@ from memplan.planners.analysis.window_bound import _min_cover, split_bound, time
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut, fingerprint_of
 from memplan.sim import Job, simulate
 from memplan.traces import synthetic
-from memplan.traces.synthetic import Durations
-from memplan.traces.synthetic import TimeUnit as Unit
+from memplan.traces.synthetic import Durations, Grain
 
 from tests.planners.bruteforce import (
     MS,
@@ -158,8 +157,8 @@ def test_whole_split_is_between_the_fractional_one_and_the_brute_force_optimum()
 
 
 SYNTHETIC = {
-    "chain": lambda: synthetic.chain(6, act_mib=4, durations=Durations(Unit.US, 50, 400)),
-    "unet": lambda: synthetic.unet(2, act_mib=4, durations=Durations(Unit.US, 50, 400)),
+    "chain": lambda: synthetic.chain(6, act_mib=4, durations=Durations(Grain.US, 50, 400)),
+    "unet": lambda: synthetic.unet(2, act_mib=4, durations=Durations(Grain.US, 50, 400)),
     "checkmate": lambda: synthetic.checkmate_chain(8),
 }
 

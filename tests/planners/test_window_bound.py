@@ -34,8 +34,7 @@ from memplan.planners.core.plan import (
 from memplan.sim import Job, simulate
 from memplan.sim.state import OomPolicy
 from memplan.traces import synthetic
-from memplan.traces.synthetic import Durations
-from memplan.traces.synthetic import TimeUnit as Unit
+from memplan.traces.synthetic import Durations, Grain
 
 from tests.planners.bruteforce import (
     MS,
@@ -311,11 +310,11 @@ def _policies() -> list[str]:
 
 
 SYNTHETIC = {
-    "chain": lambda: synthetic.chain(6, act_mib=4, durations=Durations(Unit.US, 50, 400)),
-    "residual": lambda: synthetic.residual(3, act_mib=4, durations=Durations(Unit.US, 50, 400)),
-    "unet": lambda: synthetic.unet(2, act_mib=4, durations=Durations(Unit.US, 50, 400)),
+    "chain": lambda: synthetic.chain(6, act_mib=4, durations=Durations(Grain.US, 50, 400)),
+    "residual": lambda: synthetic.residual(3, act_mib=4, durations=Durations(Grain.US, 50, 400)),
+    "unet": lambda: synthetic.unet(2, act_mib=4, durations=Durations(Grain.US, 50, 400)),
     "dag": lambda: synthetic.random_dag(
-        50, seed=3, dropout=True, durations=Durations(Unit.US, 20, 400)
+        50, seed=3, dropout=True, durations=Durations(Grain.US, 20, 400)
     ),
 }
 

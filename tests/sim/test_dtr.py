@@ -30,7 +30,7 @@ from memplan.sim.pcie import Pcie
 from memplan.sim.remat import ABSENT, RematTable
 from memplan.sim.state import DEV
 from memplan.traces import io, synthetic
-from memplan.traces.synthetic import Durations, TimeUnit
+from memplan.traces.synthetic import Durations, Grain
 
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
 from tests.sim.test_lifetimes import check_lifetimes, run
@@ -541,7 +541,7 @@ def test_random_steps_under_dtr(checked):
     )
     def prop(n_ops, seed, dropout, released, share):
         t = synthetic.random_dag(
-            n_ops, seed=seed, dropout=dropout, durations=Durations(TimeUnit.MS, 1, 9)
+            n_ops, seed=seed, dropout=dropout, durations=Durations(Grain.MS, 1, 9)
         )
         plan_ = release_only_plan(t) if released else None
         vanilla = simulate([Job(t, plan_)], DeviceModel(V100, Measured()), iterations=2)

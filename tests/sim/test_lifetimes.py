@@ -39,7 +39,7 @@ from memplan.sim.model import GpuModel
 from memplan.sim.state import ARRIVING, DEV, LEAVING, OFF
 from memplan.traces import synthetic
 from memplan.traces.io import fingerprint
-from memplan.traces.synthetic import Durations, TimeUnit
+from memplan.traces.synthetic import Durations, Grain
 
 from tests.sim.handtraces import B, Call, MiB, fmt, gpu, make
 
@@ -463,7 +463,7 @@ def test_every_iteration_returns_its_memory(name):
     @given(
         n_ops=st.integers(10, 80),
         seed=st.integers(0, 2**32 - 1),
-        unit=st.sampled_from([TimeUnit.US, TimeUnit.MS]),
+        unit=st.sampled_from([Grain.US, Grain.MS]),
         dropout=st.booleans(),
     )
     def prop(n_ops, seed, unit, dropout):

@@ -12,8 +12,8 @@ from memplan.traces.model import BufferKind, Phase, Trace
 from memplan.traces.synthetic import (
     Durations,
     Family,
+    Grain,
     MiB,
-    TimeUnit,
     chain,
     random_dag,
     residual,
@@ -250,9 +250,9 @@ def test_durations_come_from_the_seed_in_whole_units():
     assert [o.duration_us for o in a.ops] == [o.duration_us for o in b.ops]
     assert [o.duration_us for o in a.ops] != [o.duration_us for o in chain(4, seed=2).ops]
     assert {o.duration_us for o in a.ops} <= {float(k) for k in range(1, 10)}
-    ms = chain(4, seed=1, durations=Durations(TimeUnit.MS))
+    ms = chain(4, seed=1, durations=Durations(Grain.MS))
     assert [o.duration_us for o in ms.ops] == [1000 * o.duration_us for o in a.ops]
-    every_ms = unet(2, durations=Durations(TimeUnit.MS, 1, 1))
+    every_ms = unet(2, durations=Durations(Grain.MS, 1, 1))
     assert {o.duration_us for o in every_ms.ops} == {1000.0}
     # the seed changes durations only
     assert np.array_equal(a.nbytes, chain(4, seed=2).nbytes)
@@ -264,7 +264,7 @@ def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="act_mib=0.5 must be an integer >= 1"):
         residual(1, act_mib=0.5)
     with pytest.raises(ValueError, match="lo=3, hi=2"):
-        Durations(TimeUnit.US, 3, 2)
+        Durations(Grain.US, 3, 2)
     with pytest.raises(ValueError, match="pad_ops=-1 must be >= 0"):
         unet(1, pad_ops=-1)
     with pytest.raises(ValueError, match=r"n_ops=5 is below the smallest random_dag \(6 ops\)"):

@@ -9,10 +9,11 @@ waits on its `done` latch.
 
 from __future__ import annotations
 
-import enum
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from memplan.hwmodels.device import Direction
 
 if TYPE_CHECKING:
     import torch
@@ -47,11 +48,6 @@ class Latch:
             return False
         self._lock.release()  # the next waiter passes too
         return True
-
-
-class Direction(enum.Enum):
-    D2H = "swap_out"
-    H2D = "swap_in"
 
 
 @dataclass(slots=True)
