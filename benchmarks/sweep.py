@@ -46,7 +46,7 @@ from memplan.traces import io, synthetic
 
 from memplan.sweep import backends
 from memplan.sweep.grid import load_grid
-from memplan.sweep.scenario import Scenario
+from memplan.sweep.scenario import SweepTask
 
 GRID = """
 [grid]
@@ -58,7 +58,7 @@ fallbacks = ["none", "dtr"]
 """
 
 
-def _write_grid(folder: Path) -> list[Scenario]:
+def _write_grid(folder: Path) -> list[SweepTask]:
     io.save(synthetic.chain(48, act_mib=4), folder / "chain.json")
     io.save(synthetic.residual(16, act_mib=4), folder / "residual.json")
     (folder / "grid.toml").write_text(GRID)

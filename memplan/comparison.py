@@ -28,7 +28,7 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
 from memplan.plannerview import net_for, planner_view, rebound_result
-from memplan.scenario import Workload, jobs_for
+from memplan.scenario import JobMix, jobs_for
 from memplan.sim import Job, SimResult, savings, simulate
 from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.traces.errors import MemplanError
@@ -216,7 +216,7 @@ def run_planner(
     allocator: str = "exact",
     context_reserve: int | None = None,
     view: tuple[list[Trace], int | None] | None = None,
-    workload: Workload | None = None,
+    workload: JobMix | None = None,
 ) -> Row:
     """Plan with `name`, check, simulate under the budget with the `fallback`
     net, score against `vanilla` (NOTE [ The safety net ]). Planners see
@@ -267,7 +267,7 @@ def run_witness(
     iterations: int = 3,
     allocator: str = "exact",
     context_reserve: int | None = None,
-    workload: Workload | None = None,
+    workload: JobMix | None = None,
 ) -> Row:
     """The jobs with no plan under the online `policy` alone (a witness row)."""
     plans = [vanilla_plan(t) for t in traces]
@@ -292,7 +292,7 @@ def _simulated(
     events: dict[str, int] | None = None,
     result: PlanResult | None = None,
     memory: dict[str, Any] | None = None,
-    workload: Workload | None = None,
+    workload: JobMix | None = None,
 ) -> Row:
     """Simulate `plans` under `fallback` and score them (NOTE [ The safety net ])."""
     sim_budget = budget if budget is not None else device.hw.memory_bytes
@@ -375,7 +375,7 @@ def compare_planners(
     fallback: str = "none",
     allocator: str = "exact",
     context_reserve: int | None = None,
-    workload: Workload | None = None,
+    workload: JobMix | None = None,
 ) -> Comparison:
     """Every planner in `planners` (and witness in `WITNESSES`) on the same
     jobs, each simulated with the `fallback` net under `allocator` (a share

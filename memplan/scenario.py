@@ -89,7 +89,7 @@ class Scenario:
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class JobMix:
     """The jobs of a comparison as they arrive and leave (`specs`, one per
     trace, in order) and what moves under them (`moves`)."""
 
@@ -126,12 +126,12 @@ class Workload:
 
 
 def jobs_for(
-    workload: Workload | None, traces: Sequence[Trace], plans: Sequence[Plan | None]
+    workload: JobMix | None, traces: Sequence[Trace], plans: Sequence[Plan | None]
 ) -> list[Job]:
     """The jobs of a comparison: `workload`'s, or each trace at 0 for the
     simulation's iterations."""
     if workload is None:
-        workload = Workload(tuple(JobSpec("") for _ in traces), Scenario())
+        workload = JobMix(tuple(JobSpec("") for _ in traces), Scenario())
     return workload.jobs(traces, plans)
 
 

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from memplan import provenance, report
     from memplan.comparison import compare_planners
     from memplan.outputs import check_dir
-    from memplan.scenario import Workload
+    from memplan.scenario import JobMix
 
     if args.out is not None:  # an empty --out is refused, not ignored
         check_dir(args.out)  # before any work: NOTE [ Output paths ]
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     for spec, _t in pairs:
         if spec.plan is not None:
             raise MemplanError(f"--scenario: job {spec.trace!r} names a plan; compare plans itself")
-    workload = Workload(tuple(s for s, _t in pairs), moves)
+    workload = JobMix(tuple(s for s, _t in pairs), moves)
     machine.check_measured(args, traces, hw)
     device = DeviceModel(hw, latency, lanes=args.lanes)
     if args.dynamic is not None:

@@ -14,7 +14,7 @@ from memplan.units import integer
 if TYPE_CHECKING:
     from memplan.regress.baseline import Baseline
     from memplan.regress.suite import Suite
-    from memplan.sweep.scenario import Scenario
+    from memplan.sweep.scenario import SweepTask
 
 # NOTE [ Regress exit codes ]
 # 0: every scenario's status and gated figures are within tolerance of the
@@ -134,7 +134,7 @@ def _notes(suite: Suite, old: Baseline | None, path: str) -> None:
               f"{old.suite}, now {suite.fingerprint})", file=sys.stderr)  # fmt: skip
 
 
-def run_all(scenarios: list[Scenario], workers: int | None, quiet: bool) -> list[dict[str, Any]]:
+def run_all(scenarios: list[SweepTask], workers: int | None, quiet: bool) -> list[dict[str, Any]]:
     """Every scenario's record, in the suite's order: on the sweep's local
     backend (`workers` processes; 1 runs them here), with a progress bar."""
     from tqdm import tqdm

@@ -13,7 +13,7 @@ from memplan.units import integer
 
 if TYPE_CHECKING:
     from memplan.sweep.grid import Capture
-    from memplan.sweep.scenario import Scenario
+    from memplan.sweep.scenario import SweepTask
     from memplan.sweep.store import Results
 
 GRID_HELP = """\
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(
     results: Results,
-    todo: list[Scenario],
+    todo: list[SweepTask],
     args: argparse.Namespace,
     workers: int,
     total: int,

@@ -19,7 +19,7 @@ SCHEMA = "memplan.baseline/1"
 #   memplan_version  the memplan that wrote it (a string)
 #   suite            the fingerprint of the suite it was made for (16 hex)
 #   metrics          the gated metric names, in the suite's order
-#   scenarios        identity (16 hex: `Scenario.identity`, stable across
+#   scenarios        identity (16 hex: `SweepTask.identity`, stable across
 #                    memplan versions) -> {name, planner, status, metrics}:
 #                    the scenario's label, its planner, its status (one of
 #                    the sweep's STATUSES) and {metric: number, string for

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.sweep.grid import parse_grid
-from memplan.sweep.scenario import METRICS, Scenario
+from memplan.sweep.scenario import METRICS, SweepTask
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
 from memplan.traces.io import read_toml
@@ -70,12 +70,12 @@ class Suite:
     the suite's text content (its TOML document, canonically)."""
 
     where: str
-    scenarios: tuple[Scenario, ...]
+    scenarios: tuple[SweepTask, ...]
     fast: frozenset[str]
     metrics: dict[str, Tolerance]
     fingerprint: str
 
-    def selected(self, only_fast: bool) -> list[Scenario]:
+    def selected(self, only_fast: bool) -> list[SweepTask]:
         return [s for s in self.scenarios if not only_fast or s.identity() in self.fast]
 
 
@@ -99,7 +99,7 @@ def parse_suite(
         )
     metrics = _metrics(doc, where)
     grids = _grids(doc, where)
-    scenarios: dict[str, Scenario] = {}  # identity -> scenario, first seen first
+    scenarios: dict[str, SweepTask] = {}  # identity -> scenario, first seen first
     fast: set[str] = set()
     for table, w in grids:
         is_fast = fields.boolean(table.get("fast", False), f"{w}.fast", SuiteError)

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple
 
-from memplan.sweep.scenario import Scenario, run_scenario
+from memplan.sweep.scenario import SweepTask, run_scenario
 from memplan.traces.errors import MemplanError
 
 BACKENDS = ("local", "ray")
@@ -34,7 +34,7 @@ class Done(NamedTuple):
     worker: str
 
 
-def compute(s: Scenario) -> Done:
+def compute(s: SweepTask) -> Done:
     """Run one scenario in whichever process this is (a worker's task)."""
     t0 = time.perf_counter()
     record = run_scenario(s)
@@ -53,7 +53,7 @@ def compute(s: Scenario) -> Done:
 # local instance of `workers` CPUs is started and shut down at the end. Ray is imported only
 # here, when asked for; unfinished tasks are cancelled on the way out.
 # Full text: docs/notes.md, "Sweep backends".
-def local(scenarios: Sequence[Scenario], workers: int) -> Iterator[Done]:
+def local(scenarios: Sequence[SweepTask], workers: int) -> Iterator[Done]:
     """Run `scenarios` on `workers` local processes (NOTE [ Sweep backends ])."""
     if workers <= 1 or len(scenarios) <= 1:
         for s in scenarios:
@@ -97,7 +97,7 @@ def ray_module() -> Any:
     return ray
 
 
-def ray(scenarios: Sequence[Scenario], workers: int, address: str | None = None) -> Iterator[Done]:
+def ray(scenarios: Sequence[SweepTask], workers: int, address: str | None = None) -> Iterator[Done]:
     """Run `scenarios` as Ray tasks (NOTE [ Sweep backends ])."""
     ray = ray_module()
     if not scenarios:  # all resumed: no cluster to start
@@ -150,7 +150,7 @@ def check_address(address: str, timeout_s: float = 10.0) -> None:
 
 def run(
     backend: str,
-    scenarios: Sequence[Scenario],
+    scenarios: Sequence[SweepTask],
     workers: int,
     address: str | None = None,
 ) -> Iterator[Done]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memplan.sweep.scenario import Scenario, load_profile, load_trace
+from memplan.sweep.scenario import SweepTask, load_profile, load_trace
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
 from memplan.traces.io import read_toml
@@ -50,7 +50,7 @@ class Grid:
     """The scenarios of a grid, in its fixed order (NOTE [ Grid order ]), and
     the captures they need first (their traces are at `Capture.path`)."""
 
-    scenarios: list[Scenario]
+    scenarios: list[SweepTask]
     captures: list[Capture] = field(default_factory=list)
     where: str = ""
 
@@ -117,7 +117,7 @@ def parse_grid(
     if total > MAX_SCENARIOS:
         raise GridError(f"{where}: {total} scenarios; at most {MAX_SCENARIOS} in one grid")
     scenarios = [
-        Scenario(
+        SweepTask(
             traces=jobs, gpu=gpu, planner=planner[0], options=planner[1], budget=budget,
             fallback=fallback, allocator=allocator, lanes=lanes, latency=latency,
             iterations=iterations, seed=seed,

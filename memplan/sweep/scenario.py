@@ -37,8 +37,8 @@ _PROFILE_PROSE = ("source", "description", "device", "compute_capability")
 
 
 @dataclass(frozen=True)
-class Scenario:
-    """One task of a sweep (NOTE [ Scenario keys ]). `traces` holds one entry
+class SweepTask:
+    """One task of a sweep (NOTE [ SweepTask keys ]). `traces` holds one entry
     per job (a path or `zoo:NAME`; a job mix is several entries), `budget`
     the budget as the user wrote it (`"60%"` of the jobs' vanilla peak, a
     size, None: the GPU's memory), `options` the planner's options as sorted
@@ -85,7 +85,7 @@ class Scenario:
         """Everything the run depends on, as canonical JSON values: each job's
         trace by model, batch and fingerprint, the profile's values, the
         latency model (a file by its sha256), and the settings. No paths and
-        no memplan version (NOTE [ Scenario keys ])."""
+        no memplan version (NOTE [ SweepTask keys ])."""
         return {
             "jobs": [_trace_inputs(t) for t in self.traces],
             "gpu": _profile_inputs(self.gpu),
@@ -110,7 +110,7 @@ class Scenario:
         return _digest({"inputs": self.inputs(), "version": memplan.__version__})
 
 
-# NOTE [ Scenario keys ]
+# NOTE [ SweepTask keys ]
 # A scenario's `identity` hashes what its result depends on: the traces by
 # content (their fingerprints, so a trace moved or renamed keeps its
 # identity, and one re-captured differently does not), the GPU profile's
@@ -208,7 +208,7 @@ def _latency_model(spec: str) -> Any:
 
 
 # ---- running one -------------------------------------------------------------------
-def run_scenario(s: Scenario) -> dict[str, Any]:
+def run_scenario(s: SweepTask) -> dict[str, Any]:
     """Run `s` as `memplan compare` runs one planner (NOTE [ Sweep records ])
     and return its record; a `MemplanError` inside is the record's `error`."""
     record: dict[str, Any] = {
@@ -244,7 +244,7 @@ def _one_line(text: str) -> str:
 # for the status (the metrics of a run that did not finish) is null. Wall
 # time spent planning is not deterministic, so it is not in the record: the
 # sweep writes it to `timings.jsonl` (memplan/sweep/store.py).
-def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
+def _run(s: SweepTask) -> tuple[str, str, dict[str, Any]]:
     from memplan.commands import machine
     from memplan.comparison import compare_planners
     from memplan.hwmodels.device import DeviceModel
@@ -298,9 +298,9 @@ def _run(s: Scenario) -> tuple[str, str, dict[str, Any]]:
     return status, _one_line(reason), metrics
 
 
-def _options(s: Scenario) -> dict[str, dict[str, Any]]:
+def _options(s: SweepTask) -> dict[str, dict[str, Any]]:
     """The planner's options, with the scenario's seed for a planner that has
-    a `seed` option the grid leaves unset (NOTE [ Scenario keys ])."""
+    a `seed` option the grid leaves unset (NOTE [ SweepTask keys ])."""
     from memplan.comparison import WITNESSES
     from memplan.planners import registry
 

@@ -20,7 +20,7 @@ from memplan.cli import main
 from memplan.comparison import best_bound
 from memplan.sweep import summary
 from memplan.sweep.grid import load_grid
-from memplan.sweep.scenario import Scenario, run_scenario
+from memplan.sweep.scenario import SweepTask, run_scenario
 
 MIB = 1 << 20
 
@@ -51,7 +51,7 @@ fallbacks = "dtr"
     a, b = str(folder / "a.json"), str(folder / "b.json")
     got = load_grid(path).scenarios
     expected = [
-        Scenario(
+        SweepTask(
             traces=jobs, gpu=gpu, planner=planner, options=options, budget=budget, fallback="dtr"
         )  # fmt: skip
         for jobs in [(a,), (a, b, b)]
@@ -66,9 +66,9 @@ fallbacks = "dtr"
 
 def test_identity_is_of_contents_and_key_adds_the_version(folder, tmp_path, monkeypatch):
     shutil.copy(folder / "a.json", tmp_path / "renamed.json")
-    here = Scenario(traces=(str(folder / "a.json"),), gpu="rtx-a6000", planner="tensile")
-    moved = Scenario(traces=(str(tmp_path / "renamed.json"),), gpu="rtx-a6000", planner="tensile")
-    other = Scenario(traces=(str(folder / "b.json"),), gpu="rtx-a6000", planner="tensile")
+    here = SweepTask(traces=(str(folder / "a.json"),), gpu="rtx-a6000", planner="tensile")
+    moved = SweepTask(traces=(str(tmp_path / "renamed.json"),), gpu="rtx-a6000", planner="tensile")
+    other = SweepTask(traces=(str(folder / "b.json"),), gpu="rtx-a6000", planner="tensile")
     assert here.identity() == moved.identity() != other.identity()
     assert here.inputs()["jobs"][0]["fingerprint"] == io.fingerprint(io.load(folder / "a.json"))
     key = here.key()
@@ -92,7 +92,7 @@ def test_a_record_has_the_figures_compare_prints(folder, capsys, argv, planner):
     budget = argv[1] if argv[0] == "--budget" else None
     fallback = "passive" if "passive" in argv else "none"
     options = (("segments", 2),) if "--option" in argv else ()
-    s = Scenario(traces=(trace,), gpu="rtx-a6000", planner=planner, options=options,
+    s = SweepTask(traces=(trace,), gpu="rtx-a6000", planner=planner, options=options,
                  budget=budget, fallback=fallback)  # fmt: skip
     record = run_scenario(s)
     m = record["metrics"]
@@ -118,7 +118,7 @@ def test_a_record_has_the_figures_compare_prints(folder, capsys, argv, planner):
 
 def test_a_budget_above_the_gpu_is_an_error_record_and_oom_is_a_status(folder):
     trace = str(folder / "a.json")
-    big = run_scenario(Scenario(traces=(trace,), gpu="p100-pcie-16gb", planner="tensile",
+    big = run_scenario(SweepTask(traces=(trace,), gpu="p100-pcie-16gb", planner="tensile",
                                 budget="20GiB"))  # fmt: skip
     assert big["status"] == "error" and "more than the device memory" in big["reason"]
     assert big["metrics"] == dict.fromkeys(big["metrics"])
@@ -127,11 +127,11 @@ def test_a_budget_above_the_gpu_is_an_error_record_and_oom_is_a_status(folder):
     small = folder / "small.toml"
     text = profile_path("rtx-a6000").read_text()
     small.write_text(re.sub(r"(?m)^memory_bytes = .*$", f"memory_bytes = {MIB}", text, count=1))
-    cut = run_scenario(Scenario(traces=(trace,), gpu=str(small), planner="vdnn",
+    cut = run_scenario(SweepTask(traces=(trace,), gpu=str(small), planner="vdnn",
                                 budget="1000%"))  # fmt: skip
     assert cut["metrics"]["budget_bytes"] == MIB and cut["metrics"]["vanilla_peak_bytes"] > MIB / 10
     assert "more than the device memory" in cut["reason"] and "using 1.00 MiB" in cut["reason"]
-    tight = run_scenario(Scenario(traces=(trace,), gpu="rtx-a6000", planner="vanilla",
+    tight = run_scenario(SweepTask(traces=(trace,), gpu="rtx-a6000", planner="vanilla",
                                   budget="50%"))  # fmt: skip
     assert tight["status"] == "oom" and tight["metrics"]["msr"] is None
     assert tight["metrics"]["budget_bytes"] == tight["metrics"]["vanilla_peak_bytes"] // 2
