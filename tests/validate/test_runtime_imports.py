@@ -50,6 +50,6 @@ def test_the_package_names_load_the_replay_engine_when_used():
         "from memplan.validate import Direction, ReplayResult, replay",
         "from memplan.validate.replay.executor import replay as f",
         "assert replay is f and callable(replay), replay",
-        "assert Direction.D2H.value == 'swap_out' and ReplayResult.__name__ == 'ReplayResult'",
+        "assert Direction.D2H.value == 'd2h' and ReplayResult.__name__ == 'ReplayResult'",
     )
     assert "memplan.validate.replay.executor" in loaded
