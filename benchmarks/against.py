@@ -33,16 +33,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REV = "0f2f132"
 
-# Runs inside the subprocess, with the code root as argv[1] and the workload as argv[2].
-PROBE = r"""
+# The start of a subprocess that imports one commit's code: the code root is
+# argv[1], "isolate" or "installed" argv[3] (argv[2] is the caller's).
+ISOLATE = r"""
 import gc, json, os, sys, time
-root, only, isolate = sys.argv[1], sys.argv[2], sys.argv[3] == "isolate"
+root, isolate = sys.argv[1], sys.argv[3] == "isolate"
 if isolate:  # REV's code only: drop this checkout's editable-install finder
     sys.meta_path = [
         f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
@@ -68,6 +70,11 @@ if isolate and os.path.exists(os.path.join(root, "traces", "__init__.py")) and o
                 return importlib.util.spec_from_file_location(name, loc + ".py")
             return None
     sys.meta_path.insert(0, Layout())
+"""
+
+# Runs inside the subprocess after ISOLATE, with the workload as argv[2].
+_PROBE_BODY = r"""
+only = sys.argv[2]
 try:
     from memplan.hwmodels.device import DeviceModel
     from memplan.hwmodels.latency import Roofline
@@ -132,6 +139,21 @@ if only in ("planners", "all"):
             out[f"plan {name} {model}"] = timed(lambda name=name, t=t: plan(name, t, budget))
 print(json.dumps({"api": "memplan.*" if new else "top-level", "seconds": out}))
 """
+PROBE = ISOLATE + _PROBE_BODY
+
+
+@contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """Commit `rev` checked out into a temporary git worktree, removed on exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "old"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "-q", str(root), rev], cwd=ROOT, check=True
+        )
+        try:
+            yield root
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(root)], cwd=ROOT)
 
 
 def run_probe(root: Path, only: str, isolate: bool) -> dict:
@@ -153,21 +175,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="old/new pairs, interleaved")
     ap.add_argument("--only", choices=("sim", "planners", "all"), default="all")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        old_root = Path(tmp) / "old"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "-q", str(old_root), args.rev],
-            cwd=ROOT,
-            check=True,
-        )
-        try:
-            old_runs, new_runs = [], []
-            for r in range(args.rounds):
-                old_runs.append(run_probe(old_root, args.only, isolate=True))
-                new_runs.append(run_probe(ROOT, args.only, isolate=False))
-                print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_root)], cwd=ROOT)
+    with worktree(args.rev) as old_root:
+        old_runs, new_runs = [], []
+        for r in range(args.rounds):
+            old_runs.append(run_probe(old_root, args.only, isolate=True))
+            new_runs.append(run_probe(ROOT, args.only, isolate=False))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(
         f"old: {args.rev} ({old_runs[0]['api']} API), new: this checkout "
         f"({new_runs[0]['api']} API); {args.rounds} interleaved rounds, each a fresh "

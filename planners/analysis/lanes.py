@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from memplan.hwmodels.device import Direction
 from memplan.planners.analysis.optimes import EPS_US, Timeline
@@ -36,6 +36,7 @@ from memplan.planners.core.errors import PlanError
 # interval starts look taken. At large times the tolerance grows with the
 # magnitude (NOTE [ Lane steps relative to the magnitude ]).
 _TOUCH = 1e-7
+D2H = Direction.D2H
 
 # NOTE [ Lane steps relative to the magnitude ]
 # Lane times are float64 microseconds, and float64 cannot resolve a constant
@@ -55,9 +56,14 @@ _TOUCH = 1e-7
 _ULPS = 16
 
 
+# Below this magnitude (us) 16 ulps are under `_TOUCH`: the tolerance is `_TOUCH`.
+_FLAT = 2.0**25
+
+
 def _tol(x: float) -> float:
     """The touch tolerance and smallest step at magnitude `x` (us)."""
-    return max(_TOUCH, _ULPS * math.ulp(abs(x)))
+    x = abs(x)
+    return _TOUCH if x < _FLAT else max(_TOUCH, _ULPS * math.ulp(x))
 
 
 class _Circle:
@@ -71,9 +77,9 @@ class _Circle:
         self.ends: list[float] = []
         self.scale = period  # the largest magnitude booked (NOTE [ Lane steps relative ...])
 
-    def tol(self, *times: float) -> float:
-        """The touch tolerance for a query at `times` on this circle."""
-        return _tol(max(self.scale, *(abs(t) for t in times)))
+    def tol(self, a: float, b: float = 0.0) -> float:
+        """The touch tolerance for a query at times `a` and `b` on this circle."""
+        return _tol(max(self.scale, abs(a), abs(b)))
 
     def add(self, a: float, b: float) -> None:
         """Mark [a, b) busy (unrolled times; b - a <= period)."""
@@ -152,6 +158,40 @@ class _Circle:
         return out
 
 
+# NOTE [ Lane walks ]
+# `earliest` walks up from `lo` and `latest` down from `hi - dur`, each step
+# past a busy interval in the way, to the first free start; the other end
+# of the window (`hi`, `lo`) only says where to give up. So where a walk
+# goes from a given start depends on (job, direction, dur, start) alone,
+# and two walks that reach one start (a busy interval's end, or its start
+# less `dur`) go on alike. Between two bookings the LaneSet keeps every
+# start a walk passed, mapped to that walk: a search that reaches one joins
+# it (its answer, or where it stopped, resumed from there). A booking can
+# change any walk, so it drops them all. Many searches of one TENSILE round
+# end behind the same queue of swap-ins (a residual step's skip connections
+# close at backward ops a copy apart): each passes one busy interval and
+# joins, instead of walking the whole queue.
+class _Walk:
+    """A walk of `earliest` or `latest` (NOTE [ Lane walks ]): where it
+    stands, whether that start is free, its steps, and the walk it joined."""
+
+    __slots__ = ("s", "found", "steps", "joined")
+
+    def __init__(self, s: float):
+        self.s, self.found, self.steps = s, False, 0
+        self.joined: _Walk | None = None
+
+    def head(self) -> _Walk:
+        """The walk this one continues as (itself if it joined none)."""
+        w = self
+        while w.joined is not None:
+            w = w.joined
+        return w
+
+
+_WalkKey = tuple[bool, int, bool, float, float]  # (up, job, direction is D2H, dur, start)
+
+
 class LaneSet:
     """The lane timeline(s) of a set of jobs (NOTE [ Lane timelines ]). All
     times are job-local unrolled microseconds (iteration r of job j at
@@ -186,6 +226,8 @@ class LaneSet:
         # circle of lane l, direction d: circles[l * lanes + (d is D2H when two lanes)]
         self.circles = [_Circle(p) for p in circle_periods for _ in range(lanes)]
         self.bookings: list[tuple[int, float, float, Direction]] = []
+        # every start a walk passed since the last booking (NOTE [ Lane walks ])
+        self._walks: dict[_WalkKey, _Walk] = {}
 
     def _circle(self, job: int, direction: Direction) -> _Circle:
         k = self.lane_of[job] * self.lanes
@@ -202,22 +244,23 @@ class LaneSet:
         c, offs = self._circle(job, direction), self.offsets[job]
         if dur >= c.period:
             return None
-        s = lo
-        cap = _step_cap(c, offs, lo, hi)
-        for _ in range(cap):
-            if s + dur > hi + 1e-9:
-                return None
+
+        def step(s: float) -> tuple[float, bool]:
             bumped = False
             for o in offs:
                 hit = c.conflict(s + o, s + o + dur)
                 if hit is not None:
                     s = max(hit[1] - o, s + c.tol(s + o + dur))
                     bumped = True
-            if not bumped:
-                return s
-        if s + dur > hi + 1e-9:
-            return None
-        raise _stuck("earliest", job, lo, hi, dur, cap)
+            return s, bumped
+
+        cap = _step_cap(c, offs, lo, hi)
+        w = self._walk(
+            (True, job, direction is D2H, dur, lo), step, lambda s: s + dur > hi + 1e-9, cap
+        )
+        if w is None:
+            raise _stuck("earliest", job, lo, hi, dur, cap)
+        return None if w.s + dur > hi + 1e-9 else w.s
 
     def latest(
         self, job: int, lo: float, hi: float, dur: float, direction: Direction
@@ -226,22 +269,56 @@ class LaneSet:
         c, offs = self._circle(job, direction), self.offsets[job]
         if dur >= c.period:
             return None
-        s = hi - dur
-        cap = _step_cap(c, offs, lo, hi)
-        for _ in range(cap):
-            if s < lo - 1e-9:
-                return None
+
+        def step(s: float) -> tuple[float, bool]:
             bumped = False
             for o in offs:
                 hit = c.first_conflict(s + o, s + o + dur)
                 if hit is not None:
                     s = min(hit[0] - o - dur, s - c.tol(s + o + dur))
                     bumped = True
+            return s, bumped
+
+        cap = _step_cap(c, offs, lo, hi)
+        w = self._walk(
+            (False, job, direction is D2H, dur, hi - dur), step, lambda s: s < lo - 1e-9, cap
+        )
+        if w is None:
+            raise _stuck("latest", job, lo, hi, dur, cap)
+        return None if w.s < lo - 1e-9 else max(w.s, lo)
+
+    def _walk(
+        self,
+        key: _WalkKey,
+        step: Callable[[float], tuple[float, bool]],
+        past: Callable[[float], bool],
+        cap: int,
+    ) -> _Walk | None:
+        """The walk from `key`'s start (NOTE [ Lane walks ]), taken on until
+        its start is free or `past` the window; None if it takes more than
+        `cap` steps."""
+        up, job, d2h, dur, _s0 = key
+        walks = self._walks
+        w = walks.get(key)
+        if w is None:
+            w = walks[key] = _Walk(key[4])
+        w = w.head()
+        while not w.found and not past(w.s):
+            if w.steps >= cap:
+                return None
+            s, bumped = step(w.s)
+            w.steps += 1
             if not bumped:
-                return max(s, lo)
-        if s < lo - 1e-9:
-            return None
-        raise _stuck("latest", job, lo, hi, dur, cap)
+                w.found = True
+                break
+            there = walks.get((up, job, d2h, dur, s))
+            if there is not None and there.head() is not w:
+                w.joined = there.head()
+                w = w.joined
+                continue
+            walks[up, job, d2h, dur, s] = w
+            w.s = s
+        return None if w.steps > cap else w
 
     def book(self, job: int, start: float, dur: float, direction: Direction) -> None:
         """Hold the lane for [start, start + dur) in every replica."""
@@ -249,6 +326,7 @@ class LaneSet:
         for o in self.offsets[job]:
             c.add(start + o, start + o + dur)
         self.bookings.append((job, start, dur, direction))
+        self._walks.clear()
 
     def free_intervals(
         self, job: int, lo: float, hi: float, direction: Direction

@@ -19,6 +19,7 @@ See NOTE [ What can be recomputed ] above `producer`.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -79,18 +80,35 @@ class RecomputeCandidate:
 # - A chain with an RNG op (dropout) sets `restore_rng`.
 def producer(trace: Trace, b: int, table: AccessTable | None = None) -> int:
     """The op that makes buffer `b`'s value, or -1 if it cannot be recomputed
-    (NOTE [ What can be recomputed ])."""
-    if trace.exists_at_start[b] or trace.persistent[b]:
-        return -1
-    table = table or access_table(trace)
-    p0, p1 = int(table.ptr[b]), int(table.ptr[b + 1])
-    w = table.writes[p0:p1]
-    if p1 == p0 or int(w.sum()) != 1 or not w[0]:
-        return -1
-    op = int(table.ops[p0])
-    if b in trace.op_reads(op) or trace.writes_persistent[op]:
-        return -1
-    return op
+    (NOTE [ What can be recomputed ]). `table` is b's trace's (`access_table`)."""
+    return int(producers(trace)[b])
+
+
+def producers(trace: Trace) -> np.ndarray:
+    """int64[n_buffers]: `producer` of every buffer, worked out once per trace."""
+    out = _PRODUCERS.get(trace)
+    if out is None:
+        out = _PRODUCERS[trace] = _producers(trace, access_table(trace))
+    return out
+
+
+def _producers(trace: Trace, table: AccessTable) -> np.ndarray:
+    nb = trace.n_buffers
+    if len(table.ops) == 0:
+        return np.full(nb, -1, np.int64)
+    lo, hi = table.ptr[:-1], table.ptr[1:]
+    written = np.concatenate([[0], np.cumsum(table.writes, dtype=np.int64)])
+    first = np.minimum(lo, len(table.ops) - 1)  # b's first access (any, if it has none)
+    op = table.ops[first]
+    ok = (hi > lo) & (written[hi] - written[lo] == 1) & table.writes[first]
+    ok &= ~trace.exists_at_start & ~trace.persistent & ~trace.writes_persistent[op]
+    rp, rb = trace.reads_csr
+    read_by = np.repeat(np.arange(trace.n_ops, dtype=np.int64), np.diff(rp))
+    reads_itself = np.isin(op * nb + np.arange(nb), read_by * nb + rb)
+    return np.where(ok & ~reads_itself, op, -1).astype(np.int64)
+
+
+_PRODUCERS: weakref.WeakKeyDictionary[Trace, np.ndarray] = weakref.WeakKeyDictionary()
 
 
 # NOTE [ In-place chains ]

@@ -182,11 +182,13 @@ def peak_analysis(
 
 
 def _last_reader(trace: Trace, p: int) -> int:
+    """The last op at or before `p` that reads a buffer (-1: none): the op
+    of the last read up to p's, found in the read pointers."""
     if p < 0:
         return -1
     rp = trace.reads_csr[0]
-    has = np.flatnonzero(np.diff(rp[: p + 2]) > 0)
-    return int(has[-1]) if len(has) else -1
+    last = int(rp[p + 1]) - 1  # the index of the last read by ops 0..p
+    return int(np.searchsorted(rp, last, "right")) - 1 if last >= 0 else -1
 
 
 # ---- the memory a finished plan predicts ----------------------------------------------------

@@ -27,9 +27,11 @@ move left, and says how much the runtime safety net must make up
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
@@ -38,6 +40,7 @@ from memplan.planners.analysis import (
     EPS_US,
     STEADY,
     LaneSet,
+    PeakAnalysis,
     as_traces,
     check_budget,
     peak_analysis,
@@ -54,7 +57,7 @@ from memplan.planners.core.plan import (
     fingerprint_of,
     fit_result,
 )
-from memplan.planners.heuristics.tensile_job import JobState, event_order, us
+from memplan.planners.heuristics.tensile_job import JobState, PickOrder, event_order, us
 from memplan.planners.heuristics.tensile_options import TensileOptions
 from memplan.planners.heuristics.tensile_recompute import Recomputer
 from memplan.traces.model import Trace
@@ -99,6 +102,32 @@ from memplan.traces.model import Trace
 # A swap-out that moves no bytes (a discard) needs none.
 
 
+# NOTE [ One swap-in search per access ]
+# A gap lowers the peak only if its swap-in starts after the peak op ends,
+# in the latest free lane slot before the access that closes the gap
+# (`LaneSet.latest`); where that search may start (after the gap's
+# swap-out) only decides whether the slot found is taken. So a round asks
+# the lane once per (job, closing access, buffer size), from the start the
+# first such gap allows but not before the peak op ends (again only for a
+# gap that allows an earlier start), and skips the gaps whose slot starts
+# before the peak op ends: their try would fail. A skipped gap's cached
+# hole is cut to end at that slot (holes only shrink as the lane fills:
+# NOTE [ Which gap is swapped ]), so later rounds pass it over as after a
+# failed try. Many gaps close at one access (a residual step's skip
+# connections at their backward ops), and their cached holes, which the
+# peak follows down the lane, held it again in every round.
+
+
+# NOTE [ Candidates in pick order ]
+# A round tries the gaps around the peak largest buffer first and stops at
+# the first swap that succeeds, which on most rounds is among the first
+# few. So the buffers resident at the peak are put in pick order by one
+# pass over a fixed order of all buffers (`PickOrder`), and their gaps are
+# looked up in blocks of 64, 128, ... of that order, not all of them (a
+# 30k-op step holds ten thousand at its peak). The order is the one the
+# round has always used: size, then job, then buffer.
+
+
 # NOTE [ Short of the budget ]
 # TENSILE's system runs its plan with passive swapping underneath: what the
 # plan leaves over the budget is swapped on demand at run time, and the
@@ -126,6 +155,19 @@ def tensile(
     return planner.result(t0)
 
 
+class Candidate(NamedTuple):
+    """A gap a round may swap: buffer `buffer` of job `jb` between its
+    accesses at ops `prev` and `nxt` around the peak op `pp` (unrolled op
+    indices); `gap` is the global index of the access opening it."""
+
+    jb: JobState
+    buffer: int
+    gap: int
+    prev: int
+    nxt: int
+    pp: int
+
+
 class _Tensile:
     def __init__(
         self,
@@ -141,6 +183,7 @@ class _Tensile:
         self.timelines = timelines
         self.jobs = [JobState(j, t, timelines[j], device, opts) for j, t in enumerate(traces)]
         self.lanes = LaneSet(timelines, lanes=device.lanes, per_job_lane=opts.per_job_lane)
+        self.pick = PickOrder(traces)
         self.rounds = 0
         self.recomputer: Recomputer | None = None
         self.stop = ""
@@ -180,41 +223,50 @@ class _Tensile:
         return old - new < o.stop_min_gain * old
 
     # ---- Algorithm 2 -------------------------------------------------------------
-    def _swap_round(self, pa) -> bool:
+    def _swap_round(self, pa: PeakAnalysis) -> bool:
         """Swap the largest buffer at the peak that can be swapped; False if none."""
-        parts = []
-        for jb in self.jobs:
-            p = pa.job_peak_op[jb.j]
-            if p < 0:
-                continue
-            res = pa.resident[jb.j]
-            res = res[~np.isin(res, jb.trace.op_accesses(p))]
-            if len(res):
-                g, b, prev, nxt, pp = self._gaps_at(jb, res, p)
-                job = np.full(len(b), jb.j, np.int64)
-                parts.append((jb.trace.nbytes[b], job, b, g, prev, nxt, pp))
-        if not parts:
-            return False
-        size, job, buf, gid, prev, nxt, pp = (np.concatenate(x) for x in zip(*parts, strict=True))
-        if len(size) == 0:
-            return False
-        order = np.lexsort((buf, job, -size))  # largest first
+        slots = _SwapInSlots(self)
         total = sum(jb.swaps for jb in self.jobs)
         rate, capped = self.opts.max_swap_rate, len(self.jobs) > 1 and self.opts.max_swap_rate < 1
-        for i in order.tolist():
-            jb = self.jobs[int(job[i])]
-            n_i = int(nxt[i])
-            if capped and n_i < jb.n and jb.swaps > rate * total:
+        for jb, b, g, prev, nxt, pp in self._candidates(pa):  # NOTE [ Which gap is swapped ]
+            if capped and nxt < jb.n and jb.swaps > rate * total:
                 continue  # NOTE [ Max swapping rate ]: not for cross-iteration swaps
-            if self._try_gap(jb, int(buf[i]), int(gid[i]), int(prev[i]), n_i, int(pp[i])):
+            if not slots.may_fit(jb, b, g, prev, nxt, pp):
+                continue  # NOTE [ One swap-in search per access ]
+            if self._try_gap(jb, b, g, prev, nxt, pp):
                 return True
         return False
 
+    def _candidates(self, pa: PeakAnalysis) -> Iterator[Candidate]:
+        """The gaps around each job's peak op that may be swapped, in pick
+        order: largest buffer first (ties: lower job, then lower buffer),
+        looked up in blocks that double (NOTE [ Candidates in pick order ])."""
+        job, buf = self.pick.resident(pa, self.jobs)
+        at, size = 0, 64
+        while at < len(job):
+            jobs, bufs = job[at : at + size], buf[at : at + size]
+            rows: list[tuple[int, Candidate]] = []  # (place in the block, candidate)
+            for jb in self.jobs:
+                mine = np.flatnonzero(jobs == jb.j)
+                if len(mine) == 0:
+                    continue
+                ok, g, prev, nxt, pp = self._gaps_at(jb, bufs[mine], pa.job_peak_op[jb.j])
+                i, *cols = (x[ok].tolist() for x in (mine, bufs[mine], g, prev, nxt, pp))
+                found = map(Candidate, itertools.repeat(jb), *cols)
+                if len(self.jobs) == 1:  # already in pick order
+                    yield from found
+                else:
+                    rows += zip(i, found)
+            rows.sort(key=lambda r: r[0])
+            yield from (c for _i, c in rows)
+            at, size = at + size, 2 * size
+
     def _gaps_at(self, jb: JobState, res: np.ndarray, p: int):
         """For buffers `res` resident at op p (not accessed by it): the gap of
-        each around p, as arrays (gap id, buffer, prev, next, p) in unrolled
-        op indices with 0 <= prev < p < next, without gaps already used or
-        whose cached hole cannot contain p."""
+        each around p, as arrays (ok, gap id, prev, next, p) in unrolled op
+        indices with 0 <= prev < p < next; `ok` is False for a buffer
+        without such a gap, a gap already used, or one whose cached hole
+        cannot contain p."""
         n, t = jb.n, jb.table
         lo, hi = t.ptr[res], t.ptr[res + 1]
         pos = np.searchsorted(jb.acc_key, res * (n + 1) + p, "left")
@@ -240,8 +292,13 @@ class _Tensile:
             ps = np.where(later, jb.tl.unrolled_ready(p, 1), jb.tl.unrolled_ready(p, 0))
             pe = np.where(later, jb.tl.unrolled_end(p, 1), jb.tl.unrolled_end(p, 0))
             ok &= ~known | ((te + EPS_US <= ps) & (ts - EPS_US >= pe))
-        pp = np.broadcast_to(pp, ok.shape)
-        return gid[ok], res[ok], prev[ok], nxt[ok], pp[ok]
+        return ok, gid, prev, nxt, np.broadcast_to(pp, ok.shape)
+
+    def _latest_swap_in(self, jb: JobState, b: int, nxt: int, lo: float) -> float | None:
+        """The latest start, not before `lo`, of b's swap-in before op `nxt`
+        (unrolled), as `_hole` searches it."""
+        due = jb.t_ready(nxt) - EPS_US - self.opts.margin_us
+        return self.lanes.latest(jb.j, lo, due, jb.d_in[b], Direction.H2D)
 
     def _host_valid(self, jb: JobState, b: int, g: int) -> bool:
         """Whether a swap-out of `b` earlier in the iteration left a host copy
@@ -266,13 +323,12 @@ class _Tensile:
         if release:
             te, s_out = lo, None
         else:
-            d_out = float(jb.d_out[b])
+            d_out = jb.d_out[b]
             s_out = lanes.earliest(j, lo, due, d_out, Direction.D2H)
             if s_out is None:
                 return None
             te = s_out + d_out
-        d_in = float(jb.d_in[b])
-        s_in = lanes.latest(j, te + EPS_US, due, d_in, Direction.H2D)
+        s_in = self._latest_swap_in(jb, b, nxt, te + EPS_US)
         if s_in is None:
             return None
         return te, s_in, s_out
@@ -330,7 +386,7 @@ class _Tensile:
             # (NOTE [ Which gap is swapped ])
             jb.events.append(SwapOut(b, prev, 0.0))
         else:
-            self.lanes.book(jb.j, s_out, float(jb.d_out[b]), Direction.D2H)
+            self.lanes.book(jb.j, s_out, jb.d_out[b], Direction.D2H)
             # the deadline: NOTE [ Swap-out deadlines in TENSILE ]
             due = next((lo for lo, _hi, rr in ranges if rr == 0), -1)
             delay_out = us(s_out - jb.t_end(prev))
@@ -340,7 +396,7 @@ class _Tensile:
             end = int(jb.table.ptr[b + 1])
             jb.hole_te[g + 1 : end] = np.nan
             jb.hole_ts[g + 1 : end] = np.nan
-        self.lanes.book(jb.j, ts, float(jb.d_in[b]), Direction.H2D)
+        self.lanes.book(jb.j, ts, jb.d_in[b], Direction.H2D)
         jb.events.append(SwapIn(b, after, nxt % n, us(delay), next_iteration=cross and r == 0))
         jb.done[g] = True
         jb.swaps += 1
@@ -405,3 +461,34 @@ class _Tensile:
             options=options,
             stats=stats,
         )
+
+
+class _SwapInSlots:
+    """One round's swap-in searches (NOTE [ One swap-in search per access ]),
+    one per (job, closing access, copy time), made when a candidate of
+    that kind first comes up and again only for a candidate that allows an
+    earlier start."""
+
+    def __init__(self, planner: _Tensile):
+        self.planner = planner
+        # (job, closing access, copy time) -> (the start searched from, the slot or -inf)
+        self.found: dict[tuple[int, int, float], tuple[float, float]] = {}
+
+    def may_fit(self, jb: JobState, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
+        """False if the swap-in of b's gap `g` (prev, nxt) cannot start after
+        peak op `pp` ends (unrolled op indices), so the gap cannot be swapped;
+        its cached hole then ends no later than the slot found."""
+        p_end = jb.t_end(pp)
+        # it starts after its swap-out ends and, to help, after the peak op
+        lo = max(jb.t_end(prev), p_end) + EPS_US
+        key = (jb.j, nxt, jb.d_in[b])
+        hit = self.found.get(key)
+        if hit is None or hit[0] > lo:
+            s = self.planner._latest_swap_in(jb, b, nxt, lo)
+            hit = self.found[key] = (lo, -math.inf if s is None else s)
+        if hit[1] - EPS_US >= p_end:
+            return True
+        # none found: a slot the search would find from further down starts
+        # below where it gave up (`LaneSet.latest`)
+        jb.cut_hole(g, hit[1] if hit[1] > -math.inf else hit[0] - 1e-9)
+        return False

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
-from memplan.planners.analysis import MemoryState, Timeline, access_table
+from memplan.planners.analysis import MemoryState, PeakAnalysis, Timeline, access_table
 from memplan.planners.core.plan import Event, Recompute, Release, SwapIn, SwapOut
 from memplan.planners.heuristics.tensile_options import TensileOptions
 from memplan.planners.heuristics.vanilla import release_only_plan
@@ -26,11 +29,14 @@ class JobState:
             trace, "liveness", count_first_iteration=opts.count_first_iteration
         )
         self.events: list[Event] = list(release_only_plan(trace).events)
+        # copy times per buffer (us), as lists for the rounds' scalar look-ups;
         # with two lanes an H2D copy is costed at the duplex rate, as in CP-SAT
-        self.d_out = np.asarray(device.copy_time(trace.nbytes, Direction.D2H), np.float64)
-        self.d_in = np.asarray(
+        self.d_out: list[float] = np.asarray(
+            device.copy_time(trace.nbytes, Direction.D2H), np.float64
+        ).tolist()
+        self.d_in: list[float] = np.asarray(
             device.copy_time(trace.nbytes, Direction.H2D, duplex=True), np.float64
-        )
+        ).tolist()
         self.durations = tl.end_us - tl.start_us
         t = self.table
         n_acc = len(t.ops)
@@ -46,10 +52,47 @@ class JobState:
 
     # unrolled op times: op index x may be >= n (the next iteration)
     def t_end(self, x: int) -> float:
-        return float(self.tl.end_us[x % self.n]) + (x // self.n) * self.tl.period_us
+        return self.tl.unrolled_end(x % self.n, x // self.n)
 
     def t_ready(self, x: int) -> float:
         return self.tl.unrolled_ready(x % self.n, x // self.n)
+
+    def cut_hole(self, g: int, ts: float) -> None:
+        """Gap g's swap-in cannot start after `ts` (us): its cached hole ends
+        there at the latest (a hole never searched gets no bound on its
+        swap-out side)."""
+        if math.isnan(self.hole_te[g]):
+            self.hole_te[g] = -math.inf
+        if not self.hole_ts[g] <= ts:  # also NaN: never searched
+            self.hole_ts[g] = ts
+
+
+class PickOrder:
+    """The buffers of all jobs in TENSILE's pick order (largest first; ties:
+    lower job, then lower buffer), built once (NOTE [ Candidates in pick
+    order ] in tensile.py)."""
+
+    def __init__(self, traces: Sequence[Trace]):
+        counts = [t.n_buffers for t in traces]
+        self.offset = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.job = np.repeat(np.arange(len(traces), dtype=np.int64), counts)
+        self.buffer = np.concatenate([np.arange(k, dtype=np.int64) for k in counts])
+        size = np.concatenate([t.nbytes for t in traces]) if traces else np.zeros(0, np.int64)
+        self.order = np.lexsort((self.buffer, self.job, -size))
+
+    def resident(self, pa: PeakAnalysis, jobs: Sequence[JobState]) -> tuple[np.ndarray, np.ndarray]:
+        """(job, buffer) of every buffer resident at its job's peak op and not
+        accessed by it, in pick order; jobs without ops have none."""
+        mask = np.zeros(len(self.order), bool)
+        for jb in jobs:
+            p = pa.job_peak_op[jb.j]
+            if p < 0:
+                continue
+            off = self.offset[jb.j]
+            mask[off + pa.resident[jb.j]] = True
+            mask[off + jb.trace.op_accesses(p)] = False
+        picked = self.order[mask[self.order]]
+        return self.job[picked], self.buffer[picked]
 
 
 def us(x: float) -> float:
