@@ -63,21 +63,19 @@ class RecomputeCandidate:
 
 
 # NOTE [ What can be recomputed ]
-# - Only a buffer with exactly one writing access (its creating op) can be
-#   recomputed: a buffer updated in place has no single op that makes its
-#   current value (and parameters, inputs and optimizer state are never
-#   recomputed: they have no producer in the iteration).
-# - The producer must not read what it writes, nor write a persistent buffer
-#   (BatchNorm's running statistics, an optimizer update): re-running it
-#   would apply that update twice.
-# - A chain op may write other buffers too (convolution_backward writes two
-#   grads): the simulator allocates those that are absent as temporaries for
-#   the chain and does not redo writes to those on the device; the planner
-#   counts the temporaries' bytes at `before_op`.
-# - A source (a buffer a chain op reads that no earlier chain op writes) must
-#   not be written between the chain op's original run and `before_op`, or
-#   the recomputed value would differ (`planners.core.check` rejects that).
+# - Only a buffer with exactly one writing access (its creating op) can be recomputed: one
+#   updated in place has no single op that makes its current value (parameters, inputs and
+#   optimizer state, with no producer in the iteration, never are).
+# - The producer must not read what it writes, nor write a persistent buffer (BatchNorm's
+#   running statistics, an optimizer update): re-running it would apply that update twice.
+# - A chain op may write other buffers too (convolution_backward writes two grads): the
+#   simulator allocates the absent ones as temporaries for the chain and does not redo writes
+#   to those on the device; the planner counts the temporaries' bytes at `before_op`.
+# - A source (a buffer a chain op reads that no earlier chain op writes) must not be written
+#   between the chain op's original run and `before_op`, or the recomputed value would differ
+#   (`planners.core.check` rejects that).
 # - A chain with an RNG op (dropout) sets `restore_rng`.
+# Full text: docs/notes.md, "What can be recomputed".
 def producer(trace: Trace, b: int, table: AccessTable | None = None) -> int:
     """The op that makes buffer `b`'s value, or -1 if it cannot be recomputed
     (NOTE [ What can be recomputed ]). `table` is b's trace's (`access_table`)."""

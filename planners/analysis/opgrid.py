@@ -193,39 +193,20 @@ def _last_reader(trace: Trace, p: int) -> int:
 
 # ---- the memory a finished plan predicts ----------------------------------------------------
 # NOTE [ A plan on the op grid ]
-# `memory_of_plan` walks each buffer's events in time order with the
-# simulator's rules (NOTE [ Event semantics ] in sim/model.py), every copy
-# starting at its trigger (+ its delay: no lane queue) and holding the lane
-# `device.copy_time`. A buffer is dead (before its creation, after the
-# framework's free), resident, leaving (its swap-out triggered, the copy
-# pending or running: still on the device), off, or arriving (its swap-in
-# triggered, the copy not over):
-# - SwapOut of a resident buffer: leaving. Its bytes go when the copy ends,
-#   or at the latest when its `before_op` is ready (that op waits for it),
-#   unless something wanted the buffer back meanwhile (kept, no free); the
-#   copy is made even if that was before it started (a later Release may
-#   rely on the host copy).
-# - SwapIn of an off buffer: arriving. Its bytes come back when its copy
-#   starts, or at the latest just before its `before_op` is ready; a Release
-#   or SwapOut before the copy ends finds nothing to act on. Of a leaving
-#   buffer: it cancels the free. Of an arriving one: it joins that copy.
-# - Release of a resident buffer: off at once. Of a leaving one: it undoes a
-#   cancel; the bytes still go only when the copy ends.
-# - Recompute before op i: when op i is due (after the triggers and
-#   deadlines of that instant) an off buffer is back, a leaving one is kept
-#   (op i needs it), an arriving one counts from then if not before.
-# - The framework's free of a leaving buffer whose copy has started keeps
-#   the bytes until the copy ends (the copy reads them), past the buffer's
-#   lifetime: the ops that overlap get them as extra bytes. A copy not
-#   started yet is dropped with the bytes.
-# At one instant the walk takes the simulator's order (`_FREE` .. `_CREATE`).
-# Copies start and end between instants, widened by EPS_US (a swap-out's
-# copy starts earlier and ends later, a swap-in's starts earlier): where a
-# float tie could go either way, the walk takes the side that keeps more
-# bytes. A copy started without a delay starts at its trigger, after the
-# trigger's other events and before anything the next op does.
-# An op's own reads are not walked: a checked plan brings a buffer back (a
-# SwapIn or a Recompute) before an op reads it.
+# `memory_of_plan` walks each buffer's events in time order by the simulator's rules
+# (NOTE [ Event semantics ] in sim/model.py), each copy starting at its trigger (+ delay, no
+# queue) and holding the lane `device.copy_time`. A buffer is dead, resident, leaving (its
+# swap-out's copy not over: still on the device), off, or arriving (its swap-in's copy not
+# over). SwapOut of a resident one: leaving; its bytes go when the copy ends, at the latest
+# when `before_op` is ready, unless wanted back first (kept; still copied). SwapIn of an off
+# one: arriving, bytes back when its copy starts, at the latest just before `before_op` is
+# ready; of a leaving one: cancels the free; of an arriving one: joins its copy. Release of a
+# resident one: off at once; of a leaving one: undoes a cancel. Recompute before op i (when i
+# is due): off -> back, leaving -> kept, arriving -> counted from then. A framework free of a
+# leaving buffer keeps its bytes until a started copy ends; an unstarted one is dropped.
+# Instants take the simulator's order (`_FREE` .. `_CREATE`); EPS_US widens copies so float
+# ties keep more bytes. Ops' own reads are not walked (checked plans restore them first).
+# Full text: docs/notes.md, "A plan on the op grid".
 
 # At one instant, in the simulator's order: op k ends and the framework frees
 # after it; the next iteration loads its inputs; op k's triggers fire in plan

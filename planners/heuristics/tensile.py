@@ -63,32 +63,19 @@ from memplan.planners.heuristics.tensile_recompute import Recomputer
 from memplan.traces.model import Trace
 
 # NOTE [ Which gap is swapped ]
-# A buffer's accesses cut its life into gaps; a swap (or a release, when a
-# host copy made earlier in the iteration is still valid) empties one gap.
-# For a buffer resident at a job's peak op p we swap the gap that contains
-# p: the swap-out goes in the earliest free lane slot after the access before
-# p, and must end before p starts; the swap-in in the latest free slot that
-# ends before the access after p (minus `margin_us`), and must start after p
-# ends and after the swap-out ends. Both windows are fixed by the gap alone,
-# so the hole a gap can get only shrinks as the lane fills: we cache it per
-# gap and skip a gap whose cached hole does not contain p without searching
-# the lane again. The paper instead starts at the generating access and
-# moves the swap-out past each access whose swap-in fails (Algorithm 2,
-# lines 20-22); both end with a swap around the peak, ours without copies
-# that do not lower it. With `swap_rest` (line 43) the later gaps of the
-# buffer, up to its next write, are emptied too: a release after the access
-# (the host copy is still valid, TENSILE keeps it) and a swap-in as late as
-# the lane allows -- one copy each. The "release" is written as a SwapOut
-# without lane time: with a valid host copy the simulator drops the device
-# copy at once, and if the run drifted from the plan so that the earlier
-# swap-out was cancelled (a swap-in came first), it copies instead of losing
-# the data, which a Release would.
-# A persistent buffer's last gap wraps into the next iteration (TENSILE's
-# cross-iteration swap: an updated parameter swapped out in the optimizer
-# phase comes back before its first use in the next iteration, a SwapIn with
-# `next_iteration`). Iteration 0 starts with it resident, so when the peak
-# counts iteration 0 only the part of the hole before the iteration ends
-# lowers it (NOTE [ Peak analysis on the op grid ]).
+# A swap empties one gap between a buffer's accesses; for a buffer resident at a job's peak op
+# p, the gap containing p: swap-out in the earliest free lane slot after the access before p,
+# ending before p starts; swap-in in the latest free slot ending before the access after p
+# (minus `margin_us`), starting once p and the swap-out end. Fixed by the gap alone, its hole
+# only shrinks as the lane fills: cached per gap, a gap whose hole misses p is skipped
+# unsearched (Algorithm 2, lines 20-22, starts at the generating access instead). With
+# `swap_rest` (line 43) the later gaps up to the next write are emptied too: a "release" (host
+# copy still valid) as a SwapOut without lane time (unlike a Release, it copies, not loses,
+# the data if the run cancelled the earlier swap-out) and a swap-in as late as the lane
+# allows. A persistent buffer's last gap wraps into the next iteration (cross-iteration swap:
+# SwapIn with `next_iteration`); iteration 0 starts with it resident, so a peak counting it
+# loses only the hole before its end (NOTE [ Peak analysis on the op grid ]).
+# Full text: docs/notes.md, "Which gap is swapped".
 #
 # NOTE [ Swap-out deadlines in TENSILE ]
 # A committed swap counts the buffer absent from the first op that starts

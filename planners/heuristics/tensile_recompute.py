@@ -22,63 +22,34 @@ from memplan.planners.heuristics.tensile_job import JobState
 from memplan.planners.heuristics.tensile_options import TensileOptions
 
 # NOTE [ TENSILE recompute rounds ]
-# §IV-D recomputes "tensor accesses which have never been released": a
-# candidate is one gap between two accesses of a non-persistent buffer that
-# no swap or release has emptied (`JobState.done`), around a job's peak op,
-# within the iteration. Freed after the access that opens the gap
-# (`Release`), the buffer is made again on demand before the access that
-# closes it (`Recompute`) by a chain of at most `max_recompute_ops` ops
-# (`msps.chain`): its producer (all its writes, if it is updated in place:
-# `recompute_in_place`, NOTE [ In-place chains ] in msps.py), and those of
-# every input that is not on the device then -- dead after its last
-# access, swapped out, or itself released for recompute
-# (NOTE [ MSPS update in TENSILE ]).
-# Rounds, as Capuchin's: peak analysis (Algorithm 1) names each job's peak
-# op and the buffers resident there; the candidates around it are valued by
-# MSPS = bytes / recompute seconds (Eq. 4); the best is taken and the others
-# updated, until the jobs' peaks fit the budget or no job peaks at the op
-# its candidates were taken around any more (a new round starts from a new
-# peak analysis). A round that takes nothing ends the phase: what is still
-# over the budget is left to the runtime safety net (the result says so).
-# Besides time, a recompute costs memory and moves ops, so it is not taken
-# - when its chain's other outputs, temporaries at the op that needs the
-#   buffer (and those it adds to chosen chains), would make that op reach
-#   the job's current peak;
-# - before an op at whose ready time a swap-out of the job is triggered but
-#   its copy has not started (it waits out a delay for its lane slot). The
-#   recompute delays every later op and every copy triggered after it, but
-#   not that copy, which can then take the lane ahead of copies planned
-#   before it: a swap-in queued behind it stalls, a swap-out frees late
-#   (its deadline stalls). A copy already running ends earlier against the
-#   delayed ops, which frees memory sooner or brings back a buffer the op
-#   grid already counts from the op its copy starts in; a swap-in's trigger
-#   is the op end just before its copy starts. With this rule one job's
-#   plan keeps its predicted memory; across jobs the delay still shifts the
-#   interleaving. (Not placing recomputes where any copy is running, as
-#   before, left 744 MiB of candidates out at resnet50's peak at 60% of
-#   its vanilla peak, and TENSILE short of the budget there.)
+# §IV-D recomputes "tensor accesses which have never been released": a candidate is a gap,
+# around a job's peak op in the iteration, of a non-persistent buffer no swap or release has
+# emptied (`JobState.done`): released after the access opening it, remade before the one
+# closing it by a chain of <= `max_recompute_ops` ops (`msps.chain`: its producer, or all its
+# writes with `recompute_in_place`, and those of its inputs then off the device). Rounds, as
+# Capuchin's: peak analysis (Algorithm 1) names each job's peak op; candidates around it are
+# valued by MSPS = bytes / recompute seconds (Eq. 4), the best taken, the rest updated
+# (NOTE [ MSPS update in TENSILE ]), until the peaks fit the budget or no job peaks at that
+# op; a round taking nothing ends the phase (the runtime safety net has the rest). A recompute
+# costs memory and moves ops, so none is placed where its chain's other outputs make the
+# needing op reach the job's current peak, or before an op at whose ready time a triggered
+# swap-out's copy awaits its lane slot (undelayed, it could pass copies planned before it).
+# Full text: docs/notes.md, "TENSILE recompute rounds".
 #
 # NOTE [ MSPS update in TENSILE ]
 # Capuchin's Algorithm 2, with the chains rebuilt exactly instead of patched:
-# - Init: a candidate's chain reads what is on the device before the op that
-#   needs it; the other candidates are there (not released yet), so its
-#   cost is its own ops (lines 1-2).
-# - When t is chosen, its buffer is off the device over its gap. A candidate
-#   whose chain read t there now recomputes t too: its chain is built again
-#   and grows by t's producer and whatever t's chain needed (lines 17-21:
-#   srcs -= t, srcs += t.srcs, rp_time += t.rp_time). A chosen recompute
-#   that read t there is rebuilt the same way (lines 6-12).
-# - A candidate c that chosen recomputes read inside c's gap would, if
-#   chosen, lengthen each of their chains: that extra time is c's ext_time
-#   (lines 22-33: ext_ct * rp_time when the chains share nothing). We take
-#   it as the chains' actual growth, and a c whose choice would leave one of
-#   them without a chain within `max_recompute_ops` is dropped.
-# - MSPS = bytes / (own chain time + ext_time); the next pick is the highest
-#   MSPS after the update (ties: more bytes, then lower job, buffer, gap).
-# A chain of several ops is one Recompute event whose ops make the sources
-# that are off the device as temporaries (freed when the chain ends), not a
-# Recompute of each source: a source brought back by its own event would
-# stay on the device until its next release.
+# - Init (lines 1-2): the other candidates are on the device, so a chain costs its own ops.
+# - Choosing t takes its buffer off the device over its gap: a candidate (lines 17-21) or
+#   chosen recompute (lines 6-12) whose chain read t there is rebuilt, growing by t's producer
+#   and what t's chain needed.
+# - A candidate c read inside its gap by chosen recomputes would lengthen their chains: that
+#   actual growth is c's ext_time (lines 22-33); c is dropped if one would get no chain within
+#   `max_recompute_ops`.
+# - MSPS = bytes / (own chain time + ext_time); the next pick is the highest MSPS after the
+#   update (ties: more bytes, then lower job, buffer, gap).
+# A multi-op chain is one Recompute event making its off-device sources as temporaries, freed
+# at its end: a source's own Recompute would keep it resident until its next release.
+# Full text: docs/notes.md, "MSPS update in TENSILE".
 
 
 @dataclass(slots=True)
