@@ -416,10 +416,10 @@ class Buffers:
 
     def free(self, b: int) -> int:
         """The framework frees `b` (FREE); returns the `Do` bits. Most frees find
-        `b` on the device with no copy of it running, or off it: those cases
-        are written here."""
+        `b` on the device or off it, not leaving or arriving: those cases are
+        written here."""
         ep, w = self.epoch[b], self.where[b]
-        if w == OFF or (w == DEV and self.copying[b] != ep):
+        if w <= DEV:  # OFF or DEV
             self.where[b] = OFF
             self.alive[b] = self.host[b] = self.keep[b] = False
             self.epoch[b] = ep + 1
