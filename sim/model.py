@@ -331,9 +331,7 @@ class GpuModel:
         ends; a copy of an earlier one (still on the lane, ahead of this one's
         queued swap-out) does not own them."""
         do = s.free(b)
-        if do == Do.DROP:
-            self.mem.drop(s, b)
-        elif do:
+        if do:
             self.mem.act(s, b, do)
         if s.n_parked and s.parked[b]:
             self.mem.unpark(s, b)
@@ -371,8 +369,8 @@ class GpuModel:
                 log(LogEntry(env.now, j, it, kind, after, b))
             elif code == OUT:
                 do = s.apply(b, Event.SWAP_OUT, Ctx(delayed=bool(delay)))
+                mem.act(s, b, do)
                 if do & Do.COPY_D2H:
-                    mem.act(s, b, do)
                     mem.add_pending_out(s.c.nbytes[b])
                     over = None
                     if before >= 0:  # NOTE [ Swap-out deadlines ] in planners/core/plan.py
@@ -383,7 +381,6 @@ class GpuModel:
                     # a discard without a delay is done here: a process would
                     # drop the copy only after the next op took its outputs,
                     # at the same instant, and the peak would count both
-                    mem.act(s, b, do)
                     kind = K.DISCARD if do & Do.DISCARD else K.SKIP
                     log(LogEntry(env.now, j, it, kind, after, b))
             elif code == IN:

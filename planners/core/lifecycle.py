@@ -27,7 +27,6 @@ the queued-peak analysis each keep one.
 from __future__ import annotations
 
 import enum
-import functools
 from typing import NamedTuple
 
 __all__ = [
@@ -160,10 +159,9 @@ def holds_bytes(s: State) -> bool:
     return s.where in ON_DEVICE
 
 
-@functools.cache
 def step(s: State, ev: Event, ctx: Ctx = NO_CTX) -> tuple[State, int]:
     """The state after `ev` and what the driver does; `IllegalTransition` for
-    an event that cannot happen in `s`."""
+    an event that cannot happen in `s`. Uncached: `Buffers` keeps its answers."""
     new = _RULES[ev](s, ctx)
     if new is None:
         raise IllegalTransition(f"{ev.value} in {s}")
