@@ -5,7 +5,7 @@ latencies, one PCIe lane) at 60% of the simulated vanilla peak: the
 `autoswap` planner ranked by each single priority score (DOA, AOA, WDOA,
 SWDOA) and by BO (their weighted sum, weights tuned by optuna's TPE over
 `--trials` simulated trials, seed `--seed`; NOTE [ AutoSwap BO ] in
-planners/heuristics/autoswap_bo.py), each through `memplan.comparison`
+planners/heuristics/autoswap/bo.py), each through `memplan.comparison`
 with no safety net (`--fallback none`): the row says whether the plan fit
 on its own. Iteration times are simulated (3 iterations, steady state;
 deterministic); planning time is this machine's wall time

@@ -41,6 +41,7 @@ from memplan.traces import io  # noqa: E402
 
 from memplan.comparison import WITNESSES, Fit, compare_planners, vanilla_peak  # noqa: E402
 from memplan.report import text_table  # noqa: E402
+from memplan.runconfig import RunConfig  # noqa: E402
 
 MODELS = ("resnet50", "vgg16", "inception_v3", "densenet121", "bert_base", "gpt2")
 BUDGETS = (90, 75, 60, 50, 40)
@@ -69,7 +70,8 @@ def cell(trace, device, pct, planners, fallback, limit):
     options = {k: [f"time_limit_s={limit}"] for k in ("cpsat", "squeeze", "swapadvisor")}
     names = [*planners, *WITNESSES]
     options = {k: v for k, v in options.items() if k in names}
-    c = compare_planners([trace], device, names, budget=budget, options=options, fallback=fallback)
+    run = RunConfig(fallback=fallback)
+    c = compare_planners([trace], device, names, budget=budget, options=options, config=run)
     return c, ""
 
 

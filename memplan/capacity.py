@@ -19,10 +19,10 @@ from memplan.comparison import UNLIMITED_BYTES, WITNESSES, Fit, planned_jobs, ru
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.analysis.bounds import peak_lower_bound, start_bytes
 from memplan.planners.heuristics.vanilla import vanilla_plan
+from memplan.runconfig import DEFAULT_RUN, Fallback, RunConfig
 from memplan.sim import SimResult, simulate
-from memplan.sim.simulate import context_bytes
 from memplan.traces.errors import MemplanError
-from memplan.traces.fields import finite_or_none, nan_to_none
+from memplan.traces.fields import finite_or_none, nan_to_none, record
 from memplan.traces.model import Trace
 from memplan.traces.scaling import BatchTraces, Check
 from memplan.units import format_bytes
@@ -30,7 +30,7 @@ from memplan.units import format_bytes
 # NOTE [ Capacity search ]
 # The answer is the largest x that fits: the batch of every job, or (`--jobs auto`) the
 # number of copies of one job. A probe is one planner's fit test at one x, as in `memplan
-# compare` (`run_planner` with the `fallback` net): it fits when the run fits alone (or,
+# compare` (`run_planner` with the `--fallback` net): it fits when the run fits alone (or,
 # with a fallback, finishes with the net; the witnesses passive and dtr when their run
 # finishes) and its EOR against vanilla without a budget is at most `max_eor`. vanilla, the
 # reference, is always tested without the net. The ceiling comes first: the largest x whose
@@ -110,27 +110,19 @@ def estimate(x1: int, p1: int, x2: int, p2: int, budget: int) -> int:
 # ---- results ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """One fit test. `fit` is a `comparison.Fit` value or "bound" (the peak
-    lower bound is above the budget: not planned); times in seconds."""
+    """One fit test: how its run went (`Fit.BOUND` when the peak lower bound
+    is above the budget: not planned); times in seconds."""
 
     x: int
     fits: bool
-    fit: str
+    fit: Fit
     peak_bytes: int | None
     iteration_time_s: float
     eor: float
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "x": self.x,
-            "fits": self.fits,
-            "fit": self.fit,
-            "peak_bytes": self.peak_bytes,
-            "iteration_time_s": nan_to_none(self.iteration_time_s),
-            "eor": nan_to_none(self.eor),
-            "reason": self.reason,
-        }
+        return record(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +144,7 @@ class Answer:
             "peak_bytes": at.peak_bytes if at else None,
             "eor": nan_to_none(at.eor) if at else None,
             "iteration_time_s": nan_to_none(at.iteration_time_s) if at else None,
-            "fit": at.fit if at else None,
+            "fit": at.fit.value if at else None,
             "search_s": self.search_s,
             "probes": [p.to_dict() for p in sorted(self.probes, key=lambda p: p.x)],
         }
@@ -160,23 +152,17 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """How to test a fit: `budget_bytes` for all jobs together, the safety
-    net (`comparison.FALLBACKS` names), the EOR cap (None: any), simulated
-    iterations and planner options (`PLANNER -> ["key=value", ...]`)."""
+    """How to test a fit: `budget_bytes` for all jobs together, the EOR cap
+    (None: any), simulated iterations, planner options (`PLANNER ->
+    ["key=value", ...]`) and how the runs are simulated (`config`: the
+    safety net and the memory model, NOTE [ Context reserve ])."""
 
     planners: tuple[str, ...]
     budget_bytes: int
-    fallback: str = "none"
     max_eor: float | None = None
     iterations: int = DEFAULT_ITERATIONS
     options: dict[str, list[str]] = field(default_factory=dict)
-    allocator: str = "exact"  # the simulator's memory model (NOTE [ Context reserve ])
-    context_reserve: int | None = None  # bytes per job; None: the profile's with an allocator
-
-    @property
-    def memory(self) -> dict[str, Any]:
-        """`simulate`'s and `run_planner`'s keywords for the memory model."""
-        return {"allocator": self.allocator, "context_reserve": self.context_reserve}
+    config: RunConfig = DEFAULT_RUN
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,10 +196,10 @@ class Capacity:
             "hardware": self.hardware,
             "memory_bytes": self.memory_bytes,
             "budget_bytes": s.budget_bytes,
-            "fallback": s.fallback,
+            "fallback": s.config.fallback.value,
             "max_eor": s.max_eor,
             "iterations": s.iterations,
-            "allocator": s.allocator,
+            "allocator": s.config.allocator.value,
             "context_reserve_bytes": self.context_bytes,
             "range": [self.lo, self.hi],
             "ceiling": self.ceiling,
@@ -258,8 +244,8 @@ class Search:
     def bound(self, x: int) -> int:
         """The jobs' peak lower bound at `x`, with their CUDA contexts."""
         if x not in self._bound:
-            s, traces = self.settings, self.traces(x)
-            context = context_bytes(self.device.hw, s.allocator, s.context_reserve)
+            traces = self.traces(x)
+            context = self.settings.config.context_bytes(self.device.hw)
             self._bound[x] = jobs_bound(traces) + context * len(traces)
         return self._bound[x]
 
@@ -272,7 +258,7 @@ class Search:
                 iterations=self.settings.iterations,
                 budget=UNLIMITED_BYTES,
                 check=False,
-                **self.settings.memory,
+                **self.settings.config.memory,
             )
         return self._vanilla[x]
 
@@ -284,8 +270,8 @@ class Search:
         need = self.bound(x)
         if need > s.budget_bytes:
             why = f"needs at least {need} bytes (peak lower bound), budget {s.budget_bytes}"
-            return Probe(x, False, "bound", None, math.nan, math.nan, why)
-        fallback = "none" if planner == "vanilla" else s.fallback
+            return Probe(x, False, Fit.BOUND, None, math.nan, math.nan, why)
+        config = s.config.with_fallback(Fallback.NONE) if planner == "vanilla" else s.config
         row = run_planner(
             planner,
             self.traces(x),
@@ -294,10 +280,9 @@ class Search:
             budget=s.budget_bytes,
             iterations=s.iterations,
             options=s.options.get(planner),
-            fallback=fallback,
-            **s.memory,
+            config=config,
         )
-        net_ok = fallback != "none" or planner in WITNESSES
+        net_ok = config.fallback != Fallback.NONE or planner in WITNESSES
         fits = row.fit == Fit.ALONE or (row.fit == Fit.NET and net_ok)
         reason = row.reason
         if fits and s.max_eor is not None and not row.eor <= s.max_eor:
@@ -440,7 +425,7 @@ def _capacity(
         hi=hi,
         answers=tuple(answers),
         ceiling=top,
-        context_bytes=context_bytes(hw, s.allocator, s.context_reserve),
+        context_bytes=s.config.context_bytes(hw),
         **fields,
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from memplan.capacity import Capacity
 from memplan.outputs import report_dir
+from memplan.sim.state import Allocator
 from memplan.traces.io import atomic_write_bytes
 from memplan.units import format_bytes
 
@@ -29,7 +30,7 @@ def cells(c: Capacity) -> list[tuple[str, ...]]:
             (
                 a.planner,
                 "none" if a.largest is None else f"{a.largest}{top}",
-                at.fit if at else "-",
+                at.fit.value if at else "-",
                 format_bytes(at.peak_bytes) if at and at.peak_bytes is not None else "-",
                 f"{at.eor:.3f}" if at and not math.isnan(at.eor) else "-",
                 _ms(at.iteration_time_s) if at else "-",
@@ -41,18 +42,18 @@ def cells(c: Capacity) -> list[tuple[str, ...]]:
 
 
 def header(c: Capacity) -> str:
-    s = c.settings
+    s, run = c.settings, c.settings.config
     what = (
         f"largest batch of {c.jobs}"
         if c.axis == "batch"
         else f"most jobs of {c.jobs} at batch {c.batch}"
     )
     eor = f", EOR <= {s.max_eor:g}" if s.max_eor is not None else ""
-    if s.allocator != "exact" or c.context_bytes:
-        eor += f", {s.allocator} allocator, {format_bytes(c.context_bytes)} context per job"
+    if run.allocator is not Allocator.EXACT or c.context_bytes:
+        eor += f", {run.allocator.value} allocator, {format_bytes(c.context_bytes)} context per job"
     return (
         f"{what} on {c.hardware} ({format_bytes(c.memory_bytes)}): budget "
-        f"{format_bytes(s.budget_bytes)}, fallback {s.fallback}{eor}, range {c.lo}..{c.hi}"
+        f"{format_bytes(s.budget_bytes)}, fallback {run.fallback}{eor}, range {c.lo}..{c.hi}"
     )
 
 

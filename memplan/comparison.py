@@ -12,6 +12,7 @@ safety net ] above `run_planner`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,18 +29,16 @@ from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import PlanResult
 from memplan.planners.heuristics.vanilla import vanilla_plan
 from memplan.plannerview import net_for, planner_view, rebound_result
+from memplan.runconfig import DEFAULT_RUN, Fallback, RunConfig
 from memplan.scenario import JobMix, jobs_for
 from memplan.sim import Job, SimResult, savings, simulate
-from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.traces.errors import MemplanError
-from memplan.traces.fields import nan_to_none
+from memplan.traces.fields import record
 from memplan.traces.model import Trace
 
 UNLIMITED_BYTES = 1 << 62
-# The runtime safety net under a plan: `--fallback` name -> the simulator's OOM policy.
-FALLBACKS = {"none": "fail", "passive": "passive", "dtr": "dtr"}
 # Rows with no plan at all: the online policy alone (NOTE [ The safety net ]).
-WITNESSES = ("passive", "dtr")
+WITNESSES = (Fallback.PASSIVE.value, Fallback.DTR.value)
 
 
 def _budget_from(name: str) -> str | None:
@@ -48,13 +47,14 @@ def _budget_from(name: str) -> str | None:
     return None if name in WITNESSES else registry.traits(name).budget_from
 
 
-class Fit:
+class Fit(enum.StrEnum):
     """How a row's run went (NOTE [ The safety net ])."""
 
     ALONE = "alone"  # the plan fit the budget on its own
     NET = "net"  # it finished because the safety net evicted
     OOM = "oom"  # it ran out of memory even so
     NO_PLAN = "no plan"  # the planner gave no plan, or its plan failed the check
+    BOUND = "bound"  # a capacity probe: the peak lower bound is above the budget, not planned
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +78,14 @@ class Row:
     plan_time_s: float
     events: dict[str, int] = field(default_factory=dict)
     gap: float = math.nan
+    bound: str | None = None  # the name of the bound `gap` is measured against
     result: PlanResult | None = None
     sim: SimResult | None = None
-    fit: str = Fit.NO_PLAN
-    fallback: str = "none"
+    fit: Fit = Fit.NO_PLAN
+    fallback: Fallback = Fallback.NONE
     evictions: int = 0
     evicted_bytes: int = 0
     remat_s: float = 0.0
-    bound: str = ""  # the name of the bound `gap` is measured against
     # NOTE [ Device peaks ] in sim/metrics.py; `peak_bytes` is the device peak
     allocated_peak_bytes: int | None = None
     reserved_peak_bytes: int | None = None
@@ -98,34 +98,8 @@ class Row:
         return self.fit in (Fit.ALONE, Fit.NET)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "planner": self.planner,
-            "feasible": self.feasible,
-            "reason": self.reason,
-            "budget_bytes": self.budget_bytes,
-            "peak_bytes": self.peak_bytes,
-            "msr": nan_to_none(self.msr),
-            "eor": nan_to_none(self.eor),
-            "cbr": nan_to_none(self.cbr),
-            "iteration_time_s": nan_to_none(self.iteration_time_s),
-            "stall_s": self.stall_s,
-            "recompute_s": self.recompute_s,
-            "bytes_h2d": self.bytes_h2d,
-            "bytes_d2h": self.bytes_d2h,
-            "plan_time_s": self.plan_time_s,
-            "events": self.events,
-            "gap": nan_to_none(self.gap),
-            "bound": self.bound or None,
-            "fit": self.fit,
-            "fallback": self.fallback,
-            "evictions": self.evictions,
-            "evicted_bytes": self.evicted_bytes,
-            "remat_s": self.remat_s,
-            "allocated_peak_bytes": self.allocated_peak_bytes,
-            "reserved_peak_bytes": self.reserved_peak_bytes,
-            "fragmentation_bytes": self.fragmentation_bytes,
-            "pinned_peak_bytes": self.pinned_peak_bytes,
-        }
+        """Every field but the plans and the run, NaN as None."""
+        return record(self, omit=("result", "sim"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,7 +127,7 @@ class Comparison:
         }
 
 
-def fit_of(sim: SimResult) -> str:
+def fit_of(sim: SimResult) -> Fit:
     """`Fit` of a finished simulation (NOTE [ The safety net ])."""
     return Fit.OOM if sim.oom else Fit.NET if any(j.net_used for j in sim.jobs) else Fit.ALONE
 
@@ -161,20 +135,17 @@ def fit_of(sim: SimResult) -> str:
 def vanilla_peak(
     traces: Sequence[Trace],
     device: DeviceModel,
-    *,
-    allocator: str = "exact",
-    context_reserve: int | None = None,
+    config: RunConfig = DEFAULT_RUN,
 ) -> int:
     """Device bytes the jobs peak at with no plan and no budget (simulated
-    under `allocator`, contexts included: NOTE [ Context reserve ])."""
+    under `config`'s allocator, contexts included: NOTE [ Context reserve ])."""
     run = simulate(
         planned_jobs(traces, [vanilla_plan(t) for t in traces]),
         device,
         iterations=2,
         budget=UNLIMITED_BYTES,
         check=False,
-        allocator=allocator,
-        context_reserve=context_reserve,
+        **config.memory,
     )
     return run.device_peak_bytes
 
@@ -194,7 +165,7 @@ def planned_jobs(traces: Sequence[Trace], plans: Sequence[Any]) -> list[Job]:
 # NOTE [ The safety net ]
 # TENSILE's and Capuchin's real systems fall back on passive swapping when a
 # plan leaves memory short, and their reported overheads include it. A row
-# is simulated under `fallback` (`FALLBACKS`: none = the simulator's `fail`
+# is simulated under its `Fallback` (none = the simulator's `fail`
 # policy, passive = Capuchin's LRU swapping, dtr = DTR's eviction with
 # rematerialisation) and says how it went (`Fit`): `alone` when the net never
 # acted (the run is then the same as under `fail`), `net` when it finished
@@ -212,25 +183,22 @@ def run_planner(
     budget: int | None,
     iterations: int = 3,
     options: object = None,
-    fallback: str = "none",
-    allocator: str = "exact",
-    context_reserve: int | None = None,
+    config: RunConfig = DEFAULT_RUN,
     view: tuple[list[Trace], int | None] | None = None,
-    workload: JobMix | None = None,
+    mix: JobMix | None = None,
 ) -> Row:
-    """Plan with `name`, check, simulate under the budget with the `fallback`
+    """Plan with `name`, check, simulate under the budget with `config`'s
     net, score against `vanilla` (NOTE [ The safety net ]). Planners see
     `view`, by default `planner_view` of the jobs (NOTE [ The planners' view
     of the caching allocator ]); the simulator runs the jobs themselves."""
-    memory = {"allocator": allocator, "context_reserve": context_reserve}
     if name in WITNESSES:
         return run_witness(name, traces, device, vanilla, budget=budget, iterations=iterations,
-                           workload=workload, **memory)  # fmt: skip
+                           config=config, mix=mix)  # fmt: skip
     t0 = time.perf_counter()
     sim_budget = budget if budget is not None else device.hw.memory_bytes
-    evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
+    evaluator = sim_evaluator(traces, device, sim_budget, config=config)
     try:
-        seen, plan_budget = view or planner_view(traces, device, budget, **memory)  # type: ignore[arg-type]
+        seen, plan_budget = view or planner_view(traces, device, budget, config)
         result = registry.run(
             name, seen, device, budget_bytes=plan_budget, options=options, evaluator=evaluator
         )
@@ -238,10 +206,6 @@ def run_planner(
     except MemplanError as e:
         return _failed(name, budget, f"planner error: {e}", time.perf_counter() - t0)
     plan_time = time.perf_counter() - t0
-    events: dict[str, int] = {}
-    for p in result.plans:
-        for k, n in p.counts().items():
-            events[k] = events.get(k, 0) + n
     if not result.plans:
         return _failed(name, budget, result.explain(), plan_time, result)
     try:
@@ -249,11 +213,11 @@ def run_planner(
             check(p, t)
     except MemplanError as e:
         return _failed(name, budget, f"check: {e}", plan_time, result)
-    net, why = net_for(result.plans, traces, fallback)
+    net, why = net_for(result.plans, traces, config.fallback)
     reasons = ([] if result.feasible else [result.explain()]) + ([why] if why else [])
     return _simulated(
-        name, traces, device, vanilla, result.plans, budget, iterations, net, reasons,
-        plan_time_s=plan_time, events=events, result=result, memory=memory, workload=workload,
+        name, traces, device, vanilla, result.plans, budget, iterations, reasons,
+        config=config.with_fallback(net), plan_time_s=plan_time, result=result, mix=mix,
     )  # fmt: skip
 
 
@@ -265,16 +229,15 @@ def run_witness(
     *,
     budget: int | None,
     iterations: int = 3,
-    allocator: str = "exact",
-    context_reserve: int | None = None,
-    workload: JobMix | None = None,
+    config: RunConfig = DEFAULT_RUN,
+    mix: JobMix | None = None,
 ) -> Row:
-    """The jobs with no plan under the online `policy` alone (a witness row)."""
+    """The jobs with no plan under the online `policy` alone (a witness row:
+    `config`'s memory model, `policy` its net)."""
     plans = [vanilla_plan(t) for t in traces]
     reasons = [f"no plan: the {policy} policy alone"]
-    memory = {"allocator": allocator, "context_reserve": context_reserve}
-    return _simulated(policy, traces, device, vanilla, plans, budget, iterations, policy,
-                      reasons, memory=memory, workload=workload)  # fmt: skip
+    return _simulated(policy, traces, device, vanilla, plans, budget, iterations, reasons,
+                      config=config.with_fallback(policy), mix=mix)  # fmt: skip
 
 
 def _simulated(
@@ -285,33 +248,33 @@ def _simulated(
     plans: Sequence[Any],
     budget: int | None,
     iterations: int,
-    fallback: str,
     reasons: list[str],
     *,
+    config: RunConfig,
     plan_time_s: float = 0.0,
-    events: dict[str, int] | None = None,
     result: PlanResult | None = None,
-    memory: dict[str, Any] | None = None,
-    workload: JobMix | None = None,
+    mix: JobMix | None = None,
 ) -> Row:
-    """Simulate `plans` under `fallback` and score them (NOTE [ The safety net ])."""
+    """Simulate `plans` (`result`'s, when given) under `config` and score
+    them (NOTE [ The safety net ])."""
+    fallback = config.fallback
     sim_budget = budget if budget is not None else device.hw.memory_bytes
     sim = simulate(
-        jobs_for(workload, traces, plans),  # arrivals, departures: memplan/scenario.py
+        jobs_for(mix, traces, plans),  # arrivals, departures: memplan/scenario.py
         device,
         iterations=iterations,
         budget=sim_budget,
-        oom=FALLBACKS[fallback],
+        oom=fallback.policy,
         check=False,
-        **(memory or {}),
-        **(workload.options() if workload is not None else {}),
+        **config.memory,
+        **(mix.options() if mix is not None else {}),
     )
     metrics = savings(vanilla, sim).total
     jobs = sim.jobs
     evictions = sum(j.evictions for j in jobs)
     fit = fit_of(sim)
     if fit == Fit.OOM:
-        net = "" if fallback == "none" else f" with the {fallback} net"
+        net = "" if fallback == Fallback.NONE else f" with the {fallback} net"
         reasons.append(f"out of memory in simulation{net} (budget {sim_budget} bytes)")
     elif fit == Fit.NET:
         reasons.append(f"fits with the {fallback} net: {evictions} evictions")
@@ -336,13 +299,22 @@ def _simulated(
         evicted_bytes=sum(j.evicted_bytes for j in jobs),
         remat_s=sum(j.remat_s for j in jobs),
         plan_time_s=plan_time_s,
-        events=events or {},
+        events=_event_counts(result),
         result=result,
         allocated_peak_bytes=sim.allocated_peak_bytes,
         reserved_peak_bytes=sim.reserved_peak_bytes,
         fragmentation_bytes=sim.fragmentation_bytes,
         pinned_peak_bytes=sim.pinned_peak_bytes,
     )
+
+
+def _event_counts(result: PlanResult | None) -> dict[str, int]:
+    """Plan events of `result` by kind, over all jobs (none without a result)."""
+    events: dict[str, int] = {}
+    for p in result.plans if result is not None else ():
+        for k, n in p.counts().items():
+            events[k] = events.get(k, 0) + n
+    return events
 
 
 def _failed(
@@ -372,21 +344,18 @@ def compare_planners(
     iterations: int = 3,
     options: dict[str, Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
-    fallback: str = "none",
-    allocator: str = "exact",
-    context_reserve: int | None = None,
-    workload: JobMix | None = None,
+    config: RunConfig = DEFAULT_RUN,
+    mix: JobMix | None = None,
 ) -> Comparison:
     """Every planner in `planners` (and witness in `WITNESSES`) on the same
-    jobs, each simulated with the `fallback` net under `allocator` (a share
-    of the vanilla peak is resolved by the caller: `vanilla_peak`). See NOTE
-    [ Budgets in a comparison ], NOTE [ The safety net ] and NOTE [ The
-    planners' view of the caching allocator ]."""
+    jobs (`mix`: as they arrive and leave), each simulated under `config`:
+    its net and allocator (a share of the vanilla peak is resolved by the
+    caller: `vanilla_peak`). See NOTE [ Budgets in a comparison ], NOTE
+    [ The safety net ] and NOTE [ The planners' view of the caching
+    allocator ]."""
     if not traces:
         raise MemplanError("compare: no traces given")
     options = options or {}
-    if fallback not in FALLBACKS:
-        raise MemplanError(f"--fallback={fallback!r} must be one of {', '.join(FALLBACKS)}")
     for name in planners:  # unknown names and bad options fail before any work
         if name not in WITNESSES:
             registry.make_options(name, options.get(name))
@@ -394,17 +363,16 @@ def compare_planners(
     for name in options:
         if name not in planners and name not in lenders:
             raise MemplanError(f"--option {name}.*: planner {name!r} is not being compared")
-    memory: dict[str, Any] = {"allocator": allocator, "context_reserve": context_reserve}
     vanilla = simulate(
-        jobs_for(workload, traces, [vanilla_plan(t) for t in traces]),
+        jobs_for(mix, traces, [vanilla_plan(t) for t in traces]),
         device,
         iterations=iterations,
         budget=UNLIMITED_BYTES,
         check=False,
-        **memory,
-        **(workload.options() if workload is not None else {}),
+        **config.memory,
+        **(mix.options() if mix is not None else {}),
     )
-    seen = planner_view(traces, device, budget, **memory)[0]  # rounded once for every planner
+    seen = planner_view(traces, device, budget, config)[0]  # rounded once for every planner
     rows: dict[str, Row] = {}
     order = sorted(planners, key=lambda n: _budget_from(n) is not None)  # lenders first
     for name in order:
@@ -423,16 +391,15 @@ def compare_planners(
                     budget=None,
                     iterations=iterations,
                     options=options.get(lender),
-                    fallback=fallback,
+                    config=config,
                     view=(seen, None),
-                    workload=workload,
-                    **memory,
+                    mix=mix,
                 )
             own_budget = lent.peak_bytes
         if progress:
             progress(f"planning {name}")
         try:
-            view = (seen, planner_view(traces, device, own_budget, **memory)[1])
+            view = (seen, planner_view(traces, device, own_budget, config)[1])
         except MemplanError as e:  # a budget all contexts: no row plans, each says so
             rows[name] = _failed(name, own_budget, str(e), 0.0)
             continue
@@ -444,15 +411,14 @@ def compare_planners(
             budget=own_budget,
             iterations=iterations,
             options=options.get(name),
-            fallback=fallback,
+            config=config,
             view=view,
-            workload=workload,
-            **memory,
+            mix=mix,
         )
     ordered = [rows[n] for n in planners]
     known: dict[int, tuple[float, str] | None] = {}
-    reserve = context_bytes(device.hw, allocator_of(allocator), context_reserve) * len(traces)
-    if workload is None or workload.static:  # the bounds are of jobs in step, not of a scenario
+    reserve = config.context_bytes(device.hw) * len(traces)
+    if mix is None or mix.static:  # the bounds are of jobs in step, not of a scenario
         ordered = [_with_gap(r, traces, device, known, reserve) for r in ordered]
     return Comparison(vanilla, tuple(ordered))
 

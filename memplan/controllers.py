@@ -15,8 +15,8 @@ next iteration boundary after the change is ready:
 - `PerJobController`: a planner that plans each job alone, once, before it
   starts (vDNN, as the paper ran it).
 
-The planner-side logic is planners/heuristics/tensile_update.py and
-capuchin_measured.py; this module converts the simulator's reports.
+The planner-side logic is planners/heuristics/tensile/update.py and
+capuchin/measured.py; this module converts the simulator's reports.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from memplan.hwmodels.device import DeviceModel
 from memplan.planners.analysis.optimes import Timeline
 from memplan.planners.core.plan import Plan, PlanResult
-from memplan.planners.heuristics.capuchin import capuchin
-from memplan.planners.heuristics.capuchin_measured import (
+from memplan.planners.heuristics.capuchin.measured import (
     Late,
     advance_in_triggers,
     measured_timeline,
 )
-from memplan.planners.heuristics.tensile import tensile
-from memplan.planners.heuristics.tensile_update import (
+from memplan.planners.heuristics.capuchin.planner import capuchin
+from memplan.planners.heuristics.tensile.planner import tensile
+from memplan.planners.heuristics.tensile.update import (
     LatencyTracker,
     PlanningTime,
     UpdateOptions,
@@ -69,7 +69,7 @@ class Record:
 # distributes it", §III), so the arriving job's change is ready at its
 # arrival and takes its first iteration; the re-plans of the jobs already
 # running are ready after the modelled planning time (NOTE [ Modelled
-# planning time ] in planners/heuristics/tensile_update.py) and taken at each
+# planning time ] in planners/heuristics/tensile/update.py) and taken at each
 # one's next boundary after that. A planner that returns no plan (nothing it
 # can do) changes nothing: the jobs keep the plans they have.
 class _Base:

@@ -17,7 +17,9 @@ import numpy as np
 
 from memplan.controllers import Method, Observer, Record, controller_for
 from memplan.hwmodels.device import DeviceModel
-from memplan.planners.heuristics.tensile_update import PlanningTime, UpdateOptions
+from memplan.planners.core.evaluate import OomPolicy
+from memplan.planners.heuristics.tensile.update import PlanningTime, UpdateOptions
+from memplan.runconfig import DEFAULT_RUN, RunConfig
 from memplan.sim import Job, SimResult, simulate
 from memplan.sim.dynamics import LaneSlowdown
 from memplan.sim.errors import SimError
@@ -30,7 +32,7 @@ UNLIMITED_BYTES = 1 << 62
 # vanilla run's device peak (default 0.7), or the bytes given. TENSILE plans
 # for it, Capuchin saves what it needs, vDNN ignores it; what a plan leaves
 # over it is caught by the passive net (`oom="passive"`, Capuchin's own
-# runtime and TENSILE's, NOTE [ Short of the budget ] in tensile.py), whose
+# runtime and TENSILE's, NOTE [ Short of the budget ] in tensile/planner.py), whose
 # transfers are the phase's passive swaps. The vanilla reference runs with
 # no budget (nothing is evicted): its peak and times are what the metrics
 # divide by.
@@ -71,13 +73,14 @@ def run_dynamic(
     lane_slowdowns: Sequence[LaneSlowdown] = (),
     update: UpdateOptions | None = None,
     planning: PlanningTime | None = None,
-    allocator: str = "exact",
-    context_reserve: int | None = None,
+    config: RunConfig = DEFAULT_RUN,
 ) -> DynamicRun:
     """Simulate `jobs` on `device` under vanilla and each of `methods`.
     `predictor`: the device model the schedulers plan with (its latency
     model: TENSILE's prediction; default `device`'s own). Plans in `jobs`
-    are dropped: each method makes its own."""
+    are dropped: each method makes its own. `config`'s memory model holds
+    for every run; its fallback does not: every method runs under the
+    passive net."""
     if not jobs:
         raise SimError("dynamic run: no jobs")
     if not 0 < budget_fraction <= 10 or not math.isfinite(budget_fraction):
@@ -91,8 +94,7 @@ def run_dynamic(
         jitter=jitter,
         usage=usage,
         lane_slowdowns=lane_slowdowns,
-        allocator=allocator,
-        context_reserve=context_reserve,
+        **config.memory,
     )
     obs = Observer(traces)
     van = simulate(bare, device, budget=UNLIMITED_BYTES, controller=obs, **common)
@@ -102,7 +104,7 @@ def run_dynamic(
     runs = []
     for m in ms:
         ctl = controller_for(m, traces, pred, budget, update=update, planning=planning)
-        res = simulate(bare, device, budget=budget, oom="passive", controller=ctl, **common)
+        res = simulate(bare, device, budget=budget, oom=OomPolicy.PASSIVE, controller=ctl, **common)
         runs.append(MethodRun(m.value, res, ctl.record))
     return DynamicRun(bare, budget, MethodRun("vanilla", van, obs.record), tuple(runs))
 

@@ -213,9 +213,9 @@ def write(run: DynamicRun, out: Path, provenance: dict | None = None) -> list[st
     return ["report.md", "report.json", "timeline.png"]
 
 
-def run_command(args, workload, traces, device) -> int:  # noqa: ANN001
+def run_command(args, mix, traces, device) -> int:  # noqa: ANN001
     """`memplan compare ... --dynamic METHODS`: each method's scheduler over
-    the workload, the per-phase table (NOTE [ Phases of a dynamic run ])."""
+    the job mix `mix`, the per-phase table (NOTE [ Phases of a dynamic run ])."""
     import json
 
     from memplan import provenance
@@ -229,7 +229,7 @@ def run_command(args, workload, traces, device) -> int:  # noqa: ANN001
     methods = methods_of(args.dynamic)
     frac = machine.budget_fraction(args)
     nbytes = machine.check_budget(machine.budget(args), device.hw, args)
-    jobs = workload.jobs(traces, [None] * len(traces))
+    jobs = mix.jobs(traces, [None] * len(traces))
     run = run_dynamic(
         jobs,
         device,
@@ -237,10 +237,10 @@ def run_command(args, workload, traces, device) -> int:  # noqa: ANN001
         budget_bytes=nbytes,
         budget_fraction=frac or DEFAULT_BUDGET_FRACTION,
         iterations=args.iterations,
-        **workload.options(),
-        **machine.memory_options(args),
+        config=machine.run_config(args),
+        **mix.options(),
     )
-    prov = provenance.of_command(args, traces, device.hw, seed=workload.moves.seed)
+    prov = provenance.of_command(args, traces, device.hw, seed=mix.moves.seed)
     written = write(run, Path(args.out), prov) if args.out else []
     if args.json:
         print(json.dumps({**to_dict(run), "provenance": prov}, indent=2))

@@ -14,10 +14,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from memplan.hwmodels.device import DeviceModel
-from memplan.planners.core.evaluate import Evaluation, Evaluator, NetMove, OpTimes
+from memplan.planners.core.evaluate import (
+    Evaluation,
+    Evaluator,
+    MoveKind,
+    NetMove,
+    OomPolicy,
+    OpTimes,
+)
 from memplan.planners.core.plan import Plan, SwapOut
 from memplan.plannerview import rebound
-from memplan.sim import Job, OomPolicy, SimResult, simulate
+from memplan.runconfig import DEFAULT_RUN, RunConfig
+from memplan.sim import Job, SimResult, simulate
 from memplan.sim.log import CODE, KINDS, LogKind
 from memplan.traces.model import Trace
 
@@ -30,20 +38,20 @@ def sim_evaluator(
     budget: int,
     *,
     iterations: int = 2,
-    allocator: str = "exact",
-    context_reserve: int | None = None,
+    config: RunConfig = DEFAULT_RUN,
 ) -> Evaluator:
     """An `Evaluator` simulating `traces` (one job each) on `device` under
-    `budget` and `allocator` for `iterations` iterations, plans unchecked
-    (the planner checks what it returns)."""
+    `budget` and `config`'s memory model for `iterations` iterations, plans
+    unchecked (the planner checks what it returns); the net is the
+    evaluation's `policy`, not `config`'s."""
 
-    def evaluate(plans: Sequence[Plan], policy: str = "fail") -> Evaluation:
+    def evaluate(plans: Sequence[Plan], policy: OomPolicy = OomPolicy.FAIL) -> Evaluation:
         plans = rebound(plans, traces)  # planned for the planners' view of them
         pairs = enumerate(zip(traces, plans, strict=True))
         jobs = [Job(t, p, name=f"job{i}") for i, (t, p) in pairs]
         sim = simulate(
             jobs, device, iterations=iterations, budget=budget, oom=policy, check=False,
-            allocator=allocator, context_reserve=context_reserve,
+            **config.memory,
         )  # fmt: skip
         return evaluation(sim, plans)
 
@@ -157,21 +165,21 @@ def net_moves(sim: SimResult, plans: Sequence[Plan] = ()) -> tuple[NetMove, ...]
     for r in rows.tolist():
         j, it, o, b, kind = int(job[r]), int(iteration[r]), int(op[r]), int(buf[r]), KINDS[code[r]]
         if kind is K.EVICT_START or kind is K.DROP:
-            keyed.append((r, r, NetMove(j, it, "evict", o, b, kind is K.EVICT_START)))
+            keyed.append((r, r, NetMove(j, it, MoveKind.EVICT, o, b, kind is K.EVICT_START)))
         elif kind is K.DISCARD:
             ends, _ = marks_of(j)
             p = int(np.searchsorted(ends, r)) - 1  # the job's last op end since its iteration began
             ended = int(op[ends[p]]) if p >= 0 and code[ends[p]] == CODE[K.OP_END] else -1
             if not ((j, b, o) in planned and o <= ended):
-                keyed.append((r, r, NetMove(j, it, "evict", o, b, True)))
+                keyed.append((r, r, NetMove(j, it, MoveKind.EVICT, o, b, True)))
         elif kind is K.FETCH_START:
-            keyed.append((r, r, NetMove(j, it, "restore", o, b, True)))
+            keyed.append((r, r, NetMove(j, it, MoveKind.RESTORE, o, b, True)))
         else:  # a remake, or an op of a plan's chain: restored for the next op the job starts
             _, starts = marks_of(j)
             q = int(np.searchsorted(starts, r))
             if q < len(starts):
                 f = int(starts[q])
-                keyed.append((f, r, NetMove(j, it, "restore", int(op[f]), b, False, (o,))))
+                keyed.append((f, r, NetMove(j, it, MoveKind.RESTORE, int(op[f]), b, False, (o,))))
     keyed.sort(key=lambda x: (x[0], x[1]))
     return tuple(m for _f, _r, m in keyed)
 

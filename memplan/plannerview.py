@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from memplan.hwmodels.device import DeviceModel, op_workspace_bytes
 from memplan.planners.core.plan import Plan, PlanResult, fingerprint_of
+from memplan.runconfig import DEFAULT_RUN, Fallback, RunConfig
 from memplan.sim.allocator import alone_size
-from memplan.sim.simulate import allocator_of, context_bytes
 from memplan.sim.state import Allocator
 from memplan.traces.errors import MemplanError
 from memplan.traces.model import Trace
@@ -32,14 +32,12 @@ def planner_view(
     traces: Sequence[Trace],
     device: DeviceModel,
     budget: int | None,
-    *,
-    allocator: str = "exact",
-    context_reserve: int | None = None,
+    config: RunConfig = DEFAULT_RUN,
 ) -> tuple[list[Trace], int | None]:
-    """(traces, budget) as planners should see them under `allocator` (NOTE
-    [ The planners' view of the caching allocator ])."""
-    alloc = allocator_of(allocator)
-    reserve = context_bytes(device.hw, alloc, context_reserve)
+    """(traces, budget) as planners should see them under `config`'s
+    allocator (NOTE [ The planners' view of the caching allocator ])."""
+    alloc = config.allocator
+    reserve = config.context_bytes(device.hw)
     views = list(traces)
     if alloc is Allocator.CACHING:
         views = [_rounded(t) for t in traces]
@@ -86,13 +84,16 @@ def rebound_result(result: PlanResult, traces: Sequence[Trace]) -> PlanResult:
 # NOTE [ Plans under another order ] in planners/core/plan.py). In a
 # comparison such a row runs under the passive net instead, and says so,
 # rather than failing the whole command.
-def net_for(plans: Sequence[Plan], traces: Sequence[Trace], fallback: str) -> tuple[str, str]:
+def net_for(
+    plans: Sequence[Plan], traces: Sequence[Trace], fallback: Fallback
+) -> tuple[Fallback, str]:
     """The `--fallback` a row of `plans` runs under, and why if not `fallback`
     (NOTE [ The net under a reordered plan ])."""
     reordered = any(
         p.order is not None and p.order != tuple(range(t.n_ops))
         for p, t in zip(plans, traces, strict=True)
     )
-    if fallback == "dtr" and reordered:
-        return "passive", "the plan reorders ops: its net is passive (dtr remakes in trace order)"
+    if fallback == Fallback.DTR and reordered:
+        why = "the plan reorders ops: its net is passive (dtr remakes in trace order)"
+        return Fallback.PASSIVE, why
     return fallback, ""

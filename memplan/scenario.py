@@ -126,13 +126,13 @@ class JobMix:
 
 
 def jobs_for(
-    workload: JobMix | None, traces: Sequence[Trace], plans: Sequence[Plan | None]
+    mix: JobMix | None, traces: Sequence[Trace], plans: Sequence[Plan | None]
 ) -> list[Job]:
-    """The jobs of a comparison: `workload`'s, or each trace at 0 for the
+    """The jobs of a comparison: `mix`'s, or each trace at 0 for the
     simulation's iterations."""
-    if workload is None:
-        workload = JobMix(tuple(JobSpec("") for _ in traces), Scenario())
-    return workload.jobs(traces, plans)
+    if mix is None:
+        mix = JobMix(tuple(JobSpec("") for _ in traces), Scenario())
+    return mix.jobs(traces, plans)
 
 
 # ---- text forms ------------------------------------------------------------------------

@@ -125,13 +125,13 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str] | tuple[str, str, str | Non
         "TENSILE's activity analysis: free after the last access",
     ),
     "tensile": (
-        "memplan.planners.heuristics.tensile",
+        "memplan.planners.heuristics.tensile.planner",
         "tensile",
         "TensileOptions",
         "TENSILE: greedy hidden swaps at the global peak, cross-iteration, MSPS recompute",
     ),
     "capuchin": (
-        "memplan.planners.heuristics.capuchin",
+        "memplan.planners.heuristics.capuchin.planner",
         "capuchin",
         "CapuchinOptions",
         "Capuchin: swap by free time, MSPS recompute",
@@ -150,7 +150,7 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str] | tuple[str, str, str | Non
         "Chen et al. sqrt(n) checkpointing",
     ),
     "autoswap": (
-        "memplan.planners.heuristics.autoswap",
+        "memplan.planners.heuristics.autoswap.planner",
         "autoswap",
         "AutoSwapOptions",
         "AutoSwap: priority scores (DOA, AOA, WDOA, SWDOA), weights by Bayesian optimisation",

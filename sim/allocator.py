@@ -25,7 +25,7 @@ from dataclasses import dataclass
 # - a freed block merges with its free neighbours in its segment;
 # - segments go back only by `empty_cache`. A new segment that does not fit first frees every
 #   entirely free cached segment and retries once (`release_cached_blocks`), then is out of
-#   memory; the simulator does the same (sim/memory.py `CachingLedger.take`).
+#   memory; the simulator does the same (sim/ledger.py `CachingLedger._get`).
 # Addresses are virtual: a segment starts past the last one made (lowest = reserved first).
 # Full text: docs/notes.md, "The caching allocator".
 MIN_BLOCK = 512

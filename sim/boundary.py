@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.check import check as check_plan
 from memplan.planners.core.plan import empty_plan, validate
 from memplan.sim.control import Controller, IterationReport, LateSwapIn, PlanChange
 from memplan.sim.errors import SimError
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.remat import RematTable
+from memplan.sim.ports import Gpu
 from memplan.sim.state import JobState
-
-if TYPE_CHECKING:
-    from memplan.hwmodels.device import DeviceModel
-    from memplan.sim.model import GpuModel
 
 K = LogKind
 
@@ -33,7 +29,7 @@ K = LogKind
 # last ran: its triggered events run to their end (a swap-out still on the lane, a
 # `next_iteration` swap-in for k+1) and their buffers land where they would have, but its waits
 # for iterations it no longer runs are dropped (a new op waits for a buffer still arriving as
-# any op does: NOTE [ Event semantics ] in sim/model.py, `_ensure`). Buffers stay where it left
+# any op does: NOTE [ Event semantics ] in sim/model.py, `ensure`). Buffers stay where it left
 # them: a new event that finds one elsewhere is a `skip`, and one on the host that the new plan
 # does not swap in is fetched on demand (a passive swap, in `passive_swaps`). Nothing is lost:
 # a persistent buffer off the device has a host copy, and the others die within an iteration.
@@ -46,14 +42,12 @@ class Boundaries:
     """Plan changes and iteration reports of one run (with or without a
     controller: without, every job keeps its plan)."""
 
-    def __init__(
-        self, model: GpuModel, device: DeviceModel, controller: Controller | None, check: bool
-    ):
-        self.model = model
+    def __init__(self, gpu: Gpu, device: DeviceModel, controller: Controller | None, check: bool):
+        self.gpu = gpu
         self.device = device
         self.ctl = controller
         self.check = check
-        n = len(model.jobs)
+        n = len(gpu.jobs)
         self.pending: list[PlanChange | None] = [None] * n
         self.version = [0] * n
         # per job: where its last report's log scan ended, its bytes then
@@ -67,20 +61,20 @@ class Boundaries:
 
     # ---- controller calls ------------------------------------------------------------
     def _running(self) -> list[int]:
-        return [s.c.index for s in self.model.jobs if s.start_us == s.start_us and not s.stopped]
+        return [s.c.index for s in self.gpu.jobs if s.start_us == s.start_us and not s.stopped]
 
     def arrived(self, s: JobState) -> None:
         if self.ctl is not None:
-            now = self.model.env.now / 1e6
+            now = self.gpu.env.now / 1e6
             self._take(self.ctl.job_arrived(s.c.index, now, self._running()), "job_arrived")
 
     def left(self, s: JobState) -> None:
         if self.ctl is not None:
-            now = self.model.env.now / 1e6
+            now = self.gpu.env.now / 1e6
             self._take(self.ctl.job_left(s.c.index, now, self._running()), "job_left")
 
     def _take(self, changes: Sequence[PlanChange], where: str) -> None:
-        jobs = self.model.jobs
+        jobs = self.gpu.jobs
         for ch in changes or ():
             if not isinstance(ch, PlanChange):
                 raise SimError(f"controller.{where} returned {type(ch).__name__}, not a PlanChange")
@@ -94,7 +88,7 @@ class Boundaries:
     # ---- boundaries ------------------------------------------------------------------
     def starts(self, s: JobState, it: int) -> None:
         """Before iteration `it`: apply a plan change that is ready."""
-        j, m = s.c.index, self.model
+        j, m = s.c.index, self.gpu
         ch = self.pending[j]
         if ch is not None and ch.ready_s * 1e6 <= m.env.now:
             self.pending[j] = None
@@ -102,8 +96,7 @@ class Boundaries:
             plan = ch.plan if ch.plan is not None else empty_plan(c.trace)
             (check_plan if self.check else validate)(plan, c.trace)
             c.use_plan(plan, self.device)
-            if m.mem.dtr:  # what DTR may remake depends on the plan's releases
-                m.mem.tables[j] = RematTable(c, m.pcie)
+            m.mem.plan_changed(c)
             for key in [k for k in s.deadlines if k[0] >= it]:  # the old plan's waits
                 del s.deadlines[key]
             self.version[j] += 1
@@ -120,7 +113,7 @@ class Boundaries:
         self._take(self.ctl.iteration_ended(report), "iteration_ended")
 
     def _report(self, s: JobState, it: int) -> IterationReport:
-        c, m = s.c, self.model
+        c, m = s.c, self.gpu
         j, n = c.index, c.n_ops
         starts = np.full(n, math.nan)
         ends = np.full(n, math.nan)
@@ -171,6 +164,6 @@ class Boundaries:
 
     def _queued(self, s: JobState, starts: np.ndarray) -> np.ndarray:
         """Microseconds each op of the iteration waited for the compute stream."""
-        if not self.model.shared:
+        if not self.gpu.shared:
             return np.zeros(len(starts))
         return np.maximum(starts - np.asarray(s.ready_us), 0.0)

@@ -10,29 +10,36 @@ needs them. The semantics are in NOTE [ Event semantics ] of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import simpy
 from memplan.planners.core.lifecycle import Ctx, Do, Event
-from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.memory import OutOfMemory
-from memplan.sim.pcie import Direction
+from memplan.sim.errors import OutOfMemory
+from memplan.sim.log import Log, LogEntry, LogKind
+from memplan.sim.memory import MemoryPool
+from memplan.sim.pcie import Direction, Pcie
 from memplan.sim.state import ARRIVING, Gen, JobState
-
-if TYPE_CHECKING:
-    from memplan.sim.model import GpuModel
 
 K = LogKind
 
 
 class CopyEngine:
-    """The copies of one GPU's jobs, on the model's lanes and memory pool."""
+    """The copies of one GPU's jobs, on its lanes `pcie` and memory pool `mem`,
+    logged to `log`; a planned swap-in that runs out of memory `stop`s its job."""
 
-    def __init__(self, model: GpuModel):
-        self.model = model
-        self.env = model.env
-        self.mem = model.mem
-        self.pcie = model.pcie
+    def __init__(
+        self,
+        env: simpy.Environment,
+        mem: MemoryPool,
+        pcie: Pcie,
+        log: Log,
+        stop: Callable[[JobState, OutOfMemory], None],
+    ):
+        self.env = env
+        self.mem = mem
+        self.pcie = pcie
+        self.log = log
+        self.stop = stop
 
     # ---- planned copies: processes of their own --------------------------------------
     def swap_out(
@@ -61,7 +68,7 @@ class CopyEngine:
             finally:
                 self.mem.add_pending_out(-s.c.nbytes[b])
             if s.epoch[b] != ep:  # the framework freed `b` meanwhile (and its memory)
-                self.model.log.append(LogEntry(env.now, s.c.index, s.iteration, K.SKIP, after, b))
+                self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.SKIP, after, b))
                 return
             yield from self.copy_out(s, b, after, passive=False)
         except simpy.Interrupt:
@@ -80,11 +87,11 @@ class CopyEngine:
             if delay:
                 yield env.timeout(delay)
             if s.epoch[b] != ep:  # the framework freed `b` meanwhile
-                self.model.log.append(LogEntry(env.now, s.c.index, s.iteration, K.SKIP, after, b))
+                self.log.append(LogEntry(env.now, s.c.index, s.iteration, K.SKIP, after, b))
                 return
             yield from self.copy_in(s, b, after, passive=False)
         except OutOfMemory as oom:
-            self.model.stop(s, oom)
+            self.stop(s, oom)
         except simpy.Interrupt:
             pass  # the job stopped (NOTE [ Stopping a job ])
         finally:
@@ -108,7 +115,7 @@ class CopyEngine:
         """Swap `b` (DEV or LEAVING) out; memory freed when the copy ends.
         `passive`: an eviction, run by the process that needs the room."""
         c, env, mem, pcie = s.c, self.env, self.mem, self.pcie
-        log = self.model.log.append
+        log = self.log.append
         j, n, ep = c.index, c.nbytes[b], s.epoch[b]
         do = s.apply(b, Event.COPY_OUT, Ctx(passive=passive, in_use=b in s.pinned))
         mem.act(s, b, do)
@@ -174,7 +181,7 @@ class CopyEngine:
         """On-demand swap-in of `b` for op `i` (a passive swap); all of it is stall."""
         env = self.env
         t0, ep = env.now, s.epoch[b]
-        done = s.in_ev[b] = env.event()  # ARRIVING: `_ensure` applied NEED
+        done = s.in_ev[b] = env.event()  # ARRIVING: `ensure` applied NEED
         try:
             yield from self.copy_in(s, b, i, passive=True)
         except simpy.Interrupt:  # the job stopped: the stall ends with it
@@ -194,7 +201,7 @@ class CopyEngine:
     def copy_in(self, s: JobState, b: int, op: int, passive: bool) -> Gen:
         """H2D copy of `b`: bytes taken when the copy starts (NOTE [ Event semantics ])."""
         c, env, mem, pcie = s.c, self.env, self.mem, self.pcie
-        log = self.model.log.append
+        log = self.log.append
         j, n, kind, ep = c.index, c.nbytes[b], c.kind[b], s.epoch[b]
         lane = pcie.index[Direction.H2D]
         start, end = (K.FETCH_START, K.FETCH_END) if passive else (K.SWAP_IN_START, K.SWAP_IN_END)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from typing import TYPE_CHECKING
+from typing import Any
 
 from memplan.planners.core.lifecycle import Event
+from memplan.sim.job import CompiledJob
 from memplan.sim.log import LogEntry, LogKind
-from memplan.sim.memory import MemoryPool, StallPool
+from memplan.sim.memory import StallPool
 from memplan.sim.remat import ABSENT, STALENESS_EPS_US, RematTable
 from memplan.sim.state import Gen, JobState
-
-if TYPE_CHECKING:
-    from memplan.sim.model import GpuModel
 
 K = LogKind
 
@@ -74,13 +72,17 @@ class DtrPool(StallPool):
 
     dtr = True
 
-    def __init__(self, model: GpuModel, budget_bytes: int):
-        super().__init__(model, budget_bytes)
-        self.tables = [RematTable(s.c, model.pcie) for s in model.jobs]
+    def __init__(self, *parts: Any, **named: Any):  # as `MemoryPool` takes them
+        super().__init__(*parts, **named)
+        self.tables = [RematTable(s.c, self.device) for s in self.jobs]
         self.shelves = [_Shelf(len(t.prod)) for t in self.tables]
 
     def remakeable(self, s: JobState, b: int, i: int) -> bool:
         return self.tables[s.c.index].remakeable(b, i)
+
+    def plan_changed(self, c: CompiledJob) -> None:
+        # what the job may remake depends on the plan's releases
+        self.tables[c.index] = RematTable(c, self.device)
 
     # ---- the choice ------------------------------------------------------------------
     def victim(self) -> tuple[int, int] | None:
@@ -88,7 +90,7 @@ class DtrPool(StallPool):
         now, eps, inf = self.env.now, STALENESS_EPS_US, float("inf")
         best_h, best_j, best_t, best_b = inf, -1, inf, -1
         for j, shelf in enumerate(self.shelves):
-            s, t = self.model.jobs[j], self.tables[j]
+            s, t = self.jobs[j], self.tables[j]
             pinned, host, alive, where, nbytes = s.pinned, s.host, s.alive, s.where, s.c.nbytes
             droppable, inputs = t.droppable, t.inputs
             swap_pb, fetch_pb, redo_pb = t.swap_pb, t.fetch_pb, t.redo_pb
@@ -130,27 +132,21 @@ class DtrPool(StallPool):
             self.act(owner, b, owner.apply(b, Event.DROP))
             owner.evictions += 1
             owner.evicted_bytes += owner.c.nbytes[b]
-            self.model.log.append(
-                LogEntry(self.env.now, owner.c.index, owner.iteration, K.DROP, op, b)
-            )
+            self.log.append(LogEntry(self.env.now, owner.c.index, owner.iteration, K.DROP, op, b))
             return
-        yield from self.model.copies.copy_out(owner, b, op, True)
+        yield from self.copies.copy_out(owner, b, op, True)
 
     # ---- buffers ---------------------------------------------------------------------
     def take(self, s: JobState, b: int) -> None:
-        MemoryPool.take(self, s, b)
+        super().take(s, b)
         self._file(s, b)
 
     def drop(self, s: JobState, b: int) -> None:
-        c = s.c
-        if s.host[b] and s.alive[b]:  # NOTE [ Pinned host memory ] in sim/memory.py
-            self.park(s, b)
         self._unfile(s, b)
-        self.free(c.index, c.kind[b], c.nbytes[b])
+        super().drop(s, b)
 
     def stay(self, s: JobState, b: int) -> None:
-        if s.parked[b]:
-            self.unpark(s, b)
+        super().stay(s, b)
         self._file(s, b)
 
     def leave(self, s: JobState, b: int) -> None:

@@ -10,19 +10,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
+from memplan.hwmodels.device import DeviceModel
 from memplan.sim.boundary import Boundaries
 from memplan.sim.control import Controller
 from memplan.sim.errors import SimError
 from memplan.sim.log import LogEntry, LogKind
+from memplan.sim.pcie import SlowLanes
+from memplan.sim.ports import Gpu
 from memplan.sim.state import Gen, JobState
-
-if TYPE_CHECKING:
-    from memplan.hwmodels.device import DeviceModel
-    from memplan.sim.model import GpuModel
 
 MAX_JITTER = 2.0  # sigma of the log-normal factor; beyond it a kernel may run 1000x long
 MAX_SLOWDOWN = 1e6
@@ -70,47 +68,17 @@ class LaneSlowdown:
             raise SimError(f"lane slowdown window {a}s-{b}s: the end must be after the start")
 
 
-class SlowLanes:
-    """Piecewise rate of the lanes (NOTE [ Lane slowdowns ]), times in us."""
-
-    def __init__(self, windows: Sequence[LaneSlowdown]):
-        edges = sorted(
-            {0.0, *(w.start_s * 1e6 for w in windows), *(w.end_s * 1e6 for w in windows)}
-        )
-        rates = []
-        for a in edges:
-            f = 1.0
-            for w in windows:
-                if w.start_s * 1e6 <= a < w.end_s * 1e6:
-                    f *= w.factor
-            rates.append(1.0 / f)
-        self.edges = edges  # rates[k] holds from edges[k] to edges[k + 1] (the last: on)
-        self.rates = rates
-
-    def finish_us(self, t0: float, work_us: float, scale: float = 1.0) -> float:
-        """When `work_us` of full-speed work started at `t0` ends, the lane's
-        rate times `scale` (a duplex slowdown) moving it."""
-        edges, rates = self.edges, self.rates
-        t, left = t0, work_us
-        k = max(0, np.searchsorted(edges, t0, side="right") - 1)
-        while True:
-            rate = rates[k] * scale
-            nxt = edges[k + 1] if k + 1 < len(edges) else math.inf
-            if t + left / rate <= nxt:
-                return t + left / rate
-            left -= (nxt - t) * rate
-            t, k = nxt, k + 1
-
-    def work_us(self, t0: float, t1: float, scale: float = 1.0) -> float:
-        """Full-speed work done from `t0` to `t1` at the lane's rate times `scale`."""
-        edges, rates = self.edges, self.rates
-        done, t = 0.0, t0
-        k = max(0, np.searchsorted(edges, t0, side="right") - 1)
-        while t < t1:
-            nxt = min(edges[k + 1] if k + 1 < len(edges) else math.inf, t1)
-            done += (nxt - t) * rates[k] * scale
-            t, k = nxt, k + 1
-        return done
+def slow_lanes(windows: Sequence[LaneSlowdown]) -> SlowLanes:
+    """The lanes' piecewise rate under `windows` (NOTE [ Lane slowdowns ])."""
+    edges = sorted({0.0, *(w.start_s * 1e6 for w in windows), *(w.end_s * 1e6 for w in windows)})
+    rates = []
+    for a in edges:
+        f = 1.0
+        for w in windows:
+            if w.start_s * 1e6 <= a < w.end_s * 1e6:
+                f *= w.factor
+        rates.append(1.0 / f)
+    return SlowLanes(edges, rates)
 
 
 # NOTE [ Departures ]
@@ -134,36 +102,36 @@ class Dynamics:
 
     def __init__(
         self,
-        model: GpuModel,
+        gpu: Gpu,
         device: DeviceModel,
         seed: int,
         jitter: float,
         controller: Controller | None,
         check: bool,
     ):
-        self.model = model
+        self.gpu = gpu
         self.jitter = jitter
-        n = len(model.jobs)
+        n = len(gpu.jobs)
         seqs = np.random.SeedSequence(seed).spawn(n) if jitter else []
         self.rngs = [np.random.default_rng(q) for q in seqs]
-        self.bounds = Boundaries(model, device, controller, check)
+        self.bounds = Boundaries(gpu, device, controller, check)
         self.progress: Callable[[int], None] | None = None
         self.done = 0  # iterations ended, all jobs
 
     def start(self) -> None:
         """Start the departure processes (before the run)."""
-        env = self.model.env
-        for s in self.model.jobs:
+        env = self.gpu.env
+        for s in self.gpu.jobs:
             if s.c.departure_us is not None:
                 s.depart_proc = env.process(self._depart(s))
 
     def _depart(self, s: JobState) -> Gen:
         try:
-            yield self.model.env.timeout(s.c.departure_us)
+            yield self.gpu.env.timeout(s.c.departure_us)
         except simpy.Interrupt:
             return  # it ended first
         if not s.stopped:
-            m = self.model
+            m = self.gpu
             m.log.append(LogEntry(m.env.now, s.c.index, s.iteration, LogKind.DEPART))
             s.departed = True
             m.stop(s)

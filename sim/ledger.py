@@ -1,26 +1,23 @@
 """Allocator models under the memory pools: every allocation the simulator
 makes is also a block of its job's allocator (NOTE [ One process per job ]).
 
-`BlockLedger` is a mixin placed before an OOM policy's pool (`ledger_pool`):
-it keeps which block holds each buffer, scratch space and copy in flight,
+A pool under an allocator model holds a `BlockLedger` (`MemoryPool.ledger`),
+which keeps which block holds each buffer, scratch space and copy in flight,
 and hands them to one backend per job -- SmartPool's `Lifetimes`, or a
 `CachingAllocator` (`CachingLedger`, which also decides what fits: the
-reserved segments, not the tensor bytes, meet the budget).
+reserved segments, not the tensor bytes, meet the budget). The pool calls
+its ledger before it counts the bytes; the ledger never calls the pool.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from memplan.planners.core.lifecycle import Event
+import simpy
 from memplan.sim.allocator import CachingAllocator, round_size, segment_size
-from memplan.sim.dtr import DtrPool
-from memplan.sim.memory import MemoryPool, OutOfMemory, PassivePool, StallPool
+from memplan.sim.errors import OutOfMemory
 from memplan.sim.smartpool import Lifetimes
-from memplan.sim.state import Allocator, Gen, JobState, OomPolicy
-
-if TYPE_CHECKING:
-    from memplan.sim.model import GpuModel
+from memplan.sim.state import Allocator, JobState
 
 # NOTE [ One process per job ]
 # Jobs sharing a GPU are separate processes (as in TENSILE's system): each
@@ -36,18 +33,14 @@ if TYPE_CHECKING:
 
 
 class BlockLedger:
-    """Mixin: mirror every allocation as a block of the job's backend."""
+    """SmartPool's layout: every allocation of the pool mirrored as a block
+    of its job's backend (`Lifetimes`); the pool's bytes decide what fits."""
 
-    ledger = True
-
-    def __init__(self, model: GpuModel, budget_bytes: int):
-        super().__init__(model, budget_bytes)  # type: ignore[call-arg]
-        n = len(model.jobs)
-        self.backs: list[Any] = [self.backend() for _ in range(n)]
-        self.owned: list[dict[int, Any]] = [{} for _ in range(n)]
-        self.loose: list[dict[int, list[Any]]] = [{} for _ in range(n)]
-        self.scratch: list[list[Any]] = [[] for _ in range(n)]
-        self._dropping = False
+    def __init__(self, n_jobs: int):
+        self.backs: list[Any] = [self.backend() for _ in range(n_jobs)]
+        self.owned: list[dict[int, Any]] = [{} for _ in range(n_jobs)]
+        self.loose: list[dict[int, list[Any]]] = [{} for _ in range(n_jobs)]
+        self.scratch: list[list[Any]] = [[] for _ in range(n_jobs)]
 
     def backend(self) -> Any:
         return Lifetimes()
@@ -70,26 +63,22 @@ class BlockLedger:
 
     # ---- buffers ---------------------------------------------------------------------
     def take(self, s: JobState, b: int) -> None:
+        """A block for `b` (before the pool counts its bytes)."""
         j, n = s.c.index, s.c.nbytes[b]
         handle = self._get(j, n, b)
         owned = self.owned[j]
         if b in owned:  # an earlier life's copy, still read by its swap-out
             self._lose(j, n, owned[b])
         owned[b] = handle
-        super().take(s, b)  # type: ignore[misc]
 
     def drop(self, s: JobState, b: int) -> None:
         j = s.c.index
         self._put(j, self.owned[j].pop(b))
-        self._dropping = True  # the policy's drop frees the bytes through `free`
-        super().drop(s, b)  # type: ignore[misc]
-        self._dropping = False
 
     def stay(self, s: JobState, b: int) -> None:
         j = s.c.index
         if b not in self.owned[j]:  # arrived: the bytes its swap-in took
             self.owned[j][b] = self._pop_loose(j, s.c.nbytes[b])
-        super().stay(s, b)  # type: ignore[misc]
 
     def detach(self, s: JobState, b: int) -> None:
         """`b`'s life ended while a copy still reads its device bytes."""
@@ -97,42 +86,29 @@ class BlockLedger:
         if b in self.owned[j]:
             self._lose(j, s.c.nbytes[b], self.owned[j].pop(b))
 
-    # ---- groups: one block at a time, as PyTorch allocates tensors -------------------
-    def make_group(self, s: JobState, bufs: tuple[int, ...], nbytes: int, op: int, b: int) -> Gen:
-        return self.make_each(s, bufs, op)  # type: ignore[attr-defined]
-
-    def take_group(self, s: JobState, bufs: list[int], op: int, target: int) -> Gen:
-        nbytes = s.c.nbytes
-        for w in bufs:
-            if not self.fits_job(s, nbytes[w]):  # type: ignore[attr-defined]
-                yield from self.get(s, nbytes[w], op, target, True)  # type: ignore[attr-defined]
-            self.act(s, w, s.apply(w, Event.REMAKE))  # type: ignore[attr-defined]
-
     # ---- bytes without a buffer ------------------------------------------------------
-    def alloc(self, job: int, kind: int, nbytes: int) -> None:
+    def alloc(self, job: int, nbytes: int) -> None:
         self._lose(job, nbytes, self._get(job, nbytes, -1))
-        super().alloc(job, kind, nbytes)  # type: ignore[misc]
 
-    def free(self, job: int, kind: int, nbytes: int) -> None:
-        if not self._dropping:
-            self._put(job, self._pop_loose(job, nbytes))
-        super().free(job, kind, nbytes)  # type: ignore[misc]
+    def free(self, job: int, nbytes: int) -> None:
+        self._put(job, self._pop_loose(job, nbytes))
 
-    def take_scratch(self, s: JobState, nbytes: int) -> None:
-        self.scratch[s.c.index].append(self._get(s.c.index, nbytes, -1))
-        super().take_scratch(s, nbytes)  # type: ignore[misc]
+    def take_scratch(self, job: int, nbytes: int) -> None:
+        self.scratch[job].append(self._get(job, nbytes, -1))
 
-    def drop_scratch(self, s: JobState, nbytes: int) -> None:
-        self._put(s.c.index, self.scratch[s.c.index].pop())
-        super().drop_scratch(s, nbytes)  # type: ignore[misc]
+    def drop_scratch(self, job: int) -> None:
+        self._put(job, self.scratch[job].pop())
 
 
 class CachingLedger(BlockLedger):
     """PyTorch's caching allocator per job: the segments it reserves, plus
     the contexts, meet the budget (NOTE [ The caching allocator ])."""
 
-    def __init__(self, model: GpuModel, budget_bytes: int):
-        super().__init__(model, budget_bytes)
+    def __init__(self, env: simpy.Environment, jobs: list[JobState], budget_bytes: int):
+        super().__init__(len(jobs))
+        self.env = env
+        self.jobs = jobs
+        self.budget = budget_bytes
         self.reserved = self.allocated = self.contexts = 0
         self.reserved_peak = self.allocated_peak = 0
         self.allocated_at_peak = 0  # the most allocated while reserved is at its peak
@@ -142,8 +118,9 @@ class CachingLedger(BlockLedger):
     def backend(self) -> Any:
         return CachingAllocator()
 
-    # ---- what fits -------------------------------------------------------------------
-    def _room(self) -> int:
+    # ---- what fits (the pool asks, `MemoryPool.caching`) ----------------------------
+    def room(self) -> int:
+        """Bytes no segment and no context holds."""
         return self.budget - self.contexts - self.reserved
 
     def _idle(self) -> int:
@@ -153,7 +130,7 @@ class CachingLedger(BlockLedger):
         if not nbytes:
             return True
         need = self.backs[s.c.index].growth(nbytes)
-        return not need or need <= self._room() or need <= self._room() + self._idle()
+        return not need or need <= self.room() or need <= self.room() + self._idle()
 
     def fits(self, nbytes: int) -> bool:
         """`fits_job` for the job whose process asks (callers that name no job)."""
@@ -161,7 +138,7 @@ class CachingLedger(BlockLedger):
 
     def _asker(self) -> JobState:
         p = self.env.active_process
-        for s in self.model.jobs:
+        for s in self.jobs:
             if s.proc is p or p in s.copy_procs:
                 return s
         raise RuntimeError("an allocation asked by no job's process")
@@ -169,28 +146,17 @@ class CachingLedger(BlockLedger):
     def never_fits(self, nbytes: int) -> bool:
         return segment_size(round_size(nbytes)) > self.budget - self.contexts
 
-    def may_fit_later(self, s: JobState, nbytes: int) -> bool:
-        return self.pending_out > 0
-
-    @property
-    def free_bytes(self) -> int:
-        return self._room()
-
-    def fits_context(self, nbytes: int) -> bool:
-        return nbytes <= self._room()
-
-    def hold_context(self, s: JobState, nbytes: int) -> None:
-        super().hold_context(s, nbytes)
+    def hold_context(self, job: int, nbytes: int) -> None:
+        """Job `job`'s context now holds `nbytes` (the pool checked it fits)."""
         self.contexts += nbytes
-        self.device_samples.append((self.env.now, s.c.index, nbytes))
+        self.device_samples.append((self.env.now, job, nbytes))
 
-    def end_job(self, s: JobState) -> None:
-        j, n = s.c.index, s.context_bytes
-        super().end_job(s)
-        if n:
-            self.contexts -= n
-            self.device_samples.append((self.env.now, j, -n))
-        self._release(j)
+    def end_job(self, job: int, context_bytes: int) -> None:
+        """The job is over (its blocks given back): its context and cached segments go."""
+        if context_bytes:
+            self.contexts -= context_bytes
+            self.device_samples.append((self.env.now, job, -context_bytes))
+        self._release(job)
 
     # ---- blocks ----------------------------------------------------------------------
     def _get(self, j: int, nbytes: int, b: int) -> Any:
@@ -198,10 +164,10 @@ class CachingLedger(BlockLedger):
             return None
         a = self.backs[j]
         need = a.growth(nbytes)
-        if need > self._room():  # PyTorch's retry: free cached segments first
+        if need > self.room():  # PyTorch's retry: free cached segments first
             for k in range(len(self.backs)):
                 self._release(k)
-            if need > self._room():
+            if need > self.room():
                 raise OutOfMemory(-1, b)
         r0, a0 = a.reserved, a.allocated
         block = a.malloc(nbytes)
@@ -221,7 +187,7 @@ class CachingLedger(BlockLedger):
         a0 = a.allocated
         a.free(handle)
         self.allocated += a.allocated - a0
-        if self.model.jobs[j].stopped:  # its process is gone: so are its segments
+        if self.jobs[j].stopped:  # its process is gone: so are its segments
             self._release(j)
 
     def _release(self, j: int) -> None:
@@ -237,18 +203,12 @@ class CachingLedger(BlockLedger):
             self.allocated_at_peak = self.allocated
 
 
-POOLS: dict[OomPolicy, type[MemoryPool]] = {
-    OomPolicy.FAIL: MemoryPool,
-    OomPolicy.STALL: StallPool,
-    OomPolicy.PASSIVE: PassivePool,
-    OomPolicy.DTR: DtrPool,
-}
-
-
-def pool_class(oom: OomPolicy, allocator: Allocator) -> type[MemoryPool]:
-    """The pool of OOM policy `oom` under `allocator`."""
-    base = POOLS[oom]
-    if allocator is Allocator.EXACT:
-        return base
-    mixin = CachingLedger if allocator is Allocator.CACHING else BlockLedger
-    return type(f"{mixin.__name__}{base.__name__}", (mixin, base), {})
+def ledger_for(
+    allocator: Allocator, env: simpy.Environment, jobs: list[JobState], budget_bytes: int
+) -> BlockLedger | None:
+    """The ledger a pool under `allocator` keeps (None: `exact`, bytes only)."""
+    if allocator is Allocator.CACHING:
+        return CachingLedger(env, jobs, budget_bytes)
+    if allocator is Allocator.SMARTPOOL:
+        return BlockLedger(len(jobs))
+    return None

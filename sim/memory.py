@@ -8,22 +8,25 @@ nothing runs in between. One class per `OomPolicy` (`POOLS` in
 sim/model.py): `MemoryPool` itself fails, `StallPool` waits on `changed()`,
 an event the pool succeeds when bytes are freed or in-flight swap-outs
 shrink (no polling), and `PassivePool` and `DtrPool` (sim/dtr.py) also evict
-(`victim`, `evict`). Every change of the bytes is recorded as a sample
-(time, job, kind, delta) from which `sim.metrics` builds the memory curves.
+(`victim`, `evict`: through the copy engine, `copies`). Under an allocator
+model a pool holds its `ledger` (sim/ledger.py). Every change of the bytes
+is recorded as a sample (time, job, kind, delta) from which `sim.metrics`
+builds the memory curves.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import simpy
+from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.lifecycle import Do, Event
-from memplan.sim.log import LogEntry, LogKind, Rows
+from memplan.sim.errors import OutOfMemory
+from memplan.sim.job import CompiledJob
+from memplan.sim.ledger import BlockLedger, CachingLedger
+from memplan.sim.log import Log, LogEntry, LogKind, Rows
 from memplan.sim.state import Gen, JobState
 from memplan.traces.model import BUFFER_KINDS, BufferKind
-
-if TYPE_CHECKING:
-    from memplan.sim.model import GpuModel
 
 K = LogKind
 OTHER = BUFFER_KINDS.index(BufferKind.OTHER)  # the kind workspaces and contexts are counted as
@@ -42,26 +45,40 @@ OTHER = BUFFER_KINDS.index(BufferKind.OTHER)  # the kind workspaces and contexts
 # is not compute stall). Long form: docs/notes.md, "Out of memory".
 
 
-class OutOfMemory(Exception):
-    """An allocation for `op` (-1: at the start of an iteration) whose first
-    buffer is `buffer` cannot fit under the pool's policy."""
+class SwapsOut(Protocol):
+    """What a pool evicts through: the copy engine (sim/copies.py)."""
 
-    def __init__(self, op: int, buffer: int):
-        super().__init__(op, buffer)
-        self.op = op
-        self.buffer = buffer
+    def copy_out(self, s: JobState, b: int, op: int, passive: bool) -> Gen: ...
 
 
 class MemoryPool:
-    """Bytes on the device and the buffers holding them; the `fail` policy."""
+    """Bytes on the device and the buffers holding them; the `fail` policy.
+
+    It runs on the clock `env` for `jobs` (their list, shared with the model),
+    logs stalls and evictions to `log`; `device` prices what DTR remakes.
+    `ledger`, under an allocator model, mirrors every allocation as a block;
+    a `CachingLedger` also decides what fits (`caching`). `copies`, which
+    evictions swap out through, is set once the copy engine exists."""
 
     passive = False  # keeps `lru` (PassivePool)
     dtr = False  # keeps `tables` of what can be remade, and recency (DtrPool)
-    ledger = False  # an allocator model keeps every allocation as a block (sim/ledger.py)
 
-    def __init__(self, model: GpuModel, budget_bytes: int):
-        self.model = model
-        self.env = model.env
+    def __init__(
+        self,
+        env: simpy.Environment,
+        jobs: list[JobState],
+        log: Log,
+        budget_bytes: int,
+        device: DeviceModel,
+        ledger: BlockLedger | None = None,
+    ):
+        self.env = env
+        self.jobs = jobs
+        self.log = log
+        self.device = device
+        self.ledger = ledger
+        self.caching = ledger if isinstance(ledger, CachingLedger) else None
+        self.copies: SwapsOut | None = None
         self.budget = budget_bytes
         self.used = 0
         # Bytes that swap-outs already triggered will return when their copies
@@ -79,18 +96,35 @@ class MemoryPool:
 
     # ---- bytes -----------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
-        return self.used + nbytes <= self.budget
+        if self.caching is None:
+            return self.used + nbytes <= self.budget
+        return self.caching.fits(nbytes)
 
     @property
     def free_bytes(self) -> int:
-        return self.budget - self.used
+        if self.caching is None:
+            return self.budget - self.used
+        return self.caching.room()
 
     def alloc(self, job: int, kind: int, nbytes: int) -> None:
-        """Take `nbytes` (the caller checked `fits` or made room with `get`)."""
+        """Take `nbytes` no buffer holds yet, a swap-in's before it lands (the
+        caller checked `fits` or made room with `get`)."""
+        if self.ledger is not None:
+            self.ledger.alloc(job, nbytes)
+        self._add(job, kind, nbytes)
+
+    def free(self, job: int, kind: int, nbytes: int) -> None:
+        """Give back bytes no buffer holds: `alloc`'s, or a dead buffer's that
+        its copy read to the end."""
+        if self.ledger is not None:
+            self.ledger.free(job, nbytes)
+        self._sub(job, kind, nbytes)
+
+    def _add(self, job: int, kind: int, nbytes: int) -> None:
         self.used += nbytes
         self._row((self.env.now, job, kind, nbytes))
 
-    def free(self, job: int, kind: int, nbytes: int) -> None:
+    def _sub(self, job: int, kind: int, nbytes: int) -> None:
         self.used -= nbytes
         self._row((self.env.now, job, kind, -nbytes))
         if self._changed is not None:
@@ -125,8 +159,8 @@ class MemoryPool:
             self.stay(s, b)
         elif do & Do.LEAVE:
             self.leave(s, b)
-        elif do & Do.DETACH and self.ledger:  # its copy still reads the bytes
-            self.detach(s, b)
+        elif do & Do.DETACH and self.ledger is not None:  # its copy still reads the bytes
+            self.ledger.detach(s, b)
 
     def _take_or_undo(self, s: JobState, b: int) -> None:
         """`take`; if an allocator model refuses the bytes, `b` is not on the
@@ -140,6 +174,8 @@ class MemoryPool:
     def take(self, s: JobState, b: int) -> None:
         """Allocate `b`'s bytes; it is on the device and usable."""
         c = s.c
+        if self.ledger is not None:  # its block first: an allocator model may refuse it
+            self.ledger.take(s, b)
         kind, n = c.kind_bytes[b]
         self.used += n
         self._row((self.env.now, c.index, kind, n))
@@ -149,6 +185,8 @@ class MemoryPool:
     def drop(self, s: JobState, b: int) -> None:
         """Free the device copy of `b` (DEV, or LEAVING with no copy running)."""
         c = s.c
+        if self.ledger is not None:
+            self.ledger.drop(s, b)
         kind, n = c.kind_bytes[b]
         self.used -= n
         self._row((self.env.now, c.index, kind, -n))
@@ -160,18 +198,19 @@ class MemoryPool:
     def stay(self, s: JobState, b: int) -> None:
         """`b` is on the device to stay: leaving, its swap-out found it
         needed; or arrived, its swap-in is over."""
+        if self.ledger is not None:
+            self.ledger.stay(s, b)
         if s.n_parked and s.parked[b]:
             self.unpark(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
         """`b` is leaving: its swap-out owns the bytes."""
 
-    def detach(self, s: JobState, b: int) -> None:
-        """`b`'s life ended while a copy still reads its bytes (an allocator
-        model hands the block to the copy: sim/ledger.py)."""
-
     def touch(self, s: JobState, bufs: tuple[int, ...]) -> None:
         """`bufs` are used now (an op starts); recency for `DtrPool`."""
+
+    def plan_changed(self, c: CompiledJob) -> None:
+        """Job `c` runs a new plan from now on (what `DtrPool` may remake depends on it)."""
 
     # NOTE [ Pinned host memory ]
     # The pinned host memory a plan needs is the most bytes off the device at
@@ -203,15 +242,21 @@ class MemoryPool:
     # ---- bytes that are no buffer: workspaces and CUDA contexts --------------------
     def take_scratch(self, s: JobState, nbytes: int) -> None:
         """An op's workspace, for the op's duration (caller checked it fits)."""
+        if self.ledger is not None:
+            self.ledger.take_scratch(s.c.index, nbytes)
         s.scratch_bytes += nbytes
-        MemoryPool.alloc(self, s.c.index, OTHER, nbytes)
+        self._add(s.c.index, OTHER, nbytes)
 
     def drop_scratch(self, s: JobState, nbytes: int) -> None:
+        if self.ledger is not None:
+            self.ledger.drop_scratch(s.c.index)
         s.scratch_bytes -= nbytes
-        MemoryPool.free(self, s.c.index, OTHER, nbytes)
+        self._sub(s.c.index, OTHER, nbytes)
 
     def fits_context(self, nbytes: int) -> bool:
-        return self.fits(nbytes)
+        if self.caching is None:
+            return self.fits(nbytes)
+        return nbytes <= self.caching.room()
 
     def hold_context(self, s: JobState, nbytes: int) -> None:
         """The job's CUDA context, from its arrival to its end (NOTE [ Context
@@ -222,23 +267,32 @@ class MemoryPool:
         self.used += nbytes
         self.context_rows.append(len(self.samples))
         self.samples.add(self.env.now, (s.c.index, OTHER, nbytes))
+        if self.caching is not None:
+            self.caching.hold_context(s.c.index, nbytes)
 
     def end_job(self, s: JobState) -> None:
         """The job is over: its context, workspace and parked bytes go."""
+        context = s.context_bytes
         if s.scratch_bytes:
             self.drop_scratch(s, s.scratch_bytes)
-        if s.context_bytes:
+        if context:
             self.context_rows.append(len(self.samples))
-            MemoryPool.free(self, s.c.index, OTHER, s.context_bytes)
+            self._sub(s.c.index, OTHER, context)
             s.context_bytes = 0
         for b, parked in enumerate(s.parked):
             if parked:
                 self.unpark(s, b)
+        if self.caching is not None:
+            self.caching.end_job(s.c.index, context)
 
-    # ---- groups: all at once here, one by one under an allocator model (ledger) ---
+    # ---- groups: all at once, or one block at a time under an allocator model --------
+    # (a ledger allocates one block per tensor, as PyTorch does)
     def make_group(self, s: JobState, bufs: tuple[int, ...], nbytes: int, op: int, b: int) -> Gen:
         """New lives of `bufs` (`GpuModel._create`), `nbytes` in all, once
         room is made under the policy (`op` and `b` name the allocation)."""
+        if self.ledger is not None:
+            yield from self.make_each(s, bufs, op)
+            return
         if nbytes and not self.fits_job(s, nbytes):
             yield from self.get(s, nbytes, op, b, True)
         for x in bufs:
@@ -247,6 +301,13 @@ class MemoryPool:
 
     def take_group(self, s: JobState, bufs: list[int], op: int, target: int) -> Gen:
         """Allocate the absent `bufs` an op re-run for `target` writes."""
+        if self.ledger is not None:
+            nb = s.c.nbytes
+            for w in bufs:
+                if not self.fits_job(s, nb[w]):
+                    yield from self.get(s, nb[w], op, target, True)
+                self.act(s, w, s.apply(w, Event.REMAKE))
+            return
         nbytes = sum(s.c.nbytes[w] for w in bufs)
         if nbytes and not self.fits_job(s, nbytes):
             yield from self.get(s, nbytes, op, target, True)
@@ -270,16 +331,23 @@ class MemoryPool:
 
     # ---- what may fit, for the policies -------------------------------------------
     def fits_job(self, s: JobState, nbytes: int) -> bool:
-        """Whether `nbytes` of job `s` fit now (an allocator model asks its blocks)."""
-        return self.used + nbytes <= self.budget
+        """Whether `nbytes` of job `s` fit now (the caching allocator asks its blocks)."""
+        if self.caching is None:
+            return self.used + nbytes <= self.budget
+        return self.caching.fits_job(s, nbytes)
 
     def never_fits(self, nbytes: int) -> bool:
         """`nbytes` could not fit even with the device empty."""
-        return nbytes > self.budget
+        if self.caching is None:
+            return nbytes > self.budget
+        return self.caching.never_fits(nbytes)
 
     def may_fit_later(self, s: JobState, nbytes: int) -> bool:
-        """Swap-outs in flight could still make room for `nbytes`."""
-        return self.free_bytes + self.pending_out >= nbytes
+        """Swap-outs in flight could still make room for `nbytes` (under the
+        caching allocator, any of them: it may free a whole segment)."""
+        if self.caching is None:
+            return self.free_bytes + self.pending_out >= nbytes
+        return self.pending_out > 0
 
     # ---- the policy ------------------------------------------------------------------
     def get(self, s: JobState, nbytes: int, op: int, b: int, on_compute: bool) -> Gen:
@@ -304,31 +372,31 @@ class StallPool(MemoryPool):
             return
         if self.never_fits(nbytes):
             raise OutOfMemory(op, b)
-        env, model = self.env, self.model
+        env, log = self.env, self.log
         t0, stalled = env.now, False
         while not self.fits_job(s, nbytes):
             victim = self.victim()
             if victim is not None:
-                owner = model.jobs[victim[0]]
+                owner = self.jobs[victim[0]]
                 yield from self.evict(owner, victim[1], op if owner is s else -1)
                 continue
             if not self.may_fit_later(s, nbytes):
                 raise OutOfMemory(op, b)
             if on_compute and not stalled:
                 stalled = True
-                model.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_START, op, b))
+                log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_START, op, b))
             yield self.changed()
             if s.stopped:  # NOTE [ Stopping a job ]: by a process this event woke first
                 yield env.event()  # the interrupt on its way lands here
         if stalled:
-            model.log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_END, op, b))
+            log.append(LogEntry(env.now, s.c.index, s.iteration, K.STALL_END, op, b))
         if on_compute:
             s.stall_us += env.now - t0
 
     def evict(self, owner: JobState, b: int, op: int) -> Gen:
         """Evict `owner`'s buffer `b` for an allocation of op `op` (-1: of
         another job): a synchronous swap-out, or a discard with a host copy."""
-        yield from self.model.copies.copy_out(owner, b, op, True)
+        yield from self.copies.copy_out(owner, b, op, True)
 
 
 class PassivePool(StallPool):
@@ -336,30 +404,26 @@ class PassivePool(StallPool):
 
     passive = True
 
-    def __init__(self, model: GpuModel, budget_bytes: int):
-        super().__init__(model, budget_bytes)
+    def __init__(self, *parts: Any, **named: Any):  # as `MemoryPool` takes them
+        super().__init__(*parts, **named)
         # (job, buffer) of every resident buffer, least recently used first
         self.lru: dict[tuple[int, int], None] = {}
 
     def victim(self) -> tuple[int, int] | None:
-        jobs = self.model.jobs
+        jobs = self.jobs
         return next((k for k in self.lru if k[1] not in jobs[k[0]].pinned), None)
 
     def take(self, s: JobState, b: int) -> None:
-        MemoryPool.take(self, s, b)
+        super().take(s, b)
         self.lru[(s.c.index, b)] = None
 
     def drop(self, s: JobState, b: int) -> None:
-        c = s.c
-        self.lru.pop((c.index, b), None)
-        if s.host[b] and s.alive[b]:
-            self.park(s, b)
-        self.free(c.index, c.kind[b], c.nbytes[b])
+        self.lru.pop((s.c.index, b), None)
+        super().drop(s, b)
 
     def stay(self, s: JobState, b: int) -> None:
         self.lru[(s.c.index, b)] = None
-        if s.parked[b]:
-            self.unpark(s, b)
+        super().stay(s, b)
 
     def leave(self, s: JobState, b: int) -> None:
         self.lru.pop((s.c.index, b), None)

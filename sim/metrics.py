@@ -352,19 +352,22 @@ def _without_contexts(model: GpuModel, curve: MemoryCurve) -> tuple[np.ndarray, 
 
 
 def _caching_view(model: GpuModel) -> DeviceView:
-    mem: Any = model.mem
+    books = model.mem.caching
+    assert books is not None  # the pool of a run under `caching` keeps its ledger
     total = peak = 0
     own = [0] * len(model.jobs)
     own_peak = [0] * len(model.jobs)
-    for _t, j, d in mem.device_samples:
+    for _t, j, d in books.device_samples:
         total += d
         own[j] += d
         peak = max(peak, total)
         own_peak[j] = max(own_peak[j], own[j])
-    jobs = tuple((a.peak_allocated, a.peak_reserved, own_peak[j]) for j, a in enumerate(mem.backs))
-    frag = mem.reserved_peak - mem.allocated_at_peak
-    curve = _curve([(t, d) for t, _j, d in mem.device_samples])
-    return DeviceView(jobs, mem.allocated_peak, mem.reserved_peak, frag, peak, curve)
+    jobs = tuple(
+        (a.peak_allocated, a.peak_reserved, own_peak[j]) for j, a in enumerate(books.backs)
+    )
+    frag = books.reserved_peak - books.allocated_at_peak
+    curve = _curve([(t, d) for t, _j, d in books.device_samples])
+    return DeviceView(jobs, books.allocated_peak, books.reserved_peak, frag, peak, curve)
 
 
 def _curve(changes: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -375,9 +378,10 @@ def _curve(changes: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _smartpool_view(model: GpuModel, by_job: np.ndarray) -> DeviceView:
-    mem: Any = model.mem
+    mem = model.mem
+    assert mem.ledger is not None  # the pool of a run under `smartpool` keeps its ledger
     ctx, budget = model.context_bytes, mem.budget
-    lays = [back.layout() for back in mem.backs]
+    lays = [back.layout() for back in mem.ledger.backs]
     running: list[tuple[float, int]] = []  # (end_us, bytes) of the admitted jobs
     steps: list[tuple[float, int, int]] = []  # (time_us, +/- device, +/- footprint)
     for s in sorted(model.jobs, key=lambda s: (s.start_us, s.c.index)):

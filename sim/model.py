@@ -19,13 +19,14 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core.lifecycle import Ctx, Do, Event
 from memplan.sim.clock import Clock
 from memplan.sim.copies import CopyEngine
-from memplan.sim.dynamics import Dynamics, SlowLanes
-from memplan.sim.errors import SimError
+from memplan.sim.dtr import DtrPool
+from memplan.sim.dynamics import Dynamics
+from memplan.sim.errors import OutOfMemory, SimError
 from memplan.sim.job import IN, OUT, REL, CompiledJob
-from memplan.sim.ledger import POOLS, pool_class
+from memplan.sim.ledger import ledger_for
 from memplan.sim.log import CODE, Log, LogEntry, LogKind
-from memplan.sim.memory import OutOfMemory
-from memplan.sim.pcie import Pcie
+from memplan.sim.memory import MemoryPool, PassivePool, StallPool
+from memplan.sim.pcie import Pcie, SlowLanes
 from memplan.sim.recompute import recompute
 from memplan.sim.remat import remake
 from memplan.sim.state import DEV, OFF, Allocator, Gen, JobState, OomPolicy
@@ -33,7 +34,15 @@ from memplan.sim.stream import ComputeStream
 from simpy.core import EmptySchedule
 
 K = LogKind
-__all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledger.py)
+__all__ = ["POOLS", "GpuModel"]
+
+# the pool of each OOM policy (NOTE [ Out of memory ] in sim/memory.py)
+POOLS: dict[OomPolicy, type[MemoryPool]] = {
+    OomPolicy.FAIL: MemoryPool,
+    OomPolicy.STALL: StallPool,
+    OomPolicy.PASSIVE: PassivePool,
+    OomPolicy.DTR: DtrPool,
+}
 
 
 # NOTE [ Event semantics ]
@@ -41,7 +50,7 @@ __all__ = ["POOLS", "GpuModel"]  # POOLS: the pool of each OOM policy (sim/ledge
 # table: tests/semantics/test_lifecycle.py); this model decides when each
 # happens. The job's process (`_job`) walks the ops, triggers plan events
 # (`_trigger`), waits for swap-ins and swap-out deadlines, makes absent
-# inputs present (`_ensure`) and takes its outputs' bytes under the OOM
+# inputs present (`ensure`) and takes its outputs' bytes under the OOM
 # policy. Planned swaps run in processes of their own (`CopyEngine`): a
 # SwapOut's copy queues for the D2H lane after its delay (a discard with no
 # delay happens at the trigger), a SwapIn's for the H2D lane, taking its
@@ -128,8 +137,10 @@ class GpuModel:
         self.jobs = [JobState(c) for c in jobs]
         self.allocator = allocator
         self.context_bytes = context_bytes  # per job (NOTE [ Context reserve ] in sim/simulate.py)
-        self.mem = pool_class(oom, allocator)(self, budget_bytes)
-        self.copies = CopyEngine(self)
+        ledger = ledger_for(allocator, env, self.jobs, budget_bytes)  # sim/ledger.py
+        self.mem = POOLS[oom](env, self.jobs, self.log, budget_bytes, device, ledger)
+        self.copies = CopyEngine(env, self.mem, self.pcie, self.log, self.stop)
+        self.mem.copies = self.copies  # evictions are synchronous swap-outs
         self.dyn: Dynamics | None = None  # set by `simulate` when anything moves (sim/dynamics.py)
 
     def run(self) -> None:
@@ -154,11 +165,12 @@ class GpuModel:
     def close(self) -> None:
         """Let go of the run's state once its result is built (NOTE [ Garbage
         collection in simulate ] in sim/simulate.py): the per-buffer and per-op
-        lists, the log and the samples go at once, by reference count; the
-        model itself is still a cycle (SimPy's environment, the pool's and
-        copy engine's `model`) but a few small objects."""
-        for s in self.jobs:
-            vars(s).clear()
+        lists, the log and the samples go at once, by reference count. The
+        pool and the copy engine hold each other (evictions go through the
+        engine, whose copies take the pool's bytes): emptying the engine ends
+        that cycle, and what is left to the collector is a few small objects."""
+        for part in (*self.jobs, self.copies):
+            vars(part).clear()
         vars(self).clear()
 
     # ---- the job process ---------------------------------------------------------------
@@ -215,7 +227,7 @@ class GpuModel:
                     yield from self._await_copies(s, waits, i)
             for b in need:
                 if where[b] != DEV:
-                    yield from self._ensure(s, b, i)
+                    yield from self.ensure(s, b, i)
             if cbytes:
                 if ledger:  # an allocator model: block by block
                     yield from mem.make_each(s, create, i)
@@ -236,7 +248,8 @@ class GpuModel:
                         lru[key] = None
             elif touch is not None:  # and for DTR's staleness (NOTE [ DTR ])
                 touch(s, acc)
-            if shared:
+            if shared:  # requested and released by hand, not in a `with` block as `rerun`
+                # does (sim/recompute.py): a lone job's kernel takes no request at all
                 ready[i] = env.now  # the queue's wait is IterationReport.op_queue_s
                 req = compute.request()
                 try:
@@ -262,7 +275,7 @@ class GpuModel:
             if writes:
                 written(writes)
             for b in frees:
-                self._framework_free(s, b)
+                self.framework_free(s, b)
             if after:
                 self._trigger(s, after, it)
         s.pinned = ()  # no op of this job runs until the next iteration's first
@@ -292,7 +305,7 @@ class GpuModel:
             self.log.append(LogEntry(env.now, j, it, K.STALL_END, i, b))
             s.stall_us += env.now - t0
 
-    def _ensure(self, s: JobState, b: int, i: int) -> Gen:
+    def ensure(self, s: JobState, b: int, i: int) -> Gen:
         """Make buffer `b`, which op `i` needs, usable (NOTE [ Event semantics ])."""
         c = s.c
         while True:
@@ -314,7 +327,7 @@ class GpuModel:
             elif do == Do.FETCH:
                 yield from self.copies.fetch(s, b, i)
             elif do == Do.REMAKE_CHAIN:
-                yield from remake(self, s, b, i)
+                yield from remake(self, self.mem.tables[c.index], s, b, i)
             else:
                 raise SimError(
                     f"job {c.index} ({c.name}), iteration {s.iteration}, op {i}: buffer {b} "
@@ -325,7 +338,7 @@ class GpuModel:
                 raise RuntimeError(f"buffer {b} still absent after being made present")
 
     # ---- buffers ---------------------------------------------------------------------
-    def _framework_free(self, s: JobState, b: int) -> None:
+    def framework_free(self, s: JobState, b: int) -> None:
         """End this incarnation of `b` (NOTE [ Incarnations ]). A copy running
         for *this* incarnation still reads the bytes and returns them when it
         ends; a copy of an earlier one (still on the lane, ahead of this one's

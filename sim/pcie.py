@@ -11,14 +11,48 @@ windows (NOTE [ Lane slowdowns ] in sim/dynamics.py) stretch the bytes' part.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import simpy
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 
-if TYPE_CHECKING:
-    from memplan.sim.dynamics import SlowLanes
+
+class SlowLanes:
+    """Piecewise rate of the lanes, times in us: `rates[k]` (a fraction of full
+    speed) holds from `edges[k]` to `edges[k + 1]`, the last one on (built from
+    slowdown windows by `sim.dynamics.slow_lanes`, NOTE [ Lane slowdowns ])."""
+
+    def __init__(self, edges: list[float], rates: list[float]):
+        self.edges = edges
+        self.rates = rates
+
+    def finish_us(self, t0: float, work_us: float, scale: float = 1.0) -> float:
+        """When `work_us` of full-speed work started at `t0` ends, the lane's
+        rate times `scale` (a duplex slowdown) moving it."""
+        edges, rates = self.edges, self.rates
+        t, left = t0, work_us
+        k = max(0, np.searchsorted(edges, t0, side="right") - 1)
+        while True:
+            rate = rates[k] * scale
+            nxt = edges[k + 1] if k + 1 < len(edges) else math.inf
+            if t + left / rate <= nxt:
+                return t + left / rate
+            left -= (nxt - t) * rate
+            t, k = nxt, k + 1
+
+    def work_us(self, t0: float, t1: float, scale: float = 1.0) -> float:
+        """Full-speed work done from `t0` to `t1` at the lane's rate times `scale`."""
+        edges, rates = self.edges, self.rates
+        done, t = 0.0, t0
+        k = max(0, np.searchsorted(edges, t0, side="right") - 1)
+        while t < t1:
+            nxt = min(edges[k + 1] if k + 1 < len(edges) else math.inf, t1)
+            done += (nxt - t) * rates[k] * scale
+            t, k = nxt, k + 1
+        return done
 
 
 class Pcie:

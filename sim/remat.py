@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left
-from typing import TYPE_CHECKING
 
 import numpy as np
-from memplan.hwmodels.device import Direction, TimeUnit
+from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.core.lifecycle import Event
 from memplan.planners.core.semantics import OpTable
 from memplan.sim.errors import SimError
 from memplan.sim.job import REL, CompiledJob
+from memplan.sim.ports import Runner
 from memplan.sim.recompute import rerun
 from memplan.sim.state import ARRIVING, DEV, OFF, Gen, JobState
 from memplan.traces.model import Trace
-
-if TYPE_CHECKING:
-    from memplan.sim.model import GpuModel
-    from memplan.sim.pcie import Pcie
 
 # NOTE [ DTR ]
 # The `dtr` OOM policy (Kirisame et al., ICLR 2021, on the shared pool): until an allocation
@@ -77,7 +73,7 @@ class RematTable:
         "swap_pb",
     )
 
-    def __init__(self, c: CompiledJob, pcie: Pcie):
+    def __init__(self, c: CompiledJob, device: DeviceModel):
         t = c.trace
         nb = t.n_buffers
         pure, freed, persistent = _pure_ops(t)
@@ -110,8 +106,8 @@ class RematTable:
         dur = c.durations
         self.redo = [dur[x] if x >= 0 else 0.0 for x in prod]
         m = t.nbytes
-        fetch = pcie.device.copy_time(m, Direction.H2D, TimeUnit.US)
-        swap = fetch + pcie.device.copy_time(m, Direction.D2H, TimeUnit.US)
+        fetch = device.copy_time(m, Direction.H2D, TimeUnit.US)
+        swap = fetch + device.copy_time(m, Direction.D2H, TimeUnit.US)
         per = np.divide(1.0, m, out=np.zeros(nb), where=m > 0)  # 0 for an empty buffer
         self.fetch, self.swap = fetch.tolist(), swap.tolist()
         # the same per byte, what the pool's scan divides by staleness
@@ -189,20 +185,20 @@ def _pure_ops(t: Trace) -> tuple[list[tuple], list[int], list[bool]]:
     return hit
 
 
-def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
+def remake(run: Runner, table: RematTable, s: JobState, b: int, i: int) -> Gen:
     """Make absent `b` (remakeable before op `i`) present for op `i` by
     re-running producers, its absent inputs first (NOTE [ DTR ]): depth first,
     iteratively; a plan Recompute, a swap-in or a host copy of an input is
-    used as `_ensure` uses it, and a producer's accesses are pinned while its
+    used as `ensure` uses it, and a producer's accesses are pinned while its
     inputs are made. Each producer re-runs on the compute stream for its
     duration (logged `recompute_start`/`recompute_end`, counted in
     `recompute_s` and `remat_s`); its absent outputs take their bytes when it
     starts, and outputs already on the device are not rewritten. An absent
     sibling output the pool dropped (alive, no host copy, remakeable now)
     stays on the device; any other absent sibling, and a dead input made
-    again for this remake only, is freed when the remake ends."""
-    c, mem = s.c, model.mem
-    table: RematTable = mem.tables[c.index]
+    again for this remake only, is freed when the remake ends. `table` is
+    the job's (`DtrPool.tables`)."""
+    c, mem = s.c, run.mem
     where, host, alive = s.where, s.host, s.alive
     prod, limit, accs, recompute = table.prod, table.limit, c.accs, c.recompute
     base = s.pinned
@@ -223,7 +219,7 @@ def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
                 if w == DEV:
                     continue
                 if w != OFF or host[z] or (z, i) in recompute:
-                    yield from model._ensure(s, z, i)  # its swap, fetch or plan recompute
+                    yield from run.ensure(s, z, i)  # its swap, fetch or plan recompute
                 elif prod[z] >= 0 and limit[z] >= i:
                     stack.append((z, False))
                 else:  # the limits of NOTE [ DTR ] rule this out
@@ -244,11 +240,11 @@ def remake(model: GpuModel, s: JobState, b: int, i: int) -> Gen:
                     done[w] = None
             elif not (alive[w] and not host[w] and limit[w] >= i):
                 done[w] = None
-        s.remat_us += yield from rerun(model, s, p, x)
+        s.remat_us += yield from rerun(run, s, p, x)
         s.pinned = s.pinned[: marks.pop()]
     s.pinned = base
     for w in done:
         if not alive[w]:  # that life ends with the remake (NOTE [ Incarnations ])
-            model._framework_free(s, w)
+            run.framework_free(s, w)
         elif where[w] == DEV:
             mem.act(s, w, s.apply(w, Event.DROP))

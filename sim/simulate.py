@@ -15,7 +15,7 @@ from memplan.hwmodels.profile import Hardware
 from memplan.planners.core.check import check as check_plan
 from memplan.planners.core.plan import validate
 from memplan.sim.control import Controller
-from memplan.sim.dynamics import UNBOUNDED, Dynamics, LaneSlowdown, SlowLanes, check_jitter
+from memplan.sim.dynamics import UNBOUNDED, Dynamics, LaneSlowdown, check_jitter, slow_lanes
 from memplan.sim.errors import SimError
 from memplan.sim.job import CompiledJob, Job
 from memplan.sim.metrics import SimResult, build_result
@@ -210,7 +210,7 @@ def context_bytes(hw: Hardware, allocator: Allocator | str, reserve: int | None)
 # every tracked object alive: the caller's traces, plans and compiled jobs, and the growing
 # log. The run makes almost no cyclic garbage, so `simulate` pauses the collector for the run
 # and restores it after (benchmarks/sim.py prints events per second from 1k to 30k ops). The
-# model is a reference cycle (SimPy's environment, the pool's and copy engine's `model`), so
+# model is a reference cycle (SimPy's environment; the pool and the copy engine), so
 # `GpuModel.close` lets go of its per-buffer lists, compiled tables and log once the result is
 # built and they go by reference count; and the log and samples are flat lists
 # (NOTE [ A flat log ] in sim/log.py): a result the caller keeps is one object to walk.
@@ -249,7 +249,7 @@ def _run(
             (check_plan if check else validate)(job.plan, job.trace)
         workspaces = alloc is not Allocator.EXACT
         compiled.append(CompiledJob(j, job, n_it, device, workspaces, moves.usage))
-    slow = SlowLanes(moves.lanes) if moves.lanes else None
+    slow = slow_lanes(moves.lanes) if moves.lanes else None
     model = GpuModel(compiled, device, budget, policy, alloc, reserve, slow)
     if moves.dynamic(given):
         model.dyn = Dynamics(model, device, moves.seed, moves.jitter, moves.controller, check)

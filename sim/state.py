@@ -11,19 +11,13 @@ from collections.abc import Generator
 from typing import Any
 
 import simpy
+from memplan.planners.core.evaluate import OomPolicy
 from memplan.planners.core.lifecycle import ARRIVING, DEV, LEAVING, OFF, Buffers
 from memplan.sim.job import CompiledJob
 
 Gen = Generator[simpy.Event, Any, Any]
 
 __all__ = ["ARRIVING", "DEV", "LEAVING", "OFF", "Allocator", "Gen", "JobState", "OomPolicy"]
-
-
-class OomPolicy(enum.Enum):
-    FAIL = "fail"
-    STALL = "stall"
-    PASSIVE = "passive"
-    DTR = "dtr"
 
 
 class Allocator(enum.Enum):

@@ -8,36 +8,61 @@ is the requester's, in the order requested. Event order is the Resource's:
 a free stream grants a request with an event scheduled now (as the
 Resource's request succeeds at once), a release hands the stream to the
 next requester by succeeding its event; the Resource's own release event,
-which nothing waits on, is gone.
+which nothing waits on, is gone. A request is a context manager as the
+Resource's is: `with stream.request() as req: yield req` gives the stream
+back when the block is left, or withdraws the request if it is still queued.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from types import TracebackType
 
 import simpy
 
 
+class Request(simpy.Event):
+    """A request for `stream` (`ComputeStream.request` makes it): fires when the
+    stream is the requester's. Leaving its `with` block cancels it
+    (`ComputeStream.cancel`), except on a generator's cleanup, as SimPy's
+    `Request` does."""
+
+    stream: ComputeStream
+
+    def __enter__(self) -> Request:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not GeneratorExit:
+            self.stream.cancel(self)
+
+
 class ComputeStream:
     """One stream, FIFO: `request()` gives an event that fires when the
-    stream is the caller's; `release()` passes it on; `cancel(ev)` withdraws
-    a request (and gives the stream back if it was granted)."""
+    stream is the caller's; `release()` passes it on; `cancel(req)`
+    withdraws a request (and gives the stream back if it was granted)."""
 
     __slots__ = ("env", "busy", "queue")
 
     def __init__(self, env: simpy.Environment):
         self.env = env
         self.busy = False
-        self.queue: deque[simpy.Event] = deque()
+        self.queue: deque[Request] = deque()
 
-    def request(self) -> simpy.Event:
-        ev = self.env.event()
+    def request(self) -> Request:
+        req = Request(self.env)
+        req.stream = self  # set here, not by an `__init__` of its own: a call less per kernel
         if self.busy:
-            self.queue.append(ev)
+            self.queue.append(req)
         else:
             self.busy = True
-            ev.succeed()
-        return ev
+            req.succeed()
+        return req
 
     def release(self) -> None:
         if self.queue:
@@ -45,8 +70,8 @@ class ComputeStream:
         else:
             self.busy = False
 
-    def cancel(self, ev: simpy.Event) -> None:
-        if ev.triggered:
+    def cancel(self, req: Request) -> None:
+        if req.triggered:
             self.release()
         else:
-            self.queue.remove(ev)
+            self.queue.remove(req)

@@ -4,11 +4,14 @@ every value any memplan loader takes from a file (NOTE [ Fields from files ]).
 Each function returns the value as the type it promises or raises the
 loader's own `error` class with a message that starts with `where` (the
 field's path, `ops[12].flops`) and says what was expected and what was
-found, quoted safely whatever its characters.
+found, quoted safely whatever its characters. Writing goes the other way
+through `record`, `json_value`, `nan_to_none` and `finite_or_none`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import math
 from typing import Any
@@ -36,6 +39,29 @@ def nan_to_none(x: float | None) -> float | None:
 def finite_or_none(x: float | None) -> float | None:
     """`x`, or None where it is not finite (JSON has no NaN or infinity)."""
     return None if x is None or not math.isfinite(x) else x
+
+
+def json_value(value: Any) -> Any:
+    """`value` as JSON holds it: an enum by its value, a tuple or list as a
+    list (of JSON values), NaN as None; anything else as it is."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [json_value(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def record(obj: Any, *, omit: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of the dataclass `obj` but `omit`, in the order the class
+    declares them, as JSON values (`json_value`): a record a file holds field
+    by field, with the field names as keys."""
+    return {
+        f.name: json_value(getattr(obj, f.name))
+        for f in dataclasses.fields(obj)
+        if f.name not in omit
+    }
 
 
 def shown(value: Any, limit: int = 40) -> str:

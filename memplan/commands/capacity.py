@@ -227,7 +227,6 @@ def planner_list(text: str) -> tuple[str, ...]:
 def settings(args: argparse.Namespace, device: DeviceModel) -> Settings:
     from memplan.capacity import Settings
     from memplan.commands.compare import parse_options
-    from memplan.comparison import FALLBACKS
     from memplan.planners import registry
 
     planners = planner_list(args.planners)
@@ -247,15 +246,13 @@ def settings(args: argparse.Namespace, device: DeviceModel) -> Settings:
     budget = device.hw.memory_bytes
     if args.budget is not None:
         budget = machine.check_budget(parse_size(args.budget, "--budget"), device.hw, args)
-    assert args.fallback in FALLBACKS
     return Settings(
         planners=planners,
         budget_bytes=budget,
-        fallback=args.fallback,
         max_eor=args.max_eor,
         iterations=args.iterations,
         options=options,
-        **machine.memory_options(args),  # type: ignore[arg-type]
+        config=machine.run_config(args),
     )
 
 

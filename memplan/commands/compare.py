@@ -163,13 +163,13 @@ def run(args: argparse.Namespace) -> int:
     for spec, _t in pairs:
         if spec.plan is not None:
             raise MemplanError(f"--scenario: job {spec.trace!r} names a plan; compare plans itself")
-    workload = JobMix(tuple(s for s, _t in pairs), moves)
+    mix = JobMix(tuple(s for s, _t in pairs), moves)
     machine.check_measured(args, traces, hw)
     device = DeviceModel(hw, latency, lanes=args.lanes)
     if args.dynamic is not None:
         from memplan.dynamic_report import run_command
 
-        return run_command(args, workload, traces, device)
+        return run_command(args, mix, traces, device)
     budget = machine.resolve_budget(args, traces, device)  # a share: cut to the device, warned
     tty = sys.stderr.isatty()
 
@@ -185,9 +185,8 @@ def run(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         options=options,
         progress=progress,
-        fallback=args.fallback,
-        workload=workload,
-        **machine.memory_options(args),  # type: ignore[arg-type]
+        config=machine.run_config(args),
+        mix=mix,
     )
     if tty:
         print("\r\033[K", end="", file=sys.stderr)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from memplan.hwmodels.device import DeviceModel
     from memplan.hwmodels.latency import LatencyModel
     from memplan.hwmodels.profile import Hardware
+    from memplan.runconfig import RunConfig
     from memplan.traces.model import Trace
 
 LATENCY_CHOICES = "kernel|roofline|measured|mlp|MODEL"
@@ -64,15 +65,14 @@ def add_budget(p: argparse.ArgumentParser, default: str = "the GPU's memory") ->
     )
 
 
-ALLOCATORS = ("exact", "caching", "smartpool")
-
-
 def add_allocator(p: argparse.ArgumentParser) -> None:
     """`--allocator` and `--context-reserve` (NOTE [ The memory a GPU really
     uses ] in sim/simulate.py)."""
+    from memplan.sim.state import Allocator
+
     p.add_argument(
         "--allocator",
-        choices=ALLOCATORS,
+        choices=[a.value for a in Allocator],
         default="exact",
         help="device memory model: exact (default: tensor bytes only), caching (PyTorch's "
         "CUDA caching allocator per job: 512 B rounding, 2 MiB / 20 MiB segments, "
@@ -88,18 +88,25 @@ def add_allocator(p: argparse.ArgumentParser) -> None:
     )
 
 
-def memory_options(args: argparse.Namespace) -> dict[str, object]:
-    """`--allocator` and `--context-reserve` as `simulate`'s keywords (the
-    defaults for a command without them)."""
+def run_config(args: argparse.Namespace, *, net: bool = True) -> RunConfig:
+    """`--allocator`, `--context-reserve` and `--fallback` as the run's
+    `RunConfig` (the defaults for a command without them). `net=False`:
+    --fallback is not read (`simulate`'s is the simulator's OOM policy
+    itself, not a net under a plan) and the config's net is none."""
+    from memplan.runconfig import RunConfig
+
     text = getattr(args, "context_reserve", None)
     reserve = None if text is None else parse_size(text, "--context-reserve", least=0)
-    return {"allocator": getattr(args, "allocator", "exact"), "context_reserve": reserve}
+    fallback = getattr(args, "fallback", "none") if net else "none"
+    return RunConfig(getattr(args, "allocator", "exact"), reserve, fallback)
 
 
 def add_fallback(p: argparse.ArgumentParser) -> None:
+    from memplan.runconfig import Fallback
+
     p.add_argument(
         "--fallback",
-        choices=("none", "passive", "dtr"),
+        choices=[f.value for f in Fallback],
         default="none",
         help="the runtime safety net when a plan leaves memory short: none (default: the run "
         "stops out of memory), passive (Capuchin's LRU swapping to host) or dtr (DTR's "
@@ -311,7 +318,7 @@ def resolve_budget_quietly(
         return _within_device(budget(args), device.hw, args)
     from memplan.comparison import vanilla_peak
 
-    peak = vanilla_peak(traces, device, **memory_options(args))  # type: ignore[arg-type]
+    peak = vanilla_peak(traces, device, run_config(args, net=False))  # no plan, no net
     return _within_device(int(peak * share), device.hw, args)
 
 

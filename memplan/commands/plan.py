@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from memplan.commands import machine
 from memplan.commands.compare import options_of
 from memplan.traces.fields import printable
 from memplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from memplan.runconfig import RunConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     from memplan.evaluator import sim_evaluator
     from memplan.plannerview import planner_view, rebound_result
 
-    memory = machine.memory_options(args)
+    config = machine.run_config(args)
     sim_budget = budget if budget is not None else device.hw.memory_bytes
-    evaluator = sim_evaluator(traces, device, sim_budget, **memory)  # type: ignore[arg-type]
-    seen, plan_budget = planner_view(traces, device, budget, **memory)  # type: ignore[arg-type]
+    evaluator = sim_evaluator(traces, device, sim_budget, config=config)
+    seen, plan_budget = planner_view(traces, device, budget, config)
     result = registry.run(
         args.planner, seen, device, budget_bytes=plan_budget,
         options=options_of(args.planner, args.option),
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     result = rebound_result(result, traces)
     for p, t in zip(result.plans, traces, strict=False):
         check(p, t)
-    fit = _simulated_fit(result.plans, traces, device, budget, args.fallback, memory)
+    fit = _simulated_fit(result.plans, traces, device, budget, config)
     prov = provenance.of_command(args, traces, device.hw)
     if args.out and result.plans:
         with outputs.writing(args.out):
@@ -114,24 +118,26 @@ def _simulated_fit(
     traces: list,
     device: object,
     budget: int | None,
-    fallback: str,
-    memory: dict | None = None,
+    config: RunConfig,
 ) -> dict | None:
-    """The plan simulated for 2 iterations under the budget with the net:
-    fit (alone / net / oom), iteration time, evictions (NOTE [ The safety net ])."""
+    """The plan simulated for 2 iterations under the budget with `config`'s
+    net: fit (alone / net / oom), iteration time, evictions (NOTE [ The
+    safety net ])."""
     if not plans:
         return None
-    from memplan.comparison import FALLBACKS, Fit, fit_of, planned_jobs
+    from memplan.comparison import Fit, fit_of, planned_jobs
+    from memplan.runconfig import Fallback
     from memplan.sim import simulate
 
+    fallback = config.fallback
     sim = simulate(
         planned_jobs(traces, plans),
         device,
         iterations=2,
         budget=budget if budget is not None else device.hw.memory_bytes,
-        oom=FALLBACKS[fallback],
+        oom=fallback.policy,
         check=False,
-        **(memory or {}),
+        **config.memory,
     )
     jobs = sim.jobs
     fit = fit_of(sim)
@@ -142,11 +148,11 @@ def _simulated_fit(
         Fit.NET: f"fits with the {fallback} net ({evictions} evictions), "
         f"iteration {iteration * 1e3:.2f} ms",
         Fit.OOM: "runs out of memory"
-        + ("" if fallback == "none" else f" even with the {fallback} net"),
+        + ("" if fallback == Fallback.NONE else f" even with the {fallback} net"),
     }[fit]
     return {
-        "fit": fit,
-        "fallback": fallback,
+        "fit": fit.value,
+        "fallback": fallback.value,
         "iteration_time_s": None if fit == Fit.OOM else iteration,
         "evictions": evictions,
         "peak_bytes": sim.device_peak_bytes,

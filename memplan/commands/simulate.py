@@ -14,6 +14,7 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.planners.core import io as plan_io
 from memplan.planners.core.check import check_delays
 from memplan.planners.core.errors import PlanError
+from memplan.planners.core.evaluate import OomPolicy
 from memplan.planners.core.plan import Plan, validate
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.sim import Job, SimResult, simulate
@@ -65,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--fallback",
         "--oom",
         dest="fallback",
-        choices=("none", "fail", "stall", "passive", "dtr"),
+        choices=["none", *(x.value for x in OomPolicy)],
         default="none",
         help="when an allocation does not fit: none (default; also 'fail': the job stops "
         "out of memory), stall (wait for swap-outs in flight), passive (Capuchin's LRU "
@@ -160,9 +161,9 @@ def run(args: argparse.Namespace) -> int:
             device,
             iterations=args.iterations,
             budget=budget,
-            oom="fail" if args.fallback == "none" else args.fallback,
+            oom=OomPolicy.FAIL if args.fallback == "none" else OomPolicy(args.fallback),
             progress=None if quiet else (lambda done: bar.update(done - bar.n)),
-            **machine.memory_options(args),  # type: ignore[arg-type]
+            **machine.run_config(args, net=False).memory,
             **moves.options(),
         )
     summary = result.to_dict()

@@ -73,10 +73,7 @@ def to_dict(b: Baseline) -> dict[str, Any]:
         "memplan_version": b.version,
         "suite": b.suite,
         "metrics": list(b.metrics),
-        "scenarios": {
-            k: {"name": e.name, "planner": e.planner, "status": e.status, "metrics": e.metrics}
-            for k, e in sorted(b.entries.items())
-        },
+        "scenarios": {k: fields.record(e) for k, e in sorted(b.entries.items())},
     }
     if b.provenance is not None:
         doc["provenance"] = b.provenance

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memplan.runconfig import Fallback
+from memplan.sim.state import Allocator
 from memplan.sweep.scenario import SweepTask, load_profile, load_trace
 from memplan.traces import fields
 from memplan.traces.errors import MemplanError
@@ -102,9 +104,11 @@ def parse_grid(
         "gpus": _axis(doc, "gpus", where, lambda v, w: _gpu(v, w, base), None),
         "planners": _axis(doc, "planners", where, _planner, None),
         "budgets": _axis(doc, "budgets", where, _budget, ["none"]),
-        "fallbacks": _axis(doc, "fallbacks", where, _choice("none", "passive", "dtr"), ["none"]),
+        "fallbacks": _axis(
+            doc, "fallbacks", where, _choice(*(f.value for f in Fallback)), ["none"]
+        ),
         "allocators": _axis(
-            doc, "allocators", where, _choice("exact", "caching", "smartpool"), ["exact"]
+            doc, "allocators", where, _choice(*(a.value for a in Allocator)), ["exact"]
         ),
         "lanes": _axis(doc, "lanes", where, _integer(1, 2), [1]),
         "latency": _axis(doc, "latency", where, lambda v, w: _latency(v, w, base), ["kernel"]),

@@ -253,7 +253,7 @@ def _run(s: SweepTask) -> tuple[str, str, dict[str, Any]]:
     hw = load_profile(s.gpu)
     args = SimpleNamespace(
         budget=s.budget, latency=s.latency, allow_foreign_measurements=False,
-        allocator=s.allocator, context_reserve=None,
+        allocator=s.allocator, context_reserve=None, fallback=s.fallback,
     )  # fmt: skip
     machine.check_measured(args, traces, hw)  # type: ignore[arg-type]
     device = DeviceModel(hw, _latency_model(s.latency), lanes=s.lanes)
@@ -265,8 +265,7 @@ def _run(s: SweepTask) -> tuple[str, str, dict[str, Any]]:
         budget=budget,
         iterations=s.iterations,
         options=_options(s),
-        fallback=s.fallback,
-        allocator=s.allocator,
+        config=machine.run_config(args),  # type: ignore[arg-type]
     )
     (row,) = comparison.rows
     vanilla = comparison.to_dict()["vanilla"]
@@ -317,7 +316,7 @@ def _status(row: Any) -> str:
     from memplan.planners.core.plan import Status
 
     if row.fit != Fit.NO_PLAN:
-        return row.fit
+        return row.fit.value
     if row.result is None:
         return "error" if row.reason.startswith("planner error") else "infeasible"
     if row.reason.startswith("check:"):

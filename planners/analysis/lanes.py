@@ -2,15 +2,18 @@
 
 `LaneSet`: the lane timeline(s) of a set of jobs (NOTE [ Lane timelines ]):
 free intervals, the earliest and latest free slot of a given length in a
-window, booking. Times are job-local unrolled microseconds.
+window, which copies may fit after a start (`FreeTime`), booking. Times are
+job-local unrolled microseconds.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 from memplan.hwmodels.device import Direction
 from memplan.planners.analysis.optimes import EPS_US, Timeline
 from memplan.planners.core.errors import PlanError
@@ -36,6 +39,8 @@ from memplan.planners.core.errors import PlanError
 # interval starts look taken. At large times the tolerance grows with the
 # magnitude (NOTE [ Lane steps relative to the magnitude ]).
 _TOUCH = 1e-7
+# A latest start this little (us) below the lower bound is taken, raised to it.
+SLACK_US = 1e-9
 D2H = Direction.D2H
 
 # NOTE [ Lane steps relative to the magnitude ]
@@ -140,22 +145,21 @@ class _Circle:
                 return self.starts[j] + shift, self.ends[j] + shift
         return None
 
-    def busy_in(self, a: float, b: float) -> list[tuple[float, float]]:
-        """Busy intervals overlapping [a, b), unrolled and clipped to it."""
+    def busy_in(self, a: float, b: float) -> Iterator[tuple[float, float]]:
+        """Busy intervals overlapping [a, b), unrolled and clipped to it,
+        ascending (lazily: a caller may stop early)."""
         P = self.period
-        out = []
         if P <= 0:
-            return out
+            return
         k = math.floor(a / P)
         while k * P < b:
             shift = k * P
             lo, hi = a - shift, b - shift
             i = bisect.bisect_right(self.ends, lo)
             while i < len(self.starts) and self.starts[i] < hi:
-                out.append((max(a, self.starts[i] + shift), min(b, self.ends[i] + shift)))
+                yield max(a, self.starts[i] + shift), min(b, self.ends[i] + shift)
                 i += 1
             k += 1
-        return out
 
 
 # NOTE [ Lane walks ]
@@ -190,6 +194,20 @@ class _Walk:
 
 
 _WalkKey = tuple[bool, int, bool, float, float]  # (up, job, direction is D2H, dur, start)
+
+
+# NOTE [ Free time after a start ]
+# `earliest` and `latest` take a slot [s, s + dur) as free when no busy
+# interval of any replica reaches into it by more than the touch tolerance
+# `tol`. So a copy can start at s >= lo and end by hi only if [lo, hi) has a
+# free stretch (merged over replicas) at least dur - 2 tol long, and the
+# first such stretch after lo is where the earliest such copy can start.
+# `FreeTime.may_fit` answers for many copies (their own durations and
+# deadlines) from one scan of the stretches after lo, read only as far as
+# the first one long enough for the longest copy (or past the last
+# deadline), and says no only where no stretch could hold the copy by its
+# deadline. Its margin, 4 tol + `SLACK_US` on each side, also covers
+# `latest` raising a start just below lo, and rounding on the circle.
 
 
 class LaneSet:
@@ -281,11 +299,11 @@ class LaneSet:
 
         cap = _step_cap(c, offs, lo, hi)
         w = self._walk(
-            (False, job, direction is D2H, dur, hi - dur), step, lambda s: s < lo - 1e-9, cap
+            (False, job, direction is D2H, dur, hi - dur), step, lambda s: s < lo - SLACK_US, cap
         )
         if w is None:
             raise _stuck("latest", job, lo, hi, dur, cap)
-        return None if w.s < lo - 1e-9 else max(w.s, lo)
+        return None if w.s < lo - SLACK_US else max(w.s, lo)
 
     def _walk(
         self,
@@ -333,19 +351,77 @@ class LaneSet:
     ) -> list[tuple[float, float]]:
         """TENSILE's feasible intervals: the maximal free stretches of [lo, hi)
         for `job` (free in every replica), ascending."""
-        c = self._circle(job, direction)
-        busy: list[tuple[float, float]] = []
-        for o in self.offsets[job]:
-            busy.extend((a - o, b - o) for a, b in c.busy_in(lo + o, hi + o))
-        busy.sort()
-        out, t = [], lo
+        return list(self._free(job, lo, hi, direction))
+
+    def _free(
+        self, job: int, lo: float, hi: float, direction: Direction
+    ) -> Iterator[tuple[float, float]]:
+        """`free_intervals`, lazily."""
+        c, offs = self._circle(job, direction), self.offsets[job]
+        if len(offs) == 1 and offs[0] == 0.0:
+            busy = c.busy_in(lo, hi)
+        else:
+            busy = heapq.merge(*(_shifted(c.busy_in(lo + o, hi + o), o) for o in offs))
+        t = lo
         for a, b in busy:
             if a > t:
-                out.append((t, a))
+                yield t, a
             t = max(t, b)
         if t < hi:
-            out.append((t, hi))
-        return out
+            yield t, hi
+
+    def free_after(self, job: int, lo: float, hi: float, direction: Direction) -> FreeTime:
+        """The free time of [lo, hi) for `job` in `direction`, to ask which
+        copies may fit there (NOTE [ Free time after a start ])."""
+        return FreeTime(self, job, lo, hi, direction)
+
+
+class FreeTime:
+    """The free stretches of [lo, hi) for one job and direction, read only as
+    far as `may_fit` needs them (NOTE [ Free time after a start ]); good
+    until the lane's next booking."""
+
+    def __init__(self, lanes: LaneSet, job: int, lo: float, hi: float, direction: Direction):
+        self.lanes, self.hi = lanes, hi
+        self.margin = 4 * lanes._circle(job, direction).tol(lo, hi) + SLACK_US
+        self._bookings = len(lanes.bookings)
+        self._stretches = lanes._free(job, lo - self.margin, hi + self.margin, direction)
+        self._starts: list[float] = []  # each free stretch's start ...
+        self._longest: list[float] = []  # ... and the longest one up to it
+
+    def may_fit(self, durs: np.ndarray, his: np.ndarray) -> np.ndarray:
+        """bool per copy i: False where no start s >= lo with s + durs[i] <=
+        his[i] is free, so neither `earliest` nor `latest` over that window
+        finds one; True where one may be."""
+        if len(durs) == 0:
+            return np.ones(0, bool)
+        if len(self.lanes.bookings) != self._bookings:
+            raise PlanError("FreeTime.may_fit asked after a booking: its stretches are stale")
+        top = float(his.max())
+        if top > self.hi:
+            raise ValueError(f"a copy due at {top} us is past this free time's end {self.hi} us")
+        m = self.margin
+        need = durs - 2 * m  # the free stretch each copy needs
+        self._read(float(need.max()), top + m)
+        # where the first stretch long enough for each copy starts (inf: none)
+        first = np.append(self._starts, math.inf)[np.searchsorted(self._longest, need)]
+        return (his + m >= first + need) | (need <= 0)
+
+    def _read(self, most: float, until: float) -> None:
+        """Read stretches until one at least `most` long, or one starting
+        after `until` (no copy due by then can use it), or the end."""
+        starts, longest = self._starts, self._longest
+        while not longest or (longest[-1] < most and starts[-1] <= until):
+            stretch = next(self._stretches, None)
+            if stretch is None:
+                return
+            a, b = stretch
+            starts.append(a)
+            longest.append(max(b - a, longest[-1] if longest else 0.0))
+
+
+def _shifted(busy: Iterator[tuple[float, float]], offset: float) -> Iterator[tuple[float, float]]:
+    return ((a - offset, b - offset) for a, b in busy)
 
 
 def _step_cap(c: _Circle, offsets: Sequence[float], lo: float, hi: float) -> int:

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.analysis.optimes import EPS_US, Timeline
+from memplan.planners.core.lifecycle import ARRIVING, NO_CTX, OFF, Buffers, Ctx, Do
+from memplan.planners.core.lifecycle import Event as LifeEvent
 from memplan.planners.core.plan import Event, Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.planners.core.semantics import IndexedPlan
 from memplan.traces.model import MemoryPolicy, Trace
@@ -193,29 +195,26 @@ def _last_reader(trace: Trace, p: int) -> int:
 
 # ---- the memory a finished plan predicts ----------------------------------------------------
 # NOTE [ A plan on the op grid ]
-# `memory_of_plan` walks each buffer's events in time order by the simulator's rules
-# (NOTE [ Event semantics ] in sim/model.py), each copy starting at its trigger (+ delay, no
-# queue) and holding the lane `device.copy_time`. A buffer is dead, resident, leaving (its
-# swap-out's copy not over: still on the device), off, or arriving (its swap-in's copy not
-# over). SwapOut of a resident one: leaving; its bytes go when the copy ends, at the latest
-# when `before_op` is ready, unless wanted back first (kept; still copied). SwapIn of an off
-# one: arriving, bytes back when its copy starts, at the latest just before `before_op` is
-# ready; of a leaving one: cancels the free; of an arriving one: joins its copy. Release of a
-# resident one: off at once; of a leaving one: undoes a cancel. Recompute before op i (when i
-# is due): off -> back, leaving -> kept, arriving -> counted from then. A framework free of a
-# leaving buffer keeps its bytes until a started copy ends; an unstarted one is dropped.
-# Instants take the simulator's order (`_FREE` .. `_CREATE`); EPS_US widens copies so float
-# ties keep more bytes. Ops' own reads are not walked (checked plans restore them first).
+# `memory_of_plan` drives each buffer's `lifecycle.Buffers` state through its events in time
+# order, as the simulator does, and cuts the holes that follow: every copy starts when its
+# trigger (+ delay) fires, with no lane queue, and holds the lane `device.copy_time`; ops write
+# their buffers at their start and end (WRITE: a host copy goes stale), and an op's own reads
+# are not walked (checked plans restore a buffer first). A swap-out's copy ends at the latest
+# when its `before_op` is ready (that op waits for it). The bytes of a buffer off the device or
+# arriving are a hole from when it went until it is back (an arriving one: its copy's start, or
+# just before `before_op` is ready); a framework free of a leaving buffer whose copy runs keeps
+# the bytes until the copy ends (extra bytes past its lifetime). Instants take the simulator's
+# order (`_WRITE_END` .. `_COPY_END`); EPS_US widens copies so float ties keep more bytes.
 # Full text: docs/notes.md, "A plan on the op grid".
 
-# At one instant, in the simulator's order: op k ends and the framework frees
-# after it; the next iteration loads its inputs; op k's triggers fire in plan
-# order (and an undelayed swap-out's copy starts); op k+1 waits for its
-# deadlines, makes absent buffers present (recomputes) and creates its
-# outputs. A copy's end comes last.
-_FREE, _LOAD, _TRIGGER, _COPY_START, _DEADLINE, _NEED, _CREATE, _COPY_END = range(8)
-# Where a buffer is on the walk.
-_DEAD, _DEV, _OFF, _LEAVING, _ARRIVING = range(5)
+# At one instant, in the simulator's order: op k ends, writes and the framework
+# frees after it; the next iteration loads its inputs; op k's triggers fire in
+# plan order (and an undelayed swap-out's copy starts); op k+1 waits for its
+# deadlines, makes absent buffers present (recomputes), creates its outputs and
+# writes. A copy's end comes last.
+_WRITE_END, _FREE, _LOAD, _TRIGGER, _COPY_START, _DEADLINE, _NEED, _CREATE, _WRITE, _COPY_END = (
+    range(10)
+)
 
 
 def memory_of_plan(
@@ -232,7 +231,8 @@ def memory_of_plan(
     modelled: `planners.analysis.queued` does that): a SwapOut frees when
     its copy ends (`device.copy_time`, D2H; at the latest when its
     `before_op` is ready) unless a SwapIn or Recompute wants the buffer back
-    first, a Release at once (an input released at the start is never
+    first, or at once where a valid host copy makes the copy needless; a
+    Release frees at once (an input released at the start is never
     loaded), a SwapIn takes the bytes when its copy starts (at the latest
     when `before_op` starts), a Recompute just before its op (its chain's
     temporaries counted at that op: every other buffer its ops write, also
@@ -255,40 +255,63 @@ def memory_of_plan(
         per_buf.setdefault(b, []).append(r.event)
     d_out = device.copy_time(trace.nbytes, D2H, US).tolist()
     d_in = device.copy_time(trace.nbytes, H2D, US).tolist()
+    writers = _writers(trace, per_buf)
+    bufs = Buffers(trace.n_buffers)
     for b, evs in per_buf.items():
-        _Walk(st, timeline, b, d_out[b], d_in[b]).run(evs)
+        _Walk(st, timeline, bufs, b, d_out[b], d_in[b]).run(evs, writers.get(b, ()))
     for r in ip.recompute.values():
         nbytes = sum(int(trace.nbytes[w]) for w in r.temporaries)
         st.add_bytes(r.event.before_op, nbytes)
     return st
 
 
-class _Walk:
-    """One buffer's events in time order, cutting its holes into `st` (NOTE
-    [ A plan on the op grid ]). Times are unrolled microseconds: a
-    persistent buffer is walked over iterations 0 and 1 (its state carries
-    over), any other over iteration 0 (it lives the same in every one)."""
+def _writers(trace: Trace, bufs: Iterable[int]) -> dict[int, list[int]]:
+    """For each of `bufs`, the ops that write it, in order."""
+    wp, wb = trace.writes_csr
+    want = np.zeros(trace.n_buffers, bool)
+    want[list(bufs)] = True
+    hit = np.flatnonzero(want[wb])
+    ops = np.searchsorted(wp, hit, "right") - 1
+    out: dict[int, list[int]] = {}
+    for b, k in zip(wb[hit].tolist(), ops.tolist(), strict=True):
+        out.setdefault(b, []).append(k)
+    return out
 
-    def __init__(self, st: MemoryState, tl: Timeline, b: int, d_out: float, d_in: float):
-        self.st, self.tl, self.b = st, tl, b
+
+class _Walk:
+    """One buffer's events in time order, its state in `bufs` (the
+    transition function's), cutting its holes into `st` (NOTE [ A plan on
+    the op grid ]). Times are unrolled microseconds: a persistent buffer is
+    walked over iterations 0 and 1 (its state carries over), any other over
+    iteration 0 (it lives the same in every one). The walk keeps only
+    times: when the hole began and ends, when a running copy ends."""
+
+    def __init__(
+        self, st: MemoryState, tl: Timeline, bufs: Buffers, b: int, d_out: float, d_in: float
+    ):
+        self.st, self.tl, self.bufs, self.b = st, tl, bufs, b
         self.persistent = bool(st.trace.persistent[b])
         self.d_out, self.d_in = d_out, d_in
         self.heap: list[tuple[float, int, int, Callable[[float, Any], None], Any]] = []
         self.seq = 0  # ties at one instant and rank keep the order of pushing
-        self.where = _DEV if self.persistent else _DEAD
-        self.keep = False  # leaving, and wanted back: the copy's end frees nothing
         self.off_at = 0.0  # off or arriving: when the hole began
         self.on_at = 0.0  # arriving: when the bytes are back
-        self.copying = False  # leaving: the copy has started
         self.copy_end = 0.0  # leaving: when the bytes go
-        self.copy = 0  # the current copy's number: a copy's end of an older one is void
+        self.writes = 0  # writes so far, and at the running swap-out's start
+        self.writes_at_start = 0
+        if self.persistent:
+            bufs.apply(b, LifeEvent.CREATE)
 
     def push(self, t: float, rank: int, act: Callable[[float, Any], None], arg: Any = None) -> None:
         heapq.heappush(self.heap, (t, rank, self.seq, act, arg))
         self.seq += 1
 
-    def run(self, evs: list[Event]) -> None:
+    def apply(self, ev: LifeEvent, ctx: Ctx = NO_CTX) -> int:
+        return self.bufs.apply(self.b, ev, ctx)
+
+    def run(self, evs: list[Event], writers: Sequence[int]) -> None:
         tl, st, b = self.tl, self.st, self.b
+        iterations = (0, 1) if self.persistent else (0,)
         if not self.persistent:
             lo, hi = int(st.start[b]), int(st.end[b])
             if hi < lo:
@@ -298,7 +321,10 @@ class _Walk:
             else:
                 self.push(tl.unrolled_ready(lo), _CREATE, self.create)
             self.push(tl.unrolled_end(hi), _FREE, self.free)
-        for r in (0, 1) if self.persistent else (0,):
+        for r in iterations:
+            for k in writers:
+                self.push(tl.unrolled_ready(k, r), _WRITE, self.write)
+                self.push(tl.unrolled_end(k, r), _WRITE_END, self.write)
             for ev in evs:  # plan order within one trigger
                 if isinstance(ev, Recompute):
                     self.push(tl.unrolled_ready(ev.before_op, r), _NEED, self.need)
@@ -314,95 +340,103 @@ class _Walk:
         while self.heap:
             t, _rank, _seq, act, arg = heapq.heappop(self.heap)
             act(t, arg)
-        if self.where == _OFF:
+        w = self.bufs.where[b]
+        if w == OFF and self.bufs.alive[b]:
             self.cut(self.off_at, math.inf)
-        elif self.where == _ARRIVING:
+        elif w == ARRIVING:
             self.cut(self.off_at, self.on_at)
 
-    # ---- the actions -----------------------------------------------------------------
+    # ---- the events ------------------------------------------------------------------
     def create(self, _t: float, _arg: None) -> None:
-        self.where = _DEV
+        self.apply(LifeEvent.CREATE)
+
+    def write(self, _t: float, _arg: None) -> None:
+        self.apply(LifeEvent.WRITE)
+        self.writes += 1
 
     def free(self, t: float, _arg: None) -> None:
         """The framework's free: the life ends, but a running copy keeps the bytes."""
-        w = self.where
-        if w == _LEAVING and self.copying:
+        w = self.bufs.where[self.b]
+        if self.apply(LifeEvent.FREE) & Do.DETACH:
             self.extra(t, self.copy_end)
-        elif w == _OFF:
+        elif w == OFF:
             self.cut(self.off_at, t)
-        elif w == _ARRIVING:
+        elif w == ARRIVING:
             self.cut(self.off_at, self.on_at)
-        self.where = _DEAD
 
     def trigger(self, t: float, arg: tuple[Event, int]) -> None:
         ev, r = arg
-        w = self.where
         if isinstance(ev, Release):
-            if w == _DEV:
-                self.where, self.off_at = _OFF, t
-            elif w == _LEAVING:
-                self.keep = False  # undoes a cancel: the copy's end frees
+            if self.apply(LifeEvent.RELEASE) & Do.DROP:
+                self.off_at = t
         elif isinstance(ev, SwapOut):
-            if w == _DEV:
+            do = self.apply(LifeEvent.SWAP_OUT, Ctx(delayed=bool(ev.delay_us)))
+            if do & Do.DROP:  # a valid host copy: discarded at once
+                self.off_at = t
+            elif do & Do.COPY_D2H:
                 self.leave(t, ev, r)
         elif isinstance(ev, SwapIn):
-            if w == _LEAVING:
-                self.keep = True  # cancels the free
-            elif w in (_OFF, _ARRIVING):
-                due = self.tl.unrolled_ready(ev.before_op, r + int(ev.next_iteration))
-                on = min(t + ev.delay_us, due) - EPS_US
-                if w == _ARRIVING:  # joins the copy under way
-                    self.on_at = min(self.on_at, on)
-                    return
-                self.where, self.on_at = _ARRIVING, on
-                self.copy += 1
+            due = self.tl.unrolled_ready(ev.before_op, r + int(ev.next_iteration))
+            on = min(t + ev.delay_us, due) - EPS_US
+            do = self.apply(LifeEvent.SWAP_IN)
+            if do & Do.JOIN:
+                self.on_at = min(self.on_at, on)
+            elif do & Do.COPY_H2D:
+                self.on_at = on
                 end = t + ev.delay_us + self.d_in + EPS_US
-                self.push(end, _COPY_END, self.arrived, self.copy)
+                self.push(end, _COPY_END, self.arrived, self.bufs.epoch[self.b])
 
     def leave(self, t: float, ev: SwapOut, r: int) -> None:
-        self.where, self.keep, self.copying = _LEAVING, False, False
         start = t + ev.delay_us
         end, rank = start + self.d_out + EPS_US, _COPY_END
         if ev.before_op >= 0:  # its deadline waits for the copy
             due = self.tl.unrolled_ready(ev.before_op, r)
             if due < end:
                 end, rank = due, _DEADLINE
+        start = min(start - EPS_US if ev.delay_us else start, end)
         self.copy_end = end
-        self.copy += 1
-        self.push(start - EPS_US if ev.delay_us else start, _COPY_START, self.started, self.copy)
-        self.push(end, rank, self.left, self.copy)
+        ep = self.bufs.epoch[self.b]
+        self.push(start, _COPY_START, self.started, ep)
+        self.push(end, rank, self.left, ep)
 
-    def started(self, _t: float, copy: int) -> None:
+    def started(self, t: float, epoch: int) -> None:
         """A swap-out's copy starts, even if the buffer was wanted back (the
         host copy is made all the same; its end then frees nothing)."""
-        if self.where != _LEAVING or copy != self.copy:
+        if epoch != self.bufs.epoch[self.b]:
             return
-        self.copying = True
+        do = self.apply(LifeEvent.COPY_OUT)
+        if do & Do.DROP:  # a valid host copy: discarded, no bytes move
+            self.off_at = t
+        elif do & Do.LEAVE:
+            self.apply(LifeEvent.D2H_START)
+            self.writes_at_start = self.writes
 
-    def left(self, t: float, copy: int) -> None:
+    def left(self, t: float, epoch: int) -> None:
         """A swap-out's copy ends: the bytes go, unless the buffer was wanted back."""
-        if self.where != _LEAVING or copy != self.copy:
-            return
-        if self.keep:
-            self.where, self.keep = _DEV, False
-        else:
-            self.where, self.off_at = _OFF, t
+        b = self.b
+        if epoch != self.bufs.epoch[b] or self.bufs.copying[b] != epoch:
+            return  # the copy was discarded or kept before it moved
+        if (
+            self.apply(LifeEvent.D2H_END, Ctx(written=self.writes != self.writes_at_start))
+            & Do.DROP
+        ):
+            self.off_at = t
 
-    def arrived(self, _t: float, copy: int) -> None:
-        if self.where != _ARRIVING or copy != self.copy:
+    def arrived(self, _t: float, epoch: int) -> None:
+        if epoch != self.bufs.epoch[self.b] or self.bufs.where[self.b] != ARRIVING:
             return
+        self.apply(LifeEvent.H2D_END)
         self.cut(self.off_at, self.on_at)
-        self.where = _DEV
 
     def need(self, t: float, _arg: None) -> None:
-        """A Recompute's op is due: it needs the buffer."""
-        w = self.where
-        if w == _OFF:
+        """A Recompute's op is due: it needs the buffer (within its life)."""
+        if not self.bufs.alive[self.b]:
+            return
+        do = self.apply(LifeEvent.NEED, Ctx(recompute=True))
+        if do & Do.RECOMPUTE:
+            self.apply(LifeEvent.REMAKE)
             self.cut(self.off_at, t)
-            self.where = _DEV
-        elif w == _LEAVING:
-            self.keep = True
-        elif w == _ARRIVING:
+        elif do & Do.STALL:
             self.on_at = min(self.on_at, t)
 
     # ---- onto the op grid --------------------------------------------------------------

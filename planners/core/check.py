@@ -174,7 +174,7 @@ class _Replay:
 
     def _iteration(self) -> None:
         bufs, tab = self.bufs, self.table
-        where, free = bufs.where, bufs.free
+        where, free, static_op = bufs.where, bufs.free, bufs.static_op
         bufs.create_all(tab.inputs)
         self._events(self.start, -1)
         triggered, events = self.ip.triggered, self._events
@@ -186,9 +186,7 @@ class _Replay:
                     for x in made:  # a freed source made for the chain: that
                         if not bufs.alive[x]:  # life ends with it, as in the simulator
                             free(x)
-            bufs.create_all(tab.creates[i])
-            bufs.written(tab.writes[i])
-            bufs.free_all(tab.frees[i])
+            static_op(tab.creates[i], tab.writes[i], tab.frees[i])
             if triggered[i + 1]:
                 events(triggered[i + 1], i)
 

@@ -10,6 +10,7 @@ enough to turn the net's choices into plan events.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,17 +19,36 @@ import numpy as np
 from memplan.planners.core.plan import Plan
 
 
+class OomPolicy(enum.StrEnum):
+    """What an allocation that does not fit does in a simulated run: the
+    job stops (FAIL), waits for swap-outs in flight (STALL), or a runtime
+    net makes room (PASSIVE: Capuchin's LRU swapping; DTR). The simulator
+    takes it (`sim.OomPolicy` is this one)."""
+
+    FAIL = "fail"
+    STALL = "stall"
+    PASSIVE = "passive"
+    DTR = "dtr"
+
+
+class MoveKind(enum.StrEnum):
+    """What the net did to a buffer (`NetMove.kind`)."""
+
+    EVICT = "evict"  # the device copy went away to make room
+    RESTORE = "restore"  # it came back: fetched, or rematerialised
+
+
 @dataclass(frozen=True, slots=True)
 class NetMove:
     """One act of the runtime safety net in iteration `iteration` of job
-    `job`: `kind` "evict" (the device copy of `buffer` went away while op
+    `job`: `kind` EVICT (the device copy of `buffer` went away while op
     `op` made room; `swapped`: a host copy was made or kept, else it was
-    dropped to be recomputed) or "restore" (the buffer came back for op `op`:
+    dropped to be recomputed) or RESTORE (the buffer came back for op `op`:
     fetched from the host, or rematerialised by re-running `ops`)."""
 
     job: int
     iteration: int
-    kind: str
+    kind: MoveKind
     op: int
     buffer: int
     swapped: bool = True
@@ -73,7 +93,7 @@ class Evaluation:
 
 
 class Evaluator(Protocol):
-    """Simulate one plan per job; `policy` is the OOM policy ("fail", or a
-    net: "passive", "dtr")."""
+    """Simulate one plan per job under the OOM `policy` (FAIL, or a net:
+    PASSIVE, DTR)."""
 
-    def __call__(self, plans: Sequence[Plan], policy: str = "fail") -> Evaluation: ...
+    def __call__(self, plans: Sequence[Plan], policy: OomPolicy = OomPolicy.FAIL) -> Evaluation: ...

@@ -1,8 +1,8 @@
 """What happens to a buffer: its states, the events that move it, and for each
 (state, event) the new state and what the driver must do.
 
-The simulator, the checker, the queued-peak analysis and the replay decide
-*when* an event happens (an op starts, a copy ends, the framework frees);
+The simulator, the checker, the op grid, the queued-peak analysis and the
+replay decide *when* an event happens (an op starts, a copy ends, the framework frees);
 `step` says *what* happens. It is a pure function of a small value, so a
 test walks every state and event (`tests/semantics/test_lifecycle.py`).
 
@@ -19,9 +19,9 @@ form is in docs/design.md, "What happens to a buffer".
 
 `Buffers` is the one store of that state: per-buffer lists a driver reads
 freely and changes only through its methods (`apply` asks `step`; `create`,
-`written`, `free` and `end_all` are its fast paths, NOTE [ Fast paths of the
-transition function ]). The simulator's `JobState` is one, the checker and
-the queued-peak analysis each keep one.
+`written`, `free`, `static_op` and `end_all` are its fast paths, NOTE [ Fast paths of the
+transition function ]). The simulator's `JobState` is one, the checker, the op
+grid and the queued-peak analysis each keep one.
 """
 
 from __future__ import annotations
@@ -389,9 +389,10 @@ class Buffers:
     # NOTE [ Fast paths of the transition function ]
     # Every op creates, writes and frees buffers, so `create`, `written` and
     # the common case of `free` set what `step` gives for CREATE, WRITE and
-    # FREE without asking it, and `end_all` skips the dead buffers' STOP: an
-    # `apply` costs about a microsecond, an op of the model's loop about two
-    # (`benchmarks/sim.py`). tests/semantics/test_buffers.py holds each to
+    # FREE without asking it, `static_op` does all three for an op of a
+    # static replay in one call (the checker), and `end_all` skips the dead
+    # buffers' STOP: an `apply` costs about a microsecond, an op of the
+    # model's loop about two (`benchmarks/sim.py`). tests/semantics/test_buffers.py holds each to
     # the function in every reachable state.
     def create(self, b: int) -> None:
         """A new life of `b` on the device: CREATE (the pool takes its bytes)."""
@@ -407,10 +408,26 @@ class Buffers:
             alive[b] = True
             host[b] = keep[b] = False
 
-    def free_all(self, bufs: tuple[int, ...]) -> None:
-        """`free` each of `bufs`, where no pool is told (a static replay)."""
-        for b in bufs:
-            self.free(b)
+    def static_op(
+        self, creates: tuple[int, ...], writes: tuple[int, ...], frees: tuple[int, ...]
+    ) -> None:
+        """An op of a static replay (no copy runs, no pool is told): `create`
+        its outputs, WRITE what it writes, `free` what the framework frees
+        after it -- one call per op, the common cases written out."""
+        where, alive, host, keep, epoch = self.where, self.alive, self.host, self.keep, self.epoch
+        for b in creates:
+            where[b] = DEV
+            alive[b] = True
+            host[b] = keep[b] = False
+        for b in writes:
+            host[b] = False
+        for b in frees:
+            if where[b] <= DEV:  # OFF or DEV: `free`'s common case
+                where[b] = OFF
+                alive[b] = host[b] = keep[b] = False
+                epoch[b] += 1
+            else:
+                self.apply(b, Event.FREE)
 
     def free(self, b: int) -> int:
         """The framework frees `b` (FREE); returns the `Do` bits. Most frees find

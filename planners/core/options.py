@@ -8,10 +8,10 @@ instance of its options dataclass.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 from dataclasses import dataclass
 from typing import Any
+
+from memplan.traces.fields import record
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +21,4 @@ class NoOptions:
 
 def options_dict(options: Any) -> dict[str, Any]:
     """An options dataclass as JSON values (enums by value), for `PlanResult.options`."""
-    return {f.name: _json(getattr(options, f.name)) for f in dataclasses.fields(options)}
-
-
-def _json(v: Any) -> Any:
-    if isinstance(v, enum.Enum):
-        return v.value
-    if isinstance(v, tuple | list):
-        return [_json(x) for x in v]
-    return v
+    return record(options)

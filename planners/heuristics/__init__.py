@@ -1,2 +1,3 @@
-"""One module per heuristic planner: vanilla and release-after-last-use,
-TENSILE, Capuchin, vDNN and sqrt(n) checkpointing."""
+"""The heuristic planners, one module or package each: vanilla and
+release-after-last-use, TENSILE, Capuchin, vDNN, sqrt(n) checkpointing and
+AutoSwap."""

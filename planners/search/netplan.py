@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memplan.planners.analysis.accesses import AccessTable, access_table
-from memplan.planners.core.evaluate import NetMove
+from memplan.planners.core.evaluate import MoveKind, NetMove
 from memplan.planners.core.plan import Event, Plan, Recompute, Release, SwapIn, SwapOut
 from memplan.traces.model import Trace
 
@@ -52,7 +52,7 @@ def plan_from_net(
         evicted: NetMove | None = None
         back = -1  # the op the buffer was last brought back for
         for m in seq:
-            if m.kind == "evict":
+            if m.kind == MoveKind.EVICT:
                 evicted = m
             elif evicted is not None:
                 added += _pair(b, evicted, m.op, m, _since(acc, evicted.op, back), n)
@@ -89,7 +89,7 @@ def _chains(trace: Trace, moves: list[NetMove]) -> list[NetMove]:
     dead: dict[int, frozenset[int]] = {}  # dead buffer remade -> the ops that made it
     at = None  # the op the remakes in `dead` were for
     for m in moves:
-        if m.kind != "restore" or m.swapped:
+        if m.kind != MoveKind.RESTORE or m.swapped:
             out.append(m)
             continue
         if m.op != at:
@@ -118,7 +118,7 @@ def _siblings(trace: Trace, table: AccessTable, moves: list[NetMove]) -> list[Ne
     pending: dict[int, int] = {}  # sibling -> index of its restore in `out`
     for m in moves:
         b = m.buffer
-        if m.kind == "evict":
+        if m.kind == MoveKind.EVICT:
             k = pending.pop(b, None)
             if k is not None and out[k].op >= m.op:
                 out[k] = None  # dropped again before it was used
@@ -141,7 +141,9 @@ def _siblings(trace: Trace, table: AccessTable, moves: list[NetMove]) -> list[Ne
                 if len(nxt):
                     ops = tuple(o for o in m.ops if o <= k)
                     pending[w] = len(out)
-                    out.append(NetMove(m.job, m.iteration, "restore", int(nxt[0]), w, False, ops))
+                    out.append(
+                        NetMove(m.job, m.iteration, MoveKind.RESTORE, int(nxt[0]), w, False, ops)
+                    )
     return [m for m in out if m is not None]
 
 

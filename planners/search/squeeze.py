@@ -16,7 +16,7 @@ from memplan.planners.analysis.bounds import joint_peak_lower_bound
 from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
-from memplan.planners.core.evaluate import Evaluation, Evaluator
+from memplan.planners.core.evaluate import Evaluation, Evaluator, OomPolicy
 from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
     Plan,
@@ -24,9 +24,9 @@ from memplan.planners.core.plan import (
     Reason,
     Status,
 )
-from memplan.planners.heuristics.capuchin import capuchin
+from memplan.planners.heuristics.capuchin.planner import capuchin
 from memplan.planners.heuristics.checkpoint import checkpoint
-from memplan.planners.heuristics.tensile import tensile
+from memplan.planners.heuristics.tensile.planner import tensile
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.planners.heuristics.vdnn import vdnn
 from memplan.planners.search.moves import Search
@@ -41,7 +41,7 @@ SEEDS: dict[str, Callable[..., PlanResult]] = {
     "checkpoint": checkpoint,
     "vdnn": vdnn,
 }
-NETS = ("passive", "dtr")
+NETS = (OomPolicy.PASSIVE, OomPolicy.DTR)
 BUDGET_FREE = ("vdnn",)  # plans that do not depend on the budget
 MAX_STARTS = 10  # NOTE [ Squeeze ]: starts improved in turn while evaluations are left
 SPLIT = 4  # NOTE [ Time left over ]: a start may use 1/SPLIT of what is left
@@ -278,7 +278,9 @@ class _Run:
 
         return out
 
-    def evaluate(self, plans: Sequence[Plan], policy: str = "fail") -> Evaluation | None:
+    def evaluate(
+        self, plans: Sequence[Plan], policy: OomPolicy = OomPolicy.FAIL
+    ) -> Evaluation | None:
         """The simulated run of `plans` (checked first: None if they fail)."""
         try:
             for p, t in zip(plans, self.traces, strict=True):
@@ -342,7 +344,7 @@ class _Run:
                     short.append((list(r.plans), f"{name}@{s:g}"))
         short += self.offloaded(base, offer)
         for plans, label in short:
-            for net in _names(self.opts.nets):
+            for net in map(OomPolicy, _names(self.opts.nets)):
                 cur = plans
                 for k in range(1, NET_ROUNDS + 1):
                     if self.out_of_time():
@@ -394,7 +396,7 @@ class _Run:
                     offer(plus(r.plans), f"{name}+{label}")
         return short
 
-    def with_net(self, plans: list[Plan], net: str) -> list[Plan] | None:
+    def with_net(self, plans: list[Plan], net: OomPolicy) -> list[Plan] | None:
         """`plans` plus what the `net` policy did to them, as events (NOTE
         [ From the net to a plan ]); None if they ran out even with the net."""
         ev = self.evaluate(plans, net)

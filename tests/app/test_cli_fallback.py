@@ -89,6 +89,7 @@ def test_a_plan_the_simulator_runs_out_on_never_fits(monkeypatch):
     from memplan.planners.heuristics.vanilla import release_only_plan
 
     from memplan.comparison import Fit, compare_planners, vanilla_peak
+    from memplan.runconfig import RunConfig
 
     def boastful(traces, device, *, budget_bytes=None, options=None):
         return PlanResult("boastful", Status.PLANNED, [release_only_plan(t) for t in traces])
@@ -98,7 +99,9 @@ def test_a_plan_the_simulator_runs_out_on_never_fits(monkeypatch):
     trace = io.load(RESNET)
     half = int(vanilla_peak([trace], DEV) * 0.5)
     for fallback, fit in (("none", Fit.OOM), ("passive", Fit.NET)):
-        c = compare_planners([trace], DEV, ["boastful"], budget=half, fallback=fallback)
+        c = compare_planners(
+            [trace], DEV, ["boastful"], budget=half, config=RunConfig(fallback=fallback)
+        )
         (row,) = c.rows
         assert row.fit == fit and not row.feasible
 

@@ -13,8 +13,8 @@ from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed, Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.core.plan import SwapIn, SwapOut
-from memplan.planners.heuristics.capuchin_measured import FEEDBACK_FRACTION
-from memplan.planners.heuristics.tensile_update import PlanningTime, UpdateOptions
+from memplan.planners.heuristics.capuchin.measured import FEEDBACK_FRACTION
+from memplan.planners.heuristics.tensile.update import PlanningTime, UpdateOptions
 from memplan.sim import Job, simulate
 from memplan.traces import synthetic
 

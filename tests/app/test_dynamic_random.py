@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.profile import load_hardware
-from memplan.planners.heuristics.tensile_update import PlanningTime
+from memplan.planners.heuristics.tensile.update import PlanningTime
 from memplan.sim import Job, simulate
 from memplan.sim.dynamics import LaneSlowdown
 from memplan.traces import synthetic

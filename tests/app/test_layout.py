@@ -42,21 +42,14 @@ MODULES = modules()
 
 
 def imports(name: str, path: Path) -> set[str]:
-    """The project modules `name` imports anywhere in its source (also inside
-    functions: a deferred import still closes a circle)."""
+    """The project modules `name` imports anywhere in its source: inside
+    functions too (a deferred import still closes a circle), and under `if
+    TYPE_CHECKING:` (an annotation naming a module that imports this one is a
+    back-reference, a circle in the design)."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    typing_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
-        for stmt in block.body
-        for n in ast.walk(stmt)
-    }  # annotations only: never run, so they close no circle
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):

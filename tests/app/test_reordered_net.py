@@ -11,6 +11,7 @@ from memplan.planners.heuristics.vanilla import vanilla_plan
 
 from memplan.comparison import compare_planners
 from memplan.plannerview import net_for
+from memplan.runconfig import RunConfig
 from tests.planners.test_plan_order import interleaved
 from tests.sim.handtraces import MiB, gpu
 
@@ -32,7 +33,8 @@ def test_a_swapadvisor_row_under_dtr_runs_with_the_passive_net():
     t, lat = interleaved()
     dev = DeviceModel(gpu(), lat)
     opts = {"swapadvisor": {"population": 8, "generations": 4}}
-    c = compare_planners([t], dev, ["swapadvisor"], budget=7 * MiB, options=opts, fallback="dtr")
+    run = RunConfig(fallback="dtr")
+    c = compare_planners([t], dev, ["swapadvisor"], budget=7 * MiB, options=opts, config=run)
     (row,) = c.rows
     assert row.fit == "alone" and row.iteration_time_s == 0.005  # 5 ops of 1 ms, no event
     assert row.fallback == "passive" and "its net is passive" in row.reason

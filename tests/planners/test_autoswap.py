@@ -12,9 +12,9 @@ from memplan.planners import registry
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Status, SwapIn, SwapOut
-from memplan.planners.heuristics.autoswap import AutoSwapOptions, autoswap, scores_of
-from memplan.planners.heuristics.autoswap_schedule import State, schedule, select
-from memplan.planners.heuristics.autoswap_scores import AutoSwapJob, candidates, ranking
+from memplan.planners.heuristics.autoswap.planner import AutoSwapOptions, autoswap, scores_of
+from memplan.planners.heuristics.autoswap.schedule import State, schedule, select
+from memplan.planners.heuristics.autoswap.scores import AutoSwapJob, candidates, ranking
 from memplan.sim.job import Job
 from memplan.sim.simulate import simulate
 from memplan.traces import synthetic as syn
@@ -139,7 +139,7 @@ def test_schedule_chains_copies_in_access_order_and_widens_to_the_peak_time():
 
 
 def _doa(st):
-    from memplan.planners.heuristics.autoswap_scores import scores
+    from memplan.planners.heuristics.autoswap.scores import scores
 
     return scores(st.jobs, st.cands)[:, 0]
 

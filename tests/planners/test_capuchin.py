@@ -19,7 +19,7 @@ from memplan.planners import registry
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Reason, Recompute, Release, Status, SwapIn, SwapOut
-from memplan.planners.heuristics.capuchin import NO_BUDGET, capuchin
+from memplan.planners.heuristics.capuchin.planner import NO_BUDGET, capuchin
 from memplan.sim import Job, simulate
 from memplan.traces import io
 from memplan.traces.model import Buffer, BufferKind, Op, Phase, Trace, TraceMeta, View

@@ -8,7 +8,7 @@ import pytest
 from memplan.planners.analysis.optimes import Timeline
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Plan, SwapIn, SwapOut
-from memplan.planners.heuristics.capuchin_measured import (
+from memplan.planners.heuristics.capuchin.measured import (
     Late,
     advance_in_triggers,
     measured_timeline,

@@ -14,7 +14,7 @@ from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.options import NoOptions, options_dict
 from memplan.planners.core.plan import PlanResult, Status
-from memplan.planners.heuristics.tensile import TensileOptions
+from memplan.planners.heuristics.tensile.planner import TensileOptions
 from memplan.planners.registry import PlannerSpec, make_options
 
 from tests.planners.test_analysis import MiB, gap_chain, gpu
@@ -166,7 +166,7 @@ def test_traits_are_read_without_importing_the_planner():
         "import sys; from memplan.planners import registry as r;"
         "t = r.traits('capuchin'), r.traits('cpsat'), r.traits('squeeze'), r.traits('tensile');"
         "print([x.budget_from for x in t], [x.search.value for x in t],"
-        " 'memplan.planners.heuristics.capuchin' in sys.modules)"
+        " 'memplan.planners.heuristics.capuchin.planner' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("] ") == [

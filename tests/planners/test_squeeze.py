@@ -13,7 +13,7 @@ from memplan.hwmodels.latency import Measured, Roofline
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.analysis.optimes import op_durations_us, predict_timelines
 from memplan.planners.core.check import check
-from memplan.planners.core.evaluate import Evaluation, NetMove
+from memplan.planners.core.evaluate import Evaluation, MoveKind, NetMove, OomPolicy
 from memplan.planners.core.plan import Plan, Recompute, Release, Status, SwapIn, SwapOut
 from memplan.planners.heuristics.vanilla import release_only_plan, vanilla_plan
 from memplan.planners.registry import run
@@ -119,7 +119,7 @@ def _evict_case():
 def test_the_net_evictions_become_a_swap_pair():
     trace, device = _evict_case()
     base = release_only_plan(trace)
-    ev = sim_evaluator([trace], device, 4 * MiB)([base], "passive")
+    ev = sim_evaluator([trace], device, 4 * MiB)([base], OomPolicy.PASSIVE)
     assert ev.net_used and not ev.fits and ev.oom_at is None
     plan, added = plan_from_net(trace, base, ev.moves, 0, ev.iterations - 1)
     assert added == (SwapOut(0, 1, before_op=2), SwapIn(0, 3, 4))
@@ -147,7 +147,7 @@ def test_a_parameter_the_net_discards_is_written_down_as_swapped_out():
     )
     device = DeviceModel(tiny_hw(), Measured())
     base = release_only_plan(trace)
-    ev = sim_evaluator([trace], device, 5 * MiB)([base], "passive")
+    ev = sim_evaluator([trace], device, 5 * MiB)([base], OomPolicy.PASSIVE)
     assert ev.net_used and ev.oom_at is None
     plan, added = plan_from_net(trace, base, ev.moves, 0, ev.iterations - 1)
     assert added == (SwapOut(0, 0, before_op=1), SwapIn(0, 2, 3))
@@ -181,7 +181,7 @@ def test_a_sibling_dtr_remakes_with_its_target_gets_its_own_recompute():
     )
     device = DeviceModel(tiny_hw(), Measured())
     base = release_only_plan(trace)
-    ev = sim_evaluator([trace], device, 7 * MiB)([base], "dtr")
+    ev = sim_evaluator([trace], device, 7 * MiB)([base], OomPolicy.DTR)
     assert ev.net_used and ev.oom_at is None
     it = ev.iterations - 1
     assert [(m.kind, m.op, m.buffer) for m in ev.moves if m.iteration == it] == [
@@ -218,11 +218,11 @@ def test_a_temporary_of_a_remake_joins_the_chain_that_reads_it():
     )
     base = release_only_plan(trace)
     moves = [
-        NetMove(0, 1, "evict", 4, 2, False),
-        NetMove(0, 1, "evict", 4, 3, False),
-        NetMove(0, 1, "restore", 6, 1, False, (1,)),
-        NetMove(0, 1, "restore", 6, 2, False, (2,)),
-        NetMove(0, 1, "restore", 6, 3, False, (3,)),
+        NetMove(0, 1, MoveKind.EVICT, 4, 2, False),
+        NetMove(0, 1, MoveKind.EVICT, 4, 3, False),
+        NetMove(0, 1, MoveKind.RESTORE, 6, 1, False, (1,)),
+        NetMove(0, 1, MoveKind.RESTORE, 6, 2, False, (2,)),
+        NetMove(0, 1, MoveKind.RESTORE, 6, 3, False, (3,)),
     ]
     plan, added = plan_from_net(trace, base, moves, 0, 1)
     assert set(added) == {

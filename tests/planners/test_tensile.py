@@ -16,7 +16,7 @@ from memplan.planners.analysis import msps
 from memplan.planners.core.check import check
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.plan import Reason, Recompute, Release, Status, SwapIn, SwapOut
-from memplan.planners.heuristics.tensile import TensileOptions, tensile
+from memplan.planners.heuristics.tensile.planner import TensileOptions, tensile
 from memplan.sim.job import Job
 from memplan.sim.log import LogKind
 from memplan.sim.metrics import savings

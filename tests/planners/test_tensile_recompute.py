@@ -13,7 +13,7 @@ from memplan.hwmodels.latency import Fixed
 from memplan.planners.analysis import msps
 from memplan.planners.core.check import check
 from memplan.planners.core.plan import Reason, Recompute, Release, Status
-from memplan.planners.heuristics.tensile import TensileOptions, tensile
+from memplan.planners.heuristics.tensile.planner import TensileOptions, tensile
 from memplan.sim import Job, simulate
 
 from tests.planners.bruteforce import B, MiB, Step, durations_s, tiny_hw, tiny_trace

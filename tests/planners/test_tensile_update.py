@@ -11,8 +11,8 @@ from memplan.hwmodels.latency import Fixed
 from memplan.hwmodels.profile import load_hardware
 from memplan.planners.analysis.optimes import predict_timelines
 from memplan.planners.core.errors import PlanError
-from memplan.planners.heuristics.capuchin import capuchin
-from memplan.planners.heuristics.tensile_update import LatencyTracker, PlanningTime, UpdateOptions
+from memplan.planners.heuristics.capuchin.planner import capuchin
+from memplan.planners.heuristics.tensile.update import LatencyTracker, PlanningTime, UpdateOptions
 from memplan.traces import synthetic
 
 HW = load_hardware("rtx-a6000")

@@ -11,12 +11,6 @@ from memplan.planners.core.plan import Release, SwapIn, SwapOut
 from tests.semantics import cases as c
 from tests.semantics.cases import Case, Check, Differs, Impl
 
-OPGRID_NO_DISCARD = Differs(
-    Check.UPPER,
-    "the op grid does not know a swap-out of a buffer whose host copy is still valid "
-    "is a discard (no bytes move, the device copy is dropped at the trigger): it frees "
-    "after a full copy time, an op later here",
-)
 OPGRID_NO_QUEUE = Differs(
     Check.OUTCOME,
     "lane queueing: the op grid starts every copy at its trigger, the simulator and the "
@@ -196,7 +190,6 @@ SWAP_CASES: tuple[Case, ...] = (
             SwapIn(1, 5, 7, delay_us=200),
         ),
         (3, 3, 4, 2, 4, 2, 4, 4),
-        differs={Impl.OPGRID: OPGRID_NO_DISCARD},
     ),
     Case(
         "discard_by_release",
@@ -224,7 +217,6 @@ SWAP_CASES: tuple[Case, ...] = (
         (SwapOut(1, 5), SwapIn(1, 7, 3, delay_us=1500, next_iteration=True)),
         (4, 4, 4, 5, 5, 5, 5, 2),
         steady_mib=(2, 4, 4, 5, 5, 5, 3, 2),
-        differs={Impl.OPGRID: OPGRID_NO_DISCARD},
     ),
     Case(
         "framework_free_during_copy",

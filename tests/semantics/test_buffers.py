@@ -135,8 +135,31 @@ def test_the_batch_paths_are_one_by_one():
     batch.create_all(tuple(dead))
     for b in dead:
         single.create(b)
-    batch.free_all(tuple(range(n)))
     for b in range(n):
         single.free(b)
+    batch.static_op((), (), tuple(range(n)))
     assert [batch.state(b) for b in range(n)] == [single.state(b) for b in range(n)]
     assert batch.epoch == single.epoch
+
+
+def test_a_static_op_is_create_write_free():
+    """`static_op` equals CREATE of its outputs, WRITE, then FREE, one by one,
+    from every reachable state of a written or freed buffer."""
+    n = len(REACHABLE)
+    dead = tuple(b for b, st in enumerate(REACHABLE) if st.where == Where.OFF and not st.alive)
+    others = tuple(b for b in range(n) if b not in dead)
+    for frees in (others[::2], others[1::2] + dead[:1]):
+        fast, slow = _buffers(n), _buffers(n)
+        for b, st in enumerate(REACHABLE):
+            _put(fast, b, st)
+            _put(slow, b, st)
+        writes = tuple(range(0, n, 3))
+        fast.static_op(dead[1:], writes, frees)
+        for b in dead[1:]:
+            slow.apply(b, Event.CREATE)
+        for b in writes:
+            slow.apply(b, Event.WRITE)
+        for b in frees:
+            slow.apply(b, Event.FREE)
+        assert [fast.state(b) for b in range(n)] == [slow.state(b) for b in range(n)]
+        assert fast.epoch == slow.epoch

@@ -14,6 +14,7 @@ from memplan.traces.model import Trace
 
 from memplan.cli import main
 from memplan.plannerview import planner_view
+from memplan.runconfig import RunConfig
 from tests.sim.handtraces import MiB, gpu
 from tests.sim.test_allocator_sim import frag_trace
 from tests.sim.test_cli import hand_toml
@@ -121,17 +122,15 @@ def test_the_planners_view():
     assert (seen[0] is t, budget) == (True, 100 * MiB)
     # caching: sizes as the allocator gives them alone; the budget less two
     # contexts of 10 MiB and each job's largest workspace (3 MiB)
-    seen, budget = planner_view(
-        [t, t], dev, 100 * MiB, allocator="caching", context_reserve=10 * MiB
-    )
+    seen, budget = planner_view([t, t], dev, 100 * MiB, RunConfig("caching", 10 * MiB))
     assert [b.nbytes for b in seen[0].buffers] == [1024, 12 * MiB, 10 * MiB]
     assert budget == 100 * MiB - 2 * 10 * MiB - 2 * 3 * MiB
     # smartpool: exact sizes, the same budget; no budget stays none
-    seen, budget = planner_view([t], dev, 100 * MiB, allocator="smartpool", context_reserve=MiB)
+    seen, budget = planner_view([t], dev, 100 * MiB, RunConfig("smartpool", MiB))
     assert ([b.nbytes for b in seen[0].buffers], budget) == (
         [1000, 11 * MiB, 10 * MiB - 1],
         96 * MiB,
     )
-    assert planner_view([t], dev, None, allocator="caching")[1] is None
+    assert planner_view([t], dev, None, RunConfig("caching"))[1] is None
     with pytest.raises(MemplanError, match="leaves nothing to plan for"):
-        planner_view([t], dev, 12 * MiB, allocator="caching", context_reserve=10 * MiB)
+        planner_view([t], dev, 12 * MiB, RunConfig("caching", 10 * MiB))

@@ -179,13 +179,14 @@ def test_the_books_balance_under_every_net(allocator, oom, seed, monkeypatch):
     )
     mem = seen["mem"]
     assert (mem.used, mem.parked_bytes) == (0, 0)
+    books = mem.ledger
     for j in range(2):
-        assert (mem.owned[j], mem.scratch[j]) == ({}, [])
-        assert not any(mem.loose[j].values())
+        assert (books.owned[j], books.scratch[j]) == ({}, [])
+        assert not any(books.loose[j].values())
         if allocator == "caching":
-            assert (mem.backs[j].allocated, mem.backs[j].reserved) == (0, 0)
+            assert (books.backs[j].allocated, books.backs[j].reserved) == (0, 0)
         else:
-            assert min(mem.backs[j].ends, default=0) >= 0  # every lifetime closed
+            assert min(books.backs[j].ends, default=0) >= 0  # every lifetime closed
     assert r.device_peak_bytes <= int(peak * 0.7) or r.oom
     # two counts of the same bytes: the memory curve and the allocator's blocks
     # (smartpool's lifetimes give the curve's peak; caching's blocks, rounded

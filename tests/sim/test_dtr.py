@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memplan.hwmodels.device import DeviceModel
@@ -26,7 +25,6 @@ from memplan.sim import Job, LogKind, OomPolicy, simulate
 from memplan.sim import model as sim_model
 from memplan.sim.dtr import DtrPool
 from memplan.sim.job import CompiledJob
-from memplan.sim.pcie import Pcie
 from memplan.sim.remat import ABSENT, RematTable
 from memplan.sim.state import DEV
 from memplan.traces import io, synthetic
@@ -321,9 +319,7 @@ def test_a_remake_that_cannot_fit_runs_out_of_memory_cleanly():
 # ---- what can be remade (RematTable) -------------------------------------------------
 def table(trace, lat, plan_=None) -> RematTable:
     device = DeviceModel(gpu(), lat)
-    return RematTable(
-        CompiledJob(0, Job(trace, plan_), 1, device), Pcie(simpy.Environment(), device)
-    )
+    return RematTable(CompiledJob(0, Job(trace, plan_), 1, device), device)
 
 
 def test_what_can_be_remade_and_until_when():
@@ -388,7 +384,7 @@ def plain_candidates(pool: DtrPool) -> list[tuple[float, int, float, int]]:
     """(h, job, last use, buffer) of every buffer the pool may evict now."""
     out = []
     now = pool.env.now
-    for j, s in enumerate(pool.model.jobs):
+    for j, s in enumerate(pool.jobs):
         t = pool.tables[j]
         for b, w in enumerate(s.where):
             m = s.c.nbytes[b]

@@ -128,7 +128,8 @@ def run(
     ]
     budget = hw.memory_bytes if budget is None else budget
     model = GpuModel(compiled, device, budget, OomPolicy(oom))
-    model.log = log = _ProbedLog(model)
+    log = _ProbedLog(model)
+    model.log.flat = log.flat  # every part of the model logs to `model.log`: probe its list
     model.run()
     return Probe(build_result(model, hw.name, 0), log, model.mem.samples)
 

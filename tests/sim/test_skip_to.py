@@ -8,7 +8,7 @@ import pytest
 from memplan.hwmodels.device import DeviceModel
 from memplan.hwmodels.latency import Roofline
 from memplan.hwmodels.profile import load_hardware
-from memplan.planners.heuristics.capuchin import capuchin
+from memplan.planners.heuristics.capuchin.planner import capuchin
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.sim import Job, LaneSlowdown, simulate
 from memplan.sim.clock import Clock

@@ -226,3 +226,31 @@ def test_names_may_hold_anything_but_targets_must_be_text(tmp_path):
         "ops[1].target: not valid Unicode text (a lone surrogate at position 17): "
         '"aten.relu.default\\ud800"',
     )
+
+
+def test_a_record_is_its_fields_in_order_as_json_values():
+    """`fields.record`: declaration order, enums by value, tuples as lists,
+    NaN as None, `omit` left out; dicts and None as they are."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class R:
+        z: int
+        phase: Phase
+        ops: tuple
+        eor: float
+        skipped: object
+        stats: dict
+        peak: int | None = None
+
+    stats = {"a": 1}
+    r = R(3, Phase.BACKWARD, (1, (Phase.FORWARD, 2)), math.nan, object(), stats)
+    doc = fields.record(r, omit=("skipped",))
+    assert list(doc) == ["z", "phase", "ops", "eor", "stats", "peak"]
+    assert doc == {"z": 3, "phase": "backward", "ops": [1, ["forward", 2]], "eor": None,
+                   "stats": {"a": 1}, "peak": None}  # fmt: skip
+    assert doc["stats"] is stats
+    assert json.dumps(fields.record(R(1, Phase.OPTIMIZER, (), 0.5, None, {}))) == (
+        '{"z": 1, "phase": "optimizer", "ops": [], "eor": 0.5, "skipped": null, '
+        '"stats": {}, "peak": null}'
+    )

@@ -34,7 +34,7 @@ from memplan.validate.replay.initial import initial_bytes
 from memplan.validate.replay.invoke import Invoker
 from memplan.validate.replay.lanes import Lane, LaneSync
 from memplan.validate.replay.mover import Mover
-from memplan.validate.replay.pool import NOTHING, DevicePool, NotOnDevice
+from memplan.validate.replay.pool import NOTHING, DevicePool, NoHostCopy, NotOnDevice
 from memplan.validate.replay.program import Program, compile_trace
 from memplan.validate.replay.result import ReplayResult
 from memplan.validate.replay.schedule import Schedule, Triggered, build_schedule
@@ -337,9 +337,15 @@ class Executor:
             return  # no next iteration to serve (planners.core.plan NOTE [ Cross-iteration swaps ])
         due = (self.it + 1 if ev.next_iteration else self.it, ev.before_op)
         # NOTE [ Keep ]: a copy in flight serves this one too; a leaving buffer is kept
-        t, new = self.pool.begin_swap_in(
-            ev.buffer, lambda life: self._transfer(Direction.H2D, ev, life)
-        )
+        try:
+            t, new = self.pool.begin_swap_in(
+                ev.buffer, lambda life: self._transfer(Direction.H2D, ev, life)
+            )
+        except NoHostCopy as e:
+            raise ValidationError(
+                f"{describe(ev)} after op {ev.after_op} of iteration {self.it}: "
+                f"no valid host copy ({e.why})"
+            ) from None
         if t is None:
             return
         self.deadlines.setdefault(due, []).append(t)

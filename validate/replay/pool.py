@@ -1,6 +1,10 @@
 """Where every buffer's bytes are during a replay: the device pool (with
 exact byte accounting), the host pool of swapped-out copies, and the data
-versions that tell a valid host copy from a stale one."""
+versions that tell whether an op wrote a buffer while its bytes moved.
+
+The pool drives the transition function (`planners.core.lifecycle`): each
+transition below asks it what happens to the buffer, and does that with
+real storages; the state is its `Buffers`, nowhere else."""
 
 from __future__ import annotations
 
@@ -9,6 +13,18 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
+from memplan.planners.core.lifecycle import (
+    ARRIVING,
+    DEV,
+    LEAVING,
+    NO_CTX,
+    OFF,
+    Buffers,
+    Ctx,
+    Do,
+    Event,
+    State,
+)
 from memplan.traces.model import Trace
 from memplan.validate.replay.transfer import Direction, Transfer
 from memplan.validate.replay.views import ViewCache
@@ -26,13 +42,13 @@ from memplan.validate.replay.views import ViewCache
 # NOTE [ Keep ]
 # As in the simulator (NOTE [ Event semantics ] in `sim/model.py`), a buffer
 # whose swap-out is queued or running stays usable, and needing it again
-# cancels the free: an op that needs it, or a `SwapIn` of it, puts it in
-# `keep`. A swap-out whose copy ends while it is in `keep` -- however early
+# cancels the free: an op that needs it, or a `SwapIn` of it, sets its
+# `keep` flag. A swap-out whose copy ends while it is kept -- however early
 # the keep came, even before the copy took the lane -- or while the op being
 # run accesses it (`pinned`), makes the host copy and leaves the device copy
 # where it is: a later `Release` may rely on that host copy, as the checker
-# assumes. A `Release` of a leaving buffer takes it
-# out of `keep` again. A swap-out of a buffer whose host copy is still valid
+# assumes. A `Release` of a leaving buffer clears
+# the flag again. A swap-out of a buffer whose host copy is still valid
 # moves no bytes either: the device copy is dropped (a discard), unless kept.
 
 # NOTE [ Device bytes ]
@@ -48,7 +64,7 @@ from memplan.validate.replay.views import ViewCache
 # counted when it starts, as the simulator allocates them (`begin_op`); a
 # swap-in's bytes when its copy starts. A buffer the framework frees while a
 # copy of it runs keeps its bytes until that copy ends (the copy engine still
-# reads or writes them; the simulator's `_framework_free`).
+# reads or writes them; the simulator's `framework_free`).
 
 NOTHING: frozenset[int] = frozenset()
 
@@ -62,6 +78,15 @@ class NotOnDevice(LookupError):
     """A plan event acts on a buffer that is not on the device."""
 
 
+class NoHostCopy(LookupError):
+    """A `SwapIn` of a buffer that is off the device with no valid host copy:
+    `why` says what happened to it."""
+
+    def __init__(self, b: int, why: str):
+        super().__init__(b, why)
+        self.why = why
+
+
 class DevicePool:
     """Residency and bytes of every buffer of a trace on a device (NOTE [ One lock ])."""
 
@@ -73,20 +98,18 @@ class DevicePool:
         self._nbytes = trace.nbytes
         self._lock = threading.Lock()
         self._storage: list[torch.UntypedStorage | None] = [None] * n
+        self._state = Buffers(n)  # where each buffer is, and its flags
         self._host: list[torch.UntypedStorage | None] = [None] * n  # copies on the host
-        self._host_version = np.full(n, -1, np.int64)  # version of the data `_host` holds
         self._stale_by: dict[int, int] = {}  # op whose write made the host copy stale
         self._version = np.zeros(n, np.int64)  # bumped by every write, never reset
         self._writers: list[list[int]] = [[] for _ in range(n)]  # ops since creation
         self._dropped_writers: dict[int, tuple[int, ...]] = {}  # writers when last dropped
         self._dropped_version = np.full(n, -1, np.int64)  # version when last dropped
-        self._lifetime = np.zeros(n, np.int64)  # bumped when the buffer is made or freed
         self._pinned: frozenset[int] = NOTHING  # what the op being run accesses
-        self._keep: set[int] = set()  # NOTE [ Keep ]
         self._writing: frozenset[int] = NOTHING  # what the op being called writes
         self._writing_op = -1
-        self._arriving: dict[int, Transfer] = {}  # swap-in queued or in flight
-        self._leaving: dict[int, Transfer] = {}  # swap-out queued or in flight
+        self._arriving: dict[int, Transfer] = {}  # the swap-in of an ARRIVING buffer
+        self._leaving: dict[int, Transfer] = {}  # the swap-out of a LEAVING buffer
         self._errors: list[str] = []  # found on a copy lane, raised by the compute loop
         self._current_bytes = 0
         self._iteration_peaks: list[int] = []  # per iteration so far: its peak
@@ -99,15 +122,19 @@ class DevicePool:
     def on_device(self, b: int) -> bool:
         return self._storage[b] is not None
 
+    def state(self, b: int) -> State:
+        """`b`'s state as the transition function sees it."""
+        return self._state.state(b)
+
     def gone(self, b: int) -> bool:
         """Neither on the device nor arriving: only a recompute brings it back."""
-        return self._storage[b] is None and b not in self._arriving
+        return self._state.where[b] == OFF
 
     def has_host_copy(self, b: int) -> bool:
         return self._host[b] is not None
 
     def host_valid(self, b: int) -> bool:
-        return self._host[b] is not None and self._host_version[b] == self._version[b]
+        return self._state.host[b]
 
     def version(self, b: int) -> int:
         return int(self._version[b])
@@ -152,6 +179,7 @@ class DevicePool:
         """`b` exists at iteration start (a parameter, an input) as `storage`:
         a new lifetime, on the device, its bytes counted."""
         with self._lock:
+            self._apply(b, Event.CREATE)
             self._created(b, -1)
             self._bind(b, storage)
 
@@ -164,15 +192,14 @@ class DevicePool:
     def need(self, b: int) -> Transfer | bool:
         """An op (or a recompute for it) needs `b`: True if it is usable now
         (a leaving one is kept, NOTE [ Keep ]), the swap-in to wait for if
-        it is arriving, False if it is gone."""
+        it is arriving, False if it is gone (the replay fetches nothing on
+        demand: the executor recomputes it as the plan says, or rejects)."""
         with self._lock:
-            if b in self._leaving:
-                self._keep.add(b)
-                return True
-            t = self._arriving.get(b)
-            if t is not None:
-                return t
-            return self._storage[b] is not None
+            if self._state.where[b] == OFF:
+                return False
+            if self._apply(b, Event.NEED) & Do.STALL:
+                return self._arriving[b]
+            return True
 
     def begin_op(
         self, op: int, needs: tuple[int, ...], writes: Iterable[int], create_bytes: int
@@ -182,8 +209,9 @@ class DevicePool:
         [ Device bytes ]) and its `writes` count from here for a copy that
         ends meanwhile."""
         with self._lock:
+            where = self._state.where
             for b in needs:
-                if self._storage[b] is None or b in self._arriving:
+                if where[b] != DEV and where[b] != LEAVING:
                     return b
             self._reserve(create_bytes)
             self._writing = frozenset(writes)
@@ -198,13 +226,20 @@ class DevicePool:
         bind: frozenset[int] | None,
         writes: Iterable[int],
     ) -> None:
-        """Op `op` returned: the outputs it `creates` (in `bind`, if given)
+        """Op `op` returned: the outputs it `creates` (in `bind`, if given:
+        a recompute's, whose buffers are made again in the life they had)
         become those buffers' device copies, the others are dropped at once
         (their counted bytes given back); it modified `writes` in place."""
         with self._lock:
             for b, s in zip(creates, storages, strict=True):
-                if bind is None or b in bind:
+                if bind is None:
+                    self._apply(b, Event.CREATE)
                     self._created(b, op)
+                    self._bind(b, s, reserved=True)
+                elif b in bind:
+                    self._apply(b, Event.REMAKE)
+                    self._version[b] += 1  # until `restore` tells which version it is
+                    self._writers[b] = [op]
                     self._bind(b, s, reserved=True)
                 else:  # made for a moment and dropped (a recompute's output still present)
                     self._current_bytes -= int(self._nbytes[b])
@@ -219,46 +254,41 @@ class DevicePool:
 
     def restore(self, b: int) -> None:
         """A recompute brought back the data `b` held when it was dropped: it
-        is that version again (a host copy of it, if any, is valid again)."""
+        is that version again (a valid host copy of it stays valid, as the
+        transition function's REMAKE keeps it)."""
         with self._lock:
             self._version[b] = self._dropped_version[b]
             self._writers[b] = list(self._dropped_writers[b])
 
     def drop(self, b: int) -> None:
-        """Free the device copy of `b` (a recompute's intermediate)."""
+        """Free the device copy of `b`, a recompute's intermediate: its life
+        goes on (DROP) if the framework has not freed it, else the life it was
+        made again for ends here (FREE), as in the simulator."""
         with self._lock:
-            self._drop(b)
+            if self._state.alive[b]:
+                self._apply(b, Event.DROP)
+                self._drop(b)
+            else:
+                self._free(b)
 
     def framework_free(self, b: int) -> None:
         """The framework freed `b`: no copy of it survives anywhere. A copy
         of it that is running keeps the bytes until it ends (NOTE [ Device
         bytes ]); one that has not started will not."""
         with self._lock:
-            running = False
-            for table in (self._leaving, self._arriving):
-                t = table.pop(b, None)
-                if t is not None and t.running:
-                    t.owns_bytes = running = True
-            self._drop(b, counted=not running)
-            self._keep.discard(b)
-            self._drop_host(b)
-            self._writers[b] = []
-            self._lifetime[b] += 1
-            self._stale_by.pop(b, None)
+            self._free(b)
 
     # ---- the compute thread: a plan's events -----------------------------------------
     def release(self, b: int) -> None:
         """A `Release`: free the device copy of `b`; of a leaving buffer undo
         a keep, of an arriving one nothing. `NotOnDevice` if it is absent."""
         with self._lock:
-            if b in self._leaving:
-                self._keep.discard(b)  # the swap-out frees it after all
-                return
-            if b in self._arriving:
-                return  # as the simulator: a skip
-            if self._storage[b] is None:
+            where = self._state.where[b]
+            do = self._apply(b, Event.RELEASE)  # of a leaving one: its free is back
+            if do & Do.DROP:
+                self._drop(b)
+            elif where == OFF:
                 raise NotOnDevice(b)
-            self._drop(b)
 
     def begin_swap_out(self, b: int, at_once: bool, make: MakeTransfer) -> Transfer | None:
         """A `SwapOut` of `b` fires: the transfer queued for it (made by
@@ -267,33 +297,37 @@ class DevicePool:
         host copy is still valid is a discard (NOTE [ Keep ]). `NotOnDevice`
         if it is absent."""
         with self._lock:
-            if b in self._leaving or b in self._arriving:
-                return None  # as the simulator: a skip
-            if self._storage[b] is None:
+            where = self._state.where[b]
+            do = self._apply(b, Event.SWAP_OUT, Ctx(delayed=not at_once))
+            if do & Do.DROP:  # a discard, at once as in the simulator
+                self._drop(b)
+            elif do & Do.COPY_D2H:
+                t = self._leaving[b] = make(self._state.epoch[b])
+                return t
+            elif where == OFF:
                 raise NotOnDevice(b)
-            self._keep.discard(b)
-            if at_once and self.host_valid(b):
-                self._drop(b)  # a discard, at once as in the simulator
-                return None
-            t = self._leaving[b] = make(int(self._lifetime[b]))
-        return t
+        return None
 
     def begin_swap_in(self, b: int, make: MakeTransfer) -> tuple[Transfer | None, bool]:
         """A `SwapIn` of `b` fires: (the transfer to wait for, whether it is
         new and must be queued). A copy in flight serves this one too; a
         leaving buffer is kept (NOTE [ Keep ], no copy either way) and a
-        resident one needs nothing: (None, False)."""
+        resident one needs nothing (a periodic plan's first iteration):
+        (None, False). `NoHostCopy` for an absent one with no valid host copy."""
         with self._lock:
-            t = self._arriving.get(b)
-            if t is not None:
-                return t, False
-            if b in self._leaving:
-                self._keep.add(b)
-                return None, False
-            if self._storage[b] is not None:
-                return None, False  # resident already (a periodic plan's first iteration)
-            t = self._arriving[b] = make(int(self._lifetime[b]))
-        return t, True
+            where = self._state.where[b]
+            do = self._apply(b, Event.SWAP_IN)
+            if do & Do.JOIN:
+                return self._arriving[b], False
+            if do & Do.COPY_H2D:
+                t = self._arriving[b] = make(self._state.epoch[b])
+                return t, True
+            if where == OFF:
+                stale = self._stale_by.get(b)
+                raise NoHostCopy(
+                    b, "it was never swapped out" if stale is None else f"op {stale} wrote it since"
+                )
+        return None, False
 
     # ---- a copy lane: a transfer's steps -----------------------------------------------
     def ready(self, t: Transfer) -> bool:
@@ -304,12 +338,15 @@ class DevicePool:
         with self._lock:
             if not self._current(t, self._table(t)):
                 return False
-            if t.direction is Direction.D2H and self.host_valid(b):
-                del self._leaving[b]  # a discard: no bytes move
-                if not self._stays(b):
-                    self._drop(b)
-                return False
-        return True
+            if t.direction is Direction.H2D:
+                return True
+            do = self._apply(b, Event.COPY_OUT, Ctx(in_use=b in self._pinned))
+            if do & Do.LEAVE:
+                return True
+            del self._leaving[b]  # a discard: no bytes move
+            if do & Do.DROP:
+                self._drop(b)
+        return False
 
     def start_swap_out(self, t: Transfer) -> torch.UntypedStorage | None:
         """Swap-out `t` takes the lane: the device copy to read, or None if
@@ -322,6 +359,7 @@ class DevicePool:
             if src is None:
                 self._fail(t, "not on the device when the copy starts")
                 return None
+            self._apply(b, Event.D2H_START)
             t.version = int(self._version[b])
             t.running = True
         return src
@@ -360,17 +398,20 @@ class DevicePool:
                 return
             assert t.host is not None
             # a write that overlapped the copy in any way makes it stale
-            if self._version[b] == t.version and b not in self._writing:
-                self._set_host(b, t.host, t.version)
-            else:
+            written = self._version[b] != t.version or b in self._writing
+            if written:
                 self._stale_by[b] = self._writing_op if b in self._writing else self._writers[b][-1]
-            if not self._stays(b):
+            else:
+                self._set_host(b, t.host)
+            do = self._apply(b, Event.D2H_END, Ctx(written=written, in_use=b in self._pinned))
+            if do & Do.DROP:
                 self._drop(b)
 
     def finish_swap_in(self, t: Transfer) -> None:
         """Swap-in `t`'s copy is over: its buffer is usable."""
         with self._lock:
-            self._end(t, self._arriving)
+            if self._end(t, self._arriving):
+                self._apply(t.buffer, Event.H2D_END)
 
     def fail(self, t: Transfer, msg: str) -> None:
         """Something went wrong with `t` on a lane: the compute loop raises
@@ -404,21 +445,42 @@ class DevicePool:
     def _table(self, t: Transfer) -> dict[int, Transfer]:
         return self._leaving if t.direction is Direction.D2H else self._arriving
 
+    def _apply(self, b: int, ev: Event, ctx: Ctx = NO_CTX) -> int:
+        return self._state.apply(b, ev, ctx)
+
     def _current(self, t: Transfer, table: dict[int, Transfer]) -> bool:
-        """Whether `t` still acts on its buffer; one a free cancelled (the
-        buffer's lifetime moved on) is taken off `table`."""
-        if table.get(t.buffer) is not t:
-            return False
-        if self._lifetime[t.buffer] != t.lifetime:
-            del table[t.buffer]
-            return False
-        return True
+        """Whether `t` still acts on its buffer (a framework free takes a
+        buffer's transfers off the tables)."""
+        return table.get(t.buffer) is t and self._state.epoch[t.buffer] == t.lifetime
 
     def _fail(self, t: Transfer, msg: str) -> None:
+        """A transfer that does not hold the lane is off: its buffer stays
+        where it was before it (the compute loop raises `msg` anyway)."""
         self._errors.append(f"{t.label}: {msg}")
         table = self._table(t)
         if table.get(t.buffer) is t and not t.running:
             del table[t.buffer]
+            lost = Event.D2H_CANCELLED if t.direction is Direction.D2H else Event.H2D_FAILED
+            self._apply(t.buffer, lost)
+
+    def _free(self, b: int) -> None:
+        """The framework frees `b` (FREE): a copy running for it keeps the
+        bytes until it ends; one that has not started is off."""
+        where = self._state.where[b]
+        do = self._apply(b, Event.FREE)
+        leaving, arriving = self._leaving.pop(b, None), self._arriving.pop(b, None)
+        if do & Do.DETACH:
+            assert leaving is not None and leaving.running
+            leaving.owns_bytes = True
+            self._drop(b, counted=False)
+        elif where == ARRIVING and arriving is not None and arriving.running:
+            arriving.owns_bytes = True  # the swap-in's storage, bound when it started
+            self._drop(b, counted=False)
+        elif do & Do.DROP:
+            self._drop(b)
+        self._drop_host(b)
+        self._writers[b] = []
+        self._stale_by.pop(b, None)
 
     def _end(self, t: Transfer, table: dict[int, Transfer]) -> bool:
         """`t`'s copy is over: whether it still acts on its buffer (the
@@ -458,37 +520,28 @@ class DevicePool:
         self._dropped_version[b] = self._version[b]
         self._views.forget(b)
 
-    def _stays(self, b: int) -> bool:
-        """Whether a swap-out of `b` ending now leaves it on the device
-        (NOTE [ Keep ]); the keep is used up."""
-        if b in self._keep:
-            self._keep.discard(b)
-            return True
-        return b in self._pinned
-
-    def _set_host(self, b: int, data: torch.UntypedStorage, version: int) -> None:
+    def _set_host(self, b: int, data: torch.UntypedStorage) -> None:
         self._drop_host(b)
         self._stale_by.pop(b, None)
         self._host[b] = data
-        self._host_version[b] = version
         self._host_bytes += int(self._nbytes[b])
         self._host_peak_bytes = max(self._host_peak_bytes, self._host_bytes)
 
     def _drop_host(self, b: int) -> None:
         if self._host[b] is not None:
             self._host[b] = None
-            self._host_version[b] = -1
             self._host_bytes -= int(self._nbytes[b])
 
     def _created(self, b: int, op: int) -> None:
+        """A new life of `b` (CREATE): new data, written by `op` (-1: loaded)."""
         self._version[b] += 1
-        self._lifetime[b] += 1
         self._writers[b] = [op]
         self._stale_by.pop(b, None)
         self._drop_host(b)
 
     def _written(self, b: int, op: int) -> None:
-        """`op` modified `b` in place: a host copy no longer matches it."""
+        """`op` modified `b` in place (WRITE): a host copy no longer matches it."""
+        self._apply(b, Event.WRITE)
         self._version[b] += 1
         self._writers[b].append(op)
         if self._host[b] is not None:

@@ -22,30 +22,10 @@ def to_dict(rp: RuntimePlan) -> dict[str, Any]:
         "model": rp.model,
         "planner": rp.planner,
         "counts": rp.counts(),
-        "saved": [
-            {
-                "index": d.index,
-                "module": d.module,
-                "buffer": d.buffer,
-                "nbytes": d.nbytes,
-                "persistent": d.persistent,
-                "action": d.action.value,
-                "prefetch_after": d.prefetch_after,
-            }
-            for d in rp.saved
-        ],
+        "saved": [fields.record(d) for d in rp.saved],
         "regions": list(rp.regions),
-        "recompute": [
-            {
-                "region": r.region,
-                "invocation": r.invocation,
-                "module": r.module,
-                "target": r.target,
-                "occurrence": r.occurrence,
-            }
-            for r in rp.recompute
-        ],
-        "skipped": [{"event": s.event, "reason": s.reason} for s in rp.skipped],
+        "recompute": [fields.record(r) for r in rp.recompute],
+        "skipped": [fields.record(s) for s in rp.skipped],
     }
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from memplan.planners.core.errors import PlanError
 from memplan.planners.core.evaluate import Evaluator
-from memplan.planners.heuristics.autoswap_scores import SCORES
-
-if TYPE_CHECKING:
-    from memplan.planners.heuristics.autoswap import AutoSwapOptions, Planner
+from memplan.planners.core.plan import Plan
+from memplan.planners.heuristics.autoswap.schedule import Schedule
+from memplan.planners.heuristics.autoswap.scores import SCORES
 
 # The objective of a trial whose plan does not run on its own under the
 # budget (out of memory): worse than any iteration time, and finite (the
@@ -34,9 +34,18 @@ UNFIT_S = 1e9
 # after the trial that passes it; only `trials` makes the result machine-independent
 # (`stats["bo_stopped_by"]`). Full text: docs/notes.md, "AutoSwap BO".
 def tune(
-    planner: Planner, evaluator: Evaluator, opts: AutoSwapOptions
+    select: Callable[[tuple[float, ...]], tuple[int, Schedule, list[int]]],
+    plans: Callable[[Schedule], list[Plan]],
+    evaluator: Evaluator,
+    *,
+    trials: int,
+    seed: int,
+    time_limit_s: float,
 ) -> tuple[tuple[float, ...], dict[str, Any]]:
-    """(the best weights, stats) after `opts.trials` trials (NOTE [ AutoSwap BO ])."""
+    """(the best weights, stats) after `trials` trials (NOTE [ AutoSwap BO ]).
+    `select(weights)` is AutoSwap's selection under those weights (how many
+    of the ranked candidates it takes, their schedule, the ranking); `plans`
+    turns a schedule into the jobs' plans."""
     try:
         import optuna
     except ImportError:
@@ -51,10 +60,10 @@ def tune(
 
     def objective(trial) -> float:
         w = tuple(trial.suggest_float(f"w_{s}", -1.0, 1.0) for s in SCORES)
-        k, sched, order = planner.select(w)
+        k, sched, order = select(w)
         key = frozenset(order[:k])
         if key not in seen:
-            ev = evaluator(planner.plans(sched))
+            ev = evaluator(plans(sched))
             seen[key] = ev.iteration_s if ev.fits and math.isfinite(ev.iteration_s) else UNFIT_S
         value = seen[key]
         history.append((w, value))
@@ -63,17 +72,17 @@ def tune(
         return value
 
     def deadline(study, _trial) -> None:
-        if time.perf_counter() - t0 > opts.time_limit_s:
+        if time.perf_counter() - t0 > time_limit_s:
             study.stop()
 
     old = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        sampler = optuna.samplers.TPESampler(seed=opts.seed)
+        sampler = optuna.samplers.TPESampler(seed=seed)
         study = optuna.create_study(direction="minimize", sampler=sampler)
         for s in SCORES:
             study.enqueue_trial({f"w_{x}": 1.0 if x == s else 0.0 for x in SCORES})
-        study.optimize(objective, n_trials=opts.trials, n_jobs=1, callbacks=[deadline])
+        study.optimize(objective, n_trials=trials, n_jobs=1, callbacks=[deadline])
     finally:
         optuna.logging.set_verbosity(old)
     singles = {s: history[i][1] for i, s in enumerate(SCORES) if i < len(history)}
@@ -83,7 +92,7 @@ def tune(
         "bo_simulations": len(seen),
         "bo_best_s": best[0] if best[0] < UNFIT_S else None,
         "bo_single_scores_s": {s: (v if v < UNFIT_S else None) for s, v in singles.items()},
-        "bo_stopped_by": "trials" if len(history) >= opts.trials else "time_limit_s",
+        "bo_stopped_by": "trials" if len(history) >= trials else "time_limit_s",
         "bo_time_s": time.perf_counter() - t0,
     }
     return weights, stats

@@ -16,7 +16,7 @@ Algorithm 3 in order:
 3. If the peak still exceeds the budget: recompute (§IV-D) accesses that
    swapping never released, by highest MSPS with Capuchin's update after
    each choice, recompute chains allowed, until it fits
-   (`tensile_recompute`, NOTE [ TENSILE recompute rounds ]).
+   (`recompute`, NOTE [ TENSILE recompute rounds ]).
 
 Without a budget TENSILE lowers the peak as far as hidden swaps go and never
 recomputes (recompute always costs time); with one it stops as soon as the
@@ -46,6 +46,7 @@ from memplan.planners.analysis import (
     peak_analysis,
     predict_timelines,
 )
+from memplan.planners.analysis.lanes import FreeTime
 from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import (
     Plan,
@@ -57,9 +58,9 @@ from memplan.planners.core.plan import (
     fingerprint_of,
     fit_result,
 )
-from memplan.planners.heuristics.tensile_job import JobState, PickOrder, event_order, us
-from memplan.planners.heuristics.tensile_options import TensileOptions
-from memplan.planners.heuristics.tensile_recompute import Recomputer
+from memplan.planners.heuristics.tensile.job import JobPlanning, PickOrder, event_order, us
+from memplan.planners.heuristics.tensile.options import TensileOptions
+from memplan.planners.heuristics.tensile.recompute import Recomputer
 from memplan.traces.model import Trace
 
 # NOTE [ Which gap is swapped ]
@@ -89,20 +90,17 @@ from memplan.traces.model import Trace
 # A swap-out that moves no bytes (a discard) needs none.
 
 
-# NOTE [ One swap-in search per access ]
-# A gap lowers the peak only if its swap-in starts after the peak op ends,
-# in the latest free lane slot before the access that closes the gap
-# (`LaneSet.latest`); where that search may start (after the gap's
-# swap-out) only decides whether the slot found is taken. So a round asks
-# the lane once per (job, closing access, buffer size), from the start the
-# first such gap allows but not before the peak op ends (again only for a
-# gap that allows an earlier start), and skips the gaps whose slot starts
-# before the peak op ends: their try would fail. A skipped gap's cached
-# hole is cut to end at that slot (holes only shrink as the lane fills:
-# NOTE [ Which gap is swapped ]), so later rounds pass it over as after a
-# failed try. Many gaps close at one access (a residual step's skip
-# connections at their backward ops), and their cached holes, which the
-# peak follows down the lane, held it again in every round.
+# NOTE [ Swap-ins after the peak ]
+# A gap lowers the peak only if its swap-in runs after the peak op ends and
+# before the access that closes the gap. So a round asks the lane, for a
+# block of candidate gaps of one job at once, whether it has free time that
+# long anywhere in each one's window (`FreeTime.may_fit`: one scan of the
+# free stretches after the peak op, NOTE [ Free time after a start ]), and
+# tries only the gaps where it may: the others' tries would fail, so the
+# plan is the one trying every gap gives. Many gaps close behind a queue of
+# swap-ins that fills the lane after the peak (a residual step's skip
+# connections at their backward ops); the scan passes the queue once for
+# all of them.
 
 
 # NOTE [ Candidates in pick order ]
@@ -147,7 +145,7 @@ class Candidate(NamedTuple):
     accesses at ops `prev` and `nxt` around the peak op `pp` (unrolled op
     indices); `gap` is the global index of the access opening it."""
 
-    jb: JobState
+    jb: JobPlanning
     buffer: int
     gap: int
     prev: int
@@ -168,7 +166,7 @@ class _Tensile:
         self.budget = budget
         timelines = predict_timelines(traces, device)
         self.timelines = timelines
-        self.jobs = [JobState(j, t, timelines[j], device, opts) for j, t in enumerate(traces)]
+        self.jobs = [JobPlanning(j, t, timelines[j], device, opts) for j, t in enumerate(traces)]
         self.lanes = LaneSet(timelines, lanes=device.lanes, per_job_lane=opts.per_job_lane)
         self.pick = PickOrder(traces)
         self.rounds = 0
@@ -197,7 +195,7 @@ class _Tensile:
             self.rounds += 1
         if self.budget is None or not o.recompute:
             return
-        # §IV-D: NOTE [ TENSILE recompute rounds ] in tensile_recompute.py
+        # §IV-D: NOTE [ TENSILE recompute rounds ] in tensile/recompute.py
         self.recomputer = Recomputer(self.jobs, self.budget, o)
         fits = self.recomputer.run()
         self.stop += ", fits after recompute" if fits else ", no recompute left"
@@ -212,14 +210,11 @@ class _Tensile:
     # ---- Algorithm 2 -------------------------------------------------------------
     def _swap_round(self, pa: PeakAnalysis) -> bool:
         """Swap the largest buffer at the peak that can be swapped; False if none."""
-        slots = _SwapInSlots(self)
         total = sum(jb.swaps for jb in self.jobs)
         rate, capped = self.opts.max_swap_rate, len(self.jobs) > 1 and self.opts.max_swap_rate < 1
         for jb, b, g, prev, nxt, pp in self._candidates(pa):  # NOTE [ Which gap is swapped ]
             if capped and nxt < jb.n and jb.swaps > rate * total:
                 continue  # NOTE [ Max swapping rate ]: not for cross-iteration swaps
-            if not slots.may_fit(jb, b, g, prev, nxt, pp):
-                continue  # NOTE [ One swap-in search per access ]
             if self._try_gap(jb, b, g, prev, nxt, pp):
                 return True
         return False
@@ -229,6 +224,7 @@ class _Tensile:
         order: largest buffer first (ties: lower job, then lower buffer),
         looked up in blocks that double (NOTE [ Candidates in pick order ])."""
         job, buf = self.pick.resident(pa, self.jobs)
+        free: dict[int, FreeTime] = {}  # job -> the lane after its peak op
         at, size = 0, 64
         while at < len(job):
             jobs, bufs = job[at : at + size], buf[at : at + size]
@@ -237,7 +233,11 @@ class _Tensile:
                 mine = np.flatnonzero(jobs == jb.j)
                 if len(mine) == 0:
                     continue
-                ok, g, prev, nxt, pp = self._gaps_at(jb, bufs[mine], pa.job_peak_op[jb.j])
+                p = pa.job_peak_op[jb.j]
+                ok, g, prev, nxt, pp = self._gaps_at(jb, bufs[mine], p)
+                if jb.j not in free:
+                    free[jb.j] = self._free_after(jb, p)
+                ok[ok] = self._swap_in_may_fit(jb, bufs[mine][ok], nxt[ok], free[jb.j])
                 i, *cols = (x[ok].tolist() for x in (mine, bufs[mine], g, prev, nxt, pp))
                 found = map(Candidate, itertools.repeat(jb), *cols)
                 if len(self.jobs) == 1:  # already in pick order
@@ -248,7 +248,7 @@ class _Tensile:
             yield from (c for _i, c in rows)
             at, size = at + size, 2 * size
 
-    def _gaps_at(self, jb: JobState, res: np.ndarray, p: int):
+    def _gaps_at(self, jb: JobPlanning, res: np.ndarray, p: int):
         """For buffers `res` resident at op p (not accessed by it): the gap of
         each around p, as arrays (ok, gap id, prev, next, p) in unrolled op
         indices with 0 <= prev < p < next; `ok` is False for a buffer
@@ -281,13 +281,24 @@ class _Tensile:
             ok &= ~known | ((te + EPS_US <= ps) & (ts - EPS_US >= pe))
         return ok, gid, prev, nxt, np.broadcast_to(pp, ok.shape)
 
-    def _latest_swap_in(self, jb: JobState, b: int, nxt: int, lo: float) -> float | None:
-        """The latest start, not before `lo`, of b's swap-in before op `nxt`
-        (unrolled), as `_hole` searches it."""
-        due = jb.t_ready(nxt) - EPS_US - self.opts.margin_us
-        return self.lanes.latest(jb.j, lo, due, jb.d_in[b], Direction.H2D)
+    def _free_after(self, jb: JobPlanning, p: int) -> FreeTime:
+        """The lane's free time for jb's swap-ins after peak op p ends, to
+        the end of the next iteration (NOTE [ Swap-ins after the peak ])."""
+        lo = jb.t_end(p) + EPS_US
+        return self.lanes.free_after(jb.j, lo, lo + 2 * jb.tl.period_us, Direction.H2D)
 
-    def _host_valid(self, jb: JobState, b: int, g: int) -> bool:
+    def _swap_in_may_fit(
+        self, jb: JobPlanning, bufs: np.ndarray, nxt: np.ndarray, free: FreeTime
+    ) -> np.ndarray:
+        """bool per buffer: False where its swap-in finds no free lane time
+        after the peak op (`free`) and before op `nxt` (unrolled) closing its
+        gap, so its gap cannot be swapped (NOTE [ Swap-ins after the peak ]).
+        A gap around the peak op in the next iteration gets the wider window
+        from this one: a no still holds."""
+        due = jb.unrolled_ready_us[nxt] - EPS_US - self.opts.margin_us
+        return free.may_fit(jb.d_in_us[bufs], due)
+
+    def _host_valid(self, jb: JobPlanning, b: int, g: int) -> bool:
         """Whether a swap-out of `b` earlier in the iteration left a host copy
         that is still valid after access `g` (no write since)."""
         gaps = jb.out_gaps.get(b)
@@ -300,7 +311,7 @@ class _Tensile:
         return not bool(jb.table.writes[g0 + 1 : g + 1].any())
 
     def _hole(
-        self, jb: JobState, b: int, prev: int, nxt: int, release: bool
+        self, jb: JobPlanning, b: int, prev: int, nxt: int, release: bool
     ) -> tuple[float, float, float | None] | None:
         """The largest hole the lane allows in gap (prev, nxt): (te, ts,
         swap-out start or None for a release), or None."""
@@ -315,12 +326,12 @@ class _Tensile:
             if s_out is None:
                 return None
             te = s_out + d_out
-        s_in = self._latest_swap_in(jb, b, nxt, te + EPS_US)
+        s_in = lanes.latest(j, te + EPS_US, due, jb.d_in[b], Direction.H2D)
         if s_in is None:
             return None
         return te, s_in, s_out
 
-    def _try_gap(self, jb: JobState, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
+    def _try_gap(self, jb: JobPlanning, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
         release = self._host_valid(jb, b, g)
         hole = self._hole(jb, b, prev, nxt, release)
         if hole is None:
@@ -338,7 +349,7 @@ class _Tensile:
 
     def _commit(
         self,
-        jb: JobState,
+        jb: JobPlanning,
         b: int,
         g: int,
         prev: int,
@@ -389,7 +400,7 @@ class _Tensile:
         jb.swaps += 1
         return True
 
-    def _swap_rest(self, jb: JobState, b: int, g: int) -> None:
+    def _swap_rest(self, jb: JobPlanning, b: int, g: int) -> None:
         """Algorithm 2 line 43: the later gaps of `b` up to its next write get
         a release and a swap-in, as far as the lane allows."""
         t = jb.table
@@ -448,34 +459,3 @@ class _Tensile:
             options=options,
             stats=stats,
         )
-
-
-class _SwapInSlots:
-    """One round's swap-in searches (NOTE [ One swap-in search per access ]),
-    one per (job, closing access, copy time), made when a candidate of
-    that kind first comes up and again only for a candidate that allows an
-    earlier start."""
-
-    def __init__(self, planner: _Tensile):
-        self.planner = planner
-        # (job, closing access, copy time) -> (the start searched from, the slot or -inf)
-        self.found: dict[tuple[int, int, float], tuple[float, float]] = {}
-
-    def may_fit(self, jb: JobState, b: int, g: int, prev: int, nxt: int, pp: int) -> bool:
-        """False if the swap-in of b's gap `g` (prev, nxt) cannot start after
-        peak op `pp` ends (unrolled op indices), so the gap cannot be swapped;
-        its cached hole then ends no later than the slot found."""
-        p_end = jb.t_end(pp)
-        # it starts after its swap-out ends and, to help, after the peak op
-        lo = max(jb.t_end(prev), p_end) + EPS_US
-        key = (jb.j, nxt, jb.d_in[b])
-        hit = self.found.get(key)
-        if hit is None or hit[0] > lo:
-            s = self.planner._latest_swap_in(jb, b, nxt, lo)
-            hit = self.found[key] = (lo, -math.inf if s is None else s)
-        if hit[1] - EPS_US >= p_end:
-            return True
-        # none found: a slot the search would find from further down starts
-        # below where it gave up (`LaneSet.latest`)
-        jb.cut_hole(g, hit[1] if hit[1] > -math.inf else hit[0] - 1e-9)
-        return False

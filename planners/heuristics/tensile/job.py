@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
 from memplan.planners.analysis import MemoryState, PeakAnalysis, Timeline, access_table
 from memplan.planners.core.plan import Event, Recompute, Release, SwapIn, SwapOut
-from memplan.planners.heuristics.tensile_options import TensileOptions
+from memplan.planners.heuristics.tensile.options import TensileOptions
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.traces.model import Trace
 
 
-class JobState:
-    """Per-job planning state."""
+class JobPlanning:
+    """One job as TENSILE plans it: its op-grid memory, accesses and copy
+    times, the events chosen so far and the hole last found per gap."""
 
     def __init__(
         self, j: int, trace: Trace, tl: Timeline, device: DeviceModel, opts: TensileOptions
@@ -34,9 +34,13 @@ class JobState:
         self.d_out: list[float] = np.asarray(
             device.copy_time(trace.nbytes, Direction.D2H), np.float64
         ).tolist()
-        self.d_in: list[float] = np.asarray(
+        self.d_in_us = np.asarray(
             device.copy_time(trace.nbytes, Direction.H2D, duplex=True), np.float64
-        ).tolist()
+        )
+        self.d_in: list[float] = self.d_in_us.tolist()
+        # `t_ready(x)` of every unrolled op index 0 <= x < 2n, for array look-ups
+        later = np.concatenate([[tl.iteration_start(1)], tl.end_us[:-1] + tl.period_us])
+        self.unrolled_ready_us = np.concatenate([tl.ready_us, later])[: 2 * self.n]
         self.durations = tl.end_us - tl.start_us
         t = self.table
         n_acc = len(t.ops)
@@ -57,20 +61,11 @@ class JobState:
     def t_ready(self, x: int) -> float:
         return self.tl.unrolled_ready(x % self.n, x // self.n)
 
-    def cut_hole(self, g: int, ts: float) -> None:
-        """Gap g's swap-in cannot start after `ts` (us): its cached hole ends
-        there at the latest (a hole never searched gets no bound on its
-        swap-out side)."""
-        if math.isnan(self.hole_te[g]):
-            self.hole_te[g] = -math.inf
-        if not self.hole_ts[g] <= ts:  # also NaN: never searched
-            self.hole_ts[g] = ts
-
 
 class PickOrder:
     """The buffers of all jobs in TENSILE's pick order (largest first; ties:
     lower job, then lower buffer), built once (NOTE [ Candidates in pick
-    order ] in tensile.py)."""
+    order ] in tensile/planner.py)."""
 
     def __init__(self, traces: Sequence[Trace]):
         counts = [t.n_buffers for t in traces]
@@ -80,7 +75,9 @@ class PickOrder:
         size = np.concatenate([t.nbytes for t in traces]) if traces else np.zeros(0, np.int64)
         self.order = np.lexsort((self.buffer, self.job, -size))
 
-    def resident(self, pa: PeakAnalysis, jobs: Sequence[JobState]) -> tuple[np.ndarray, np.ndarray]:
+    def resident(
+        self, pa: PeakAnalysis, jobs: Sequence[JobPlanning]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(job, buffer) of every buffer resident at its job's peak op and not
         accessed by it, in pick order; jobs without ops have none."""
         mask = np.zeros(len(self.order), bool)

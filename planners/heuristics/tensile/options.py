@@ -17,7 +17,7 @@ class TensileOptions:
     - `swap_rest`: after a swap succeeds, also swap the buffer in before its
       later accesses (Algorithm 2 line 43; NOTE [ Which gap is swapped ]).
     - `recompute`: MSPS recompute when swapping leaves the peak over budget
-      (NOTE [ TENSILE recompute rounds ] in tensile_recompute.py).
+      (NOTE [ TENSILE recompute rounds ] in tensile/recompute.py).
     - `max_recompute_ops`: longest recompute chain, in ops; the paper sets
       none (NOTE [ Recompute chain length ]).
     - `recompute_in_place`: a buffer written in place (an in-place ReLU, a

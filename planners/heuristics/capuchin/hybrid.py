@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Container
+from typing import Protocol
 
-from memplan.planners.heuristics.capuchin_options import Candidate, SwapSlots
-
-if TYPE_CHECKING:
-    from memplan.planners.heuristics.capuchin import JobPlanner
+import numpy as np
+from memplan.planners.heuristics.capuchin.options import Candidate, CapuchinOptions, SwapSlots
 
 # NOTE [ Capuchin recompute ]
 # - Recompute (§4.4): `Release` after the evicted access, `Recompute` of its lineage before
@@ -26,12 +25,34 @@ if TYPE_CHECKING:
 #   timeline (Capuchin measures it in the next iteration). Full text: docs/notes.md.
 
 
+class JobChoices(Protocol):
+    """What phase 2 reads of one job's planner and the choices it makes on it
+    (`capuchin.JobPlanner`): predicted op durations (us), which buffers are
+    persistent, a candidate's lineage and swap slots."""
+
+    opts: CapuchinOptions
+    dur: np.ndarray
+    persistent: list[bool]
+
+    def lineage(
+        self, b: int, x: int, assumed: Container[int] | None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None: ...
+
+    def swap_try(self, c: Candidate, p: int) -> SwapSlots | None: ...
+
+    def choose_swap(self, c: Candidate, sw: SwapSlots) -> None: ...
+
+    def choose_recompute(
+        self, c: Candidate, found: tuple[tuple[int, ...], tuple[int, ...]]
+    ) -> None: ...
+
+
 class Hybrid:
     """Phase 2 over the candidates `pool` left at peak op `p`
     (NOTE [ Capuchin recompute ]): `run(mem_saving)` chooses swaps and
     recomputes on `planner` until the saving is reached or nothing is left."""
 
-    def __init__(self, planner: JobPlanner, pool: list[Candidate], p: int):
+    def __init__(self, planner: JobChoices, pool: list[Candidate], p: int):
         self.planner, self.p = planner, p
         self.by_buf = {c.buffer: c for c in pool}
         self.users: dict[int, set[int]] = {}  # source buffer -> candidates reading it

@@ -3,10 +3,10 @@ scores, chosen in score order until the peak fits, scheduled in access order;
 the score a weighted sum of the four, its weights tuned by Bayesian
 optimisation against the simulated iteration time.
 
-1. Candidates: big enough, alive across the peak (`autoswap_scores`,
+1. Candidates: big enough, alive across the peak (`scores`,
    NOTE [ AutoSwap candidates ]).
 2. Scores DOA, AOA, WDOA, SWDOA (NOTE [ AutoSwap scores ]).
-3. Selection and scheduling (`autoswap_schedule`, NOTE [ AutoSwap
+3. Selection and scheduling (`schedule`, NOTE [ AutoSwap
    selection ], NOTE [ AutoSwap scheduling ]).
 4. With `score=bo`, Bayesian optimisation of the weights (NOTE [ AutoSwap
    BO ]); optuna is an optional extra (`pip install memplan[bo]`).
@@ -25,8 +25,8 @@ from memplan.planners.analysis import as_traces, check_budget, predict_timelines
 from memplan.planners.core.evaluate import Evaluator
 from memplan.planners.core.options import options_dict
 from memplan.planners.core.plan import Plan, PlanResult, fingerprint_of, fit_result
-from memplan.planners.heuristics.autoswap_schedule import Schedule, State, events, select
-from memplan.planners.heuristics.autoswap_scores import (
+from memplan.planners.heuristics.autoswap.schedule import Schedule, State, events, select
+from memplan.planners.heuristics.autoswap.scores import (
     SCORES,
     AutoSwapJob,
     candidates,
@@ -169,9 +169,16 @@ def autoswap(
         weights, stats["score"] = one_hot(NO_EVALUATOR_SCORE), NO_EVALUATOR_SCORE.value
         detail = f"nothing for BO to tune: ranked by {NO_EVALUATOR_SCORE.value} alone"
     else:
-        from memplan.planners.heuristics.autoswap_bo import tune
+        from memplan.planners.heuristics.autoswap.bo import tune
 
-        weights, bo_stats = tune(p, evaluator, opts)
+        weights, bo_stats = tune(
+            p.select,
+            p.plans,
+            evaluator,
+            trials=opts.trials,
+            seed=opts.seed,
+            time_limit_s=opts.time_limit_s,
+        )
         stats.update(bo_stats, score="bo")
     k, sched, order = p.select(weights)
     plans = p.plans(sched)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from memplan.planners.analysis import EPS_US
 from memplan.planners.core.plan import Event, SwapIn, SwapOut
-from memplan.planners.heuristics.autoswap_scores import AutoSwapJob, Candidate
-from memplan.planners.heuristics.tensile_job import us
+from memplan.planners.heuristics.autoswap.scores import AutoSwapJob, Candidate
+from memplan.planners.heuristics.tensile.job import us
 
 
 @dataclass(frozen=True, slots=True)

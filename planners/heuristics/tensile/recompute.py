@@ -3,7 +3,7 @@ never released, chosen by MSPS with Capuchin's update after each choice
 (Capuchin §4.5, Algorithm 2), until the memory fits.
 
 `Recomputer(jobs, budget, opts).run()` works on the jobs' planning
-state (`tensile_job.JobState`): it cuts holes into their op-grid memory and
+state (`job.JobPlanning`): it cuts holes into their op-grid memory and
 keeps its choices; `events(j)` writes job j's out as plan events. See
 NOTE [ TENSILE recompute rounds ] and NOTE [ MSPS update in TENSILE ].
 """
@@ -18,13 +18,13 @@ from typing import NamedTuple
 
 from memplan.planners.analysis import BOTH, EPS_US, msps, peak_analysis
 from memplan.planners.core.plan import Event, Recompute, Release, SwapOut
-from memplan.planners.heuristics.tensile_job import JobState
-from memplan.planners.heuristics.tensile_options import TensileOptions
+from memplan.planners.heuristics.tensile.job import JobPlanning
+from memplan.planners.heuristics.tensile.options import TensileOptions
 
 # NOTE [ TENSILE recompute rounds ]
 # §IV-D recomputes "tensor accesses which have never been released": a candidate is a gap,
 # around a job's peak op in the iteration, of a non-persistent buffer no swap or release has
-# emptied (`JobState.done`): released after the access opening it, remade before the one
+# emptied (`JobPlanning.done`): released after the access opening it, remade before the one
 # closing it by a chain of <= `max_recompute_ops` ops (`msps.chain`: its producer, or all its
 # writes with `recompute_in_place`, and those of its inputs then off the device). Rounds, as
 # Capuchin's: peak analysis (Algorithm 1) names each job's peak op; candidates around it are
@@ -56,7 +56,7 @@ from memplan.planners.heuristics.tensile_options import TensileOptions
 class Gap:
     """Recomputing `buffer` of job `job` over one access gap: released after
     op `prev`, made again by `chain.ops` before op `nxt`. `gap` is the
-    global index of the access that opens the gap (`JobState.done`);
+    global index of the access that opens the gap (`JobPlanning.done`);
     `outputs` the chain's other writes. If this gap is chosen, the chosen
     recomputes in `ext` switch to the chains given there (they read `buffer`
     inside the gap), which costs `ext_us` more (NOTE [ MSPS update in TENSILE ])."""
@@ -98,7 +98,7 @@ class Gap:
 class _Lists:
     """One job's per-buffer arrays as Python lists, for scalar look-ups."""
 
-    def __init__(self, jb: JobState):
+    def __init__(self, jb: JobPlanning):
         self.ptr = jb.table.ptr.tolist()
         self.ops = jb.table.ops.tolist()
         self.start, self.end = jb.state.start.tolist(), jb.state.end.tolist()
@@ -123,7 +123,7 @@ def order_key(g: Gap) -> tuple:
 class Recomputer:
     """The recompute phase over `jobs` (NOTE [ TENSILE recompute rounds ])."""
 
-    def __init__(self, jobs: Sequence[JobState], budget: int, opts: TensileOptions):
+    def __init__(self, jobs: Sequence[JobPlanning], budget: int, opts: TensileOptions):
         self.jobs, self.budget = jobs, budget
         self.max_ops, self.in_place = opts.max_recompute_ops, opts.recompute_in_place
         self.chosen: list[Gap] = []
@@ -188,7 +188,7 @@ class Recomputer:
         return took
 
     # ---- chains ------------------------------------------------------------------
-    def _present(self, jb: JobState, s: int, x: int) -> bool:
+    def _present(self, jb: JobPlanning, s: int, x: int) -> bool:
         """Whether buffer `s` is on the device when op `x` is due, for the
         plan so far: alive then (activity analysis) and in no emptied gap
         (`AccessTable.gap_around` on lists: this is the inner loop)."""
@@ -207,7 +207,7 @@ class Recomputer:
         return gap < 0 or not jb.done[gap]
 
     def _chain(
-        self, jb: JobState, b: int, prev: int, nxt: int, without: int = -1
+        self, jb: JobPlanning, b: int, prev: int, nxt: int, without: int = -1
     ) -> msps.RecomputeCandidate | None:
         """The chain that makes `b` again before `nxt`, with `without` taken
         off the device too (a choice not made yet)."""
@@ -223,13 +223,13 @@ class Recomputer:
             in_place=self.in_place,
         )
 
-    def _gap(self, jb: JobState, b: int, g: int, prev: int, nxt: int) -> Gap | None:
+    def _gap(self, jb: JobPlanning, b: int, g: int, prev: int, nxt: int) -> Gap | None:
         chain = self._chain(jb, b, prev, nxt)
         if chain is None:
             return None
         return Gap(jb.j, b, g, prev, nxt, chain, self._outputs(jb, chain))
 
-    def _outputs(self, jb: JobState, chain: msps.RecomputeCandidate) -> frozenset[int]:
+    def _outputs(self, jb: JobPlanning, chain: msps.RecomputeCandidate) -> frozenset[int]:
         t = jb.trace
         out = {int(w) for k in chain.ops for w in t.op_writes(k).tolist()}
         return frozenset(out - {chain.buffer})
@@ -260,7 +260,7 @@ class Recomputer:
                 return False
         return True
 
-    def _safe_before(self, jb: JobState, op: int) -> bool:
+    def _safe_before(self, jb: JobPlanning, op: int) -> bool:
         """Whether no swap-out of the job is triggered but not started when
         `op` is ready (NOTE [ TENSILE recompute rounds ])."""
         key = (jb.j, op)

@@ -48,8 +48,8 @@ from memplan.planners.core.plan import (
     fingerprint_of,
     fit_result,
 )
-from memplan.planners.heuristics.capuchin_hybrid import Hybrid
-from memplan.planners.heuristics.capuchin_options import (
+from memplan.planners.heuristics.capuchin.hybrid import Hybrid
+from memplan.planners.heuristics.capuchin.options import (
     NO_BUDGET,
     Candidate,
     CapuchinOptions,
@@ -309,7 +309,7 @@ def capuchin(
     """Capuchin on every job alone, saving what `budget_bytes` needs. Without
     a budget it stops with `Reason.NO_BUDGET` and no plans. `timelines`: one
     per job, the access times to plan from (Capuchin's measured iteration:
-    `capuchin_measured.measured_timeline`); None: predicted from `device`."""
+    `measured.measured_timeline`); None: predicted from `device`."""
     t0 = time.perf_counter()
     jobs = as_traces(traces)
     budget = check_budget(budget_bytes)

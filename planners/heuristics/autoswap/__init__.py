@@ -1,0 +1,3 @@
+"""AutoSwap (SmartPool/AutoSwap §IV): the planner (`planner`), candidates and
+priority scores (`scores`), selection and scheduling (`schedule`), and the
+Bayesian optimisation of the score weights (`bo`)."""
