@@ -33,7 +33,7 @@ from collections import defaultdict, deque
 
 from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.planners.analysis.optimes import Timeline
-from memplan.planners.core.lifecycle import LEAVING, NO_CTX, Buffers, Ctx, Do, Event
+from memplan.planners.core.lifecycle import DEV, LEAVING, NO_CTX, Buffers, Ctx, Do, Event
 from memplan.planners.core.plan import Plan, Release, SwapOut
 from memplan.planners.core.semantics import IndexedPlan, OpTable, Triggered
 from memplan.traces.model import Trace
@@ -69,13 +69,12 @@ class _Queue:
         self.dur: list[float] = tl.duration_us.tolist()
         self.d2h = device.copy_time(trace.nbytes, Direction.D2H, TimeUnit.US).tolist()
         self.h2d = device.copy_time(trace.nbytes, Direction.H2D, TimeUnit.US).tolist()
-        self.bufs = Buffers(nb)
-        self.writes = [0] * nb  # writes so far, to tell a copy an op overlapped
+        self.bufs = Buffers(nb)  # its `wcount` tells a copy an op overlapped
         self.used = self.peak = 0
         for b in self.tab.persistent:
             self.create(b)
         self.lane: deque[tuple[int, int, bool]] = deque()  # (buffer, epoch, swap-in?)
-        self.copying: tuple[int, int, bool, int] | None = None  # ... and writes at its start
+        self.copying: tuple[int, int, bool, int] | None = None  # ... and its `wcount` at start
         self.copy_end = math.inf  # when the copy on the lane ends
         self.arriving: dict[int, list[tuple[int, int]]] = {}  # buffer -> (iteration, op) waiting
         self.awaited: defaultdict[tuple[int, int], int] = defaultdict(int)  # (it, op) -> arrivals
@@ -92,7 +91,9 @@ class _Queue:
         return do
 
     def create(self, b: int) -> None:
-        self.apply(b, Event.CREATE)
+        """CREATE (its fast path: NOTE [ Fast paths of the transition function ])."""
+        self.bufs.create(b)
+        self.take(self.nbytes[b])
 
     def take(self, nbytes: int) -> None:
         self.used += nbytes
@@ -109,27 +110,30 @@ class _Queue:
                 self.copy_end = self.now + self.h2d[b]
             else:
                 self.apply(b, Event.D2H_START)
+                self.bufs.reading += 1  # NOTE [ Writes during a copy ] in sim/copies.py
                 self.copy_end = self.now + self.d2h[b]
-            self.copying = (b, ep, is_in, self.writes[b])
+            self.copying = (b, ep, is_in, self.bufs.wcount[b])
 
     def finish_copy(self) -> None:
         """End the running copy; the clock moves to its end if that is later."""
         assert self.copying is not None
         b, ep, is_in, writes = self.copying
         end, self.copying, self.copy_end = self.copy_end, None, math.inf
+        if not is_in:
+            self.bufs.reading -= 1
         if ep != self.bufs.epoch[b]:
             self.used -= self.nbytes[b]  # the life ended during the copy: the bytes were its
         elif is_in:
             self.apply(b, Event.H2D_END)
             self.arrived(b)
         else:
-            self.apply(b, Event.D2H_END, Ctx(written=self.writes[b] != writes))
+            self.apply(b, Event.D2H_END, Ctx(written=self.bufs.wcount[b] != writes))
         saved, self.now = self.now, end
         self.pump()
         self.now = max(saved, end)
 
     def iteration(self, it: int, iterations: int) -> None:
-        tab = self.tab
+        tab, where = self.tab, self.bufs.where
         for b in self.ip.inputs:
             self.create(b)
         self.trigger(self.ip.triggered[0], it, iterations)
@@ -142,25 +146,20 @@ class _Queue:
                     self.finish_copy()
             self.run_lane_until(self.now)
             for b in tab.need[i]:
-                self.apply(b, Event.NEED)
+                if where[b] != DEV:  # NEED of a resident buffer does nothing
+                    self.apply(b, Event.NEED)
             for b in tab.creates[i]:
                 self.create(b)
-            self.written(tab.writes[i])
+            self.bufs.written(tab.writes[i])  # at its start and at its end
             end = self.now + self.dur[i]
             self.run_lane_until(end)
             self.now = end
-            self.written(tab.writes[i])
+            self.bufs.written(tab.writes[i])
             for b in tab.frees[i]:
-                self.apply(b, Event.FREE)
+                if self.bufs.free(b) & Do.DROP:
+                    self.used -= self.nbytes[b]
                 self.arrived(b)
             self.trigger(self.ip.triggered[i + 1], it, iterations)
-
-    def written(self, bufs: tuple[int, ...]) -> None:
-        """An op writes `bufs`, at its start and at its end (NOTE [ Writes
-        during a copy ] in sim/copies.py)."""
-        for b in bufs:
-            self.apply(b, Event.WRITE)
-            self.writes[b] += 1
 
     def arrived(self, b: int) -> None:
         """`b` is no longer on its way: the ops that waited for it need not."""

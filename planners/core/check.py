@@ -177,7 +177,7 @@ class _Replay:
         where, free, static_op = bufs.where, bufs.free, bufs.static_op
         bufs.create_all(tab.inputs)
         self._events(self.start, -1)
-        triggered, events = self.ip.triggered, self._events
+        triggered, apply = self.ip.triggered, self._apply
         for i in self.ip.order:  # NOTE [ Plans under another order ]
             for b in tab.need[i]:
                 if where[b] != DEV:
@@ -187,8 +187,8 @@ class _Replay:
                         if not bufs.alive[x]:  # life ends with it, as in the simulator
                             free(x)
             static_op(tab.creates[i], tab.writes[i], tab.frees[i])
-            if triggered[i + 1]:
-                events(triggered[i + 1], i)
+            for e, ev in triggered[i + 1]:
+                apply(e, ev, i)
 
     def _resolve(self, b: int, i: int, chain: tuple[int, ...], made: list[int]) -> None:
         """Make absent `b` present before op `i` by its Recompute, or fail;
