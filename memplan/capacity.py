@@ -1,4 +1,4 @@
-"""Capacity: the largest batch, or the most jobs, that fits a GPU with each
+"""Capacity: the largest batch or sequence, or the most jobs, that fits a GPU with each
 planner, and at what slowdown (NOTE [ Capacity search ]).
 
 The fit test is `memplan compare`'s: plan, check and simulate at the budget
@@ -167,11 +167,11 @@ class Settings:
 
 @dataclass(frozen=True, eq=False)
 class Capacity:
-    """The answers of every planner on one axis ("batch" or "jobs")."""
+    """The answers of every planner on one axis ("batch", "seq" or "jobs")."""
 
     axis: str
     jobs: str  # what runs: "resnet50 x2, bert_base" at a batch, or one job
-    batch: int | None  # the batch of every job in a jobs search
+    batch: int | None  # the batch of every job in a jobs or seq search
     hardware: str
     memory_bytes: int
     settings: Settings
@@ -320,9 +320,8 @@ class Search:
 
         top = largest(under, lo, hi, start)
         if top is None:
-            at = f"batch {lo}" if self.axis == "batch" else f"{lo} job(s)"
             raise MemplanError(
-                f"nothing fits: at {at} the jobs need at least {format_bytes(self.bound(lo))} "
+                f"nothing fits: at {at_x(self.axis, lo)} the jobs need at least {format_bytes(self.bound(lo))} "
                 f"({self.bound(lo)} B, their peak lower bound), more than the budget of "
                 f"{format_bytes(budget)} ({budget} B)"
             )
@@ -340,7 +339,12 @@ class Search:
         return top, answers
 
 
-# ---- the two searches ------------------------------------------------------------------
+def at_x(axis: str, x: int) -> str:
+    """`x` on `axis` in words: "batch 8", "seq 512", "8 job(s)"."""
+    return f"{x} job(s)" if axis == "jobs" else f"{axis} {x}"
+
+
+# ---- the three searches ----------------------------------------------------------------
 def check_batch(start: int, bases: tuple[int, int], lo: int, hi: int) -> int | None:
     """Where to check batch scaling against a capture: at the start of the
     search (where the answers are likely), else past the bases; None when
@@ -408,6 +412,44 @@ def jobs_capacity(
     start = search.start((1, 2))
     top, answers = search.run(lo, hi, start)
     return _capacity(search, lo, hi, top, answers, jobs=name, batch=trace.meta.batch_size)
+
+
+# NOTE [ Capacity over the sequence ]
+# `--axis seq` searches the tokens per sequence of a model that takes one (hf:), every job
+# at one given batch, with the probes, ceiling and order of NOTE [ Capacity search ] and x
+# the sequence length. Every trace is captured at its own sequence length; none is scaled:
+# bytes are affine in the sequence plus quadratic where attention is math (seq x seq
+# scores), so NOTE [ Batch scaling ]'s two-point fit does not hold, and a fit across three
+# captures checked against a fourth is not built yet. Capturing is exact; a search costs
+# about 2 log2(seq) captures per model, shared by every planner (traces are kept per x).
+# vanilla starts from the line through the vanilla peaks at LO and 2 LO: an over-estimate
+# where attention is quadratic, from which the search halves down.
+def seq_capacity(
+    name: str,
+    capture_at: Callable[[int], Trace],
+    device: DeviceModel,
+    settings: Settings,
+    seqs: tuple[int, int],
+    *,
+    batch: int,
+    copies: int = 1,
+    progress: Callable[[str, int], None] | None = None,
+) -> Capacity:
+    """The longest sequence of `copies` jobs of the model `name` at `batch`
+    that fits, per planner, in `seqs` (lo, hi): `capture_at(seq)` is its
+    trace at that sequence length (NOTE [ Capacity over the sequence ])."""
+    lo, hi = seqs
+    captured: list[int] = []
+
+    def jobs_at(seq: int) -> list[Trace]:
+        captured.append(seq)
+        return [capture_at(seq)] * copies
+
+    search = Search(jobs_at, device, settings, progress, axis="seq")
+    start = search.start((lo, min(hi, 2 * lo)))
+    top, answers = search.run(lo, hi, start)
+    jobs = _describe([(name, copies)])
+    return _capacity(search, lo, hi, top, answers, jobs=jobs, batch=batch, captures=len(captured))
 
 
 def _capacity(

@@ -1,6 +1,6 @@
 """The capacity report: a table for the terminal, markdown and JSON files,
-and a figure of peak and iteration time against the batch (or the number of
-jobs) per planner, with the device's memory."""
+and a figure of peak and iteration time against the batch (the sequence
+length, or the number of jobs) per planner, with the device's memory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from memplan.capacity import Capacity
+from memplan.capacity import Capacity, at_x
 from memplan.outputs import report_dir
 from memplan.sim.state import Allocator
 from memplan.traces.io import atomic_write_bytes
@@ -43,11 +43,10 @@ def cells(c: Capacity) -> list[tuple[str, ...]]:
 
 def header(c: Capacity) -> str:
     s, run = c.settings, c.settings.config
-    what = (
-        f"largest batch of {c.jobs}"
-        if c.axis == "batch"
-        else f"most jobs of {c.jobs} at batch {c.batch}"
-    )
+    what = {
+        "batch": f"largest batch of {c.jobs}",
+        "seq": f"longest seq of {c.jobs} at batch {c.batch}",
+    }.get(c.axis, f"most jobs of {c.jobs} at batch {c.batch}")
     eor = f", EOR <= {s.max_eor:g}" if s.max_eor is not None else ""
     if run.allocator is not Allocator.EXACT or c.context_bytes:
         eor += f", {run.allocator.value} allocator, {format_bytes(c.context_bytes)} context per job"
@@ -64,13 +63,17 @@ def _scaling_lines(c: Capacity) -> list[str]:
         f"captured ({f'ok, largest error {k.max_rel_error:.2%}' if k.ok else k.reason})"
         for m, k in c.checks
     ]
-    above = f"batch {c.ceiling}" if c.axis == "batch" else f"{c.ceiling} jobs"
+    above = at_x(c.axis, c.ceiling)
     if c.ceiling < c.hi:
         lines.append(f"no plan fits above {above} (the jobs' peak lower bound)")
     else:
         lines.append(f"the jobs' peak lower bound leaves the whole range open (up to {above})")
     if c.axis == "batch":
         lines.append(f"{c.captures} captures; every other batch scaled (NOTE [ Batch scaling ])")
+    elif c.axis == "seq":
+        lines.append(
+            f"{c.captures} captures, one per seq used (NOTE [ Capacity over the sequence ])"
+        )
     return lines
 
 
@@ -135,7 +138,7 @@ def figure(c: Capacity):  # noqa: ANN201
     fig.legend(*mem.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     times.set_ylabel("iteration time (ms)")
     times.set_ylim(bottom=0)
-    times.set_xlabel("batch size" if c.axis == "batch" else "jobs")
+    times.set_xlabel({"batch": "batch size", "seq": "sequence length (tokens)"}.get(c.axis, "jobs"))
     return fig
 
 

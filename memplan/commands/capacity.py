@@ -4,6 +4,7 @@ that fits a GPU with each planner, and at what slowdown."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,9 +19,13 @@ if TYPE_CHECKING:
     from memplan.capacity import Capacity, Settings
     from memplan.hwmodels.device import DeviceModel
     from memplan.traces.builders import ModelOptions
+    from memplan.traces.capture import CaptureOptions
+    from memplan.traces.model import Trace
 
 MAX_BATCH = 1_000_000
 DEFAULT_HI = 65_536
+DEFAULT_SEQS = (128, 8192)
+MAX_SEQ = 10_000_000  # `--seq`'s own limit
 
 # NOTE [ Capacity time limits ]
 # Every probe of the search plans once (NOTE [ Capacity search ] in
@@ -45,7 +50,7 @@ PROBE_OPTIONS = {
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "capacity",
-        help="the largest batch (or the most jobs) that fits a GPU, per planner",
+        help="the largest batch (or sequence, or the most jobs) that fits a GPU, per planner",
         description=(
             "For each planner, the largest batch that fits the GPU -- or, with --jobs auto, "
             "the most concurrent jobs -- and the peak, EOR and iteration time there. A batch "
@@ -53,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--fallback: or with the net) and its EOR is at most --max-eor. The search "
             "bisects on the batch; traces at every batch are scaled from captures at two "
             "(meta device), checked against a third, and captured where scaling does not "
-            "hold (said on stderr)."
+            "hold (said on stderr). With --axis seq, the longest sequence (tokens) at --batch "
+            "instead, for models that take --seq (hf:): every probe captured at its own "
+            "sequence length (NOTE [ Capacity over the sequence ])."
         ),
     )
     what = p.add_mutually_exclusive_group()
@@ -89,16 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(at --batch, or the trace's batch); or a mix of models with counts, resnet50:2,"
         "bert_base:1, all at one batch (instead of --model)",
     )
-    p.add_argument(
-        "--batch",
-        type=integer(1, MAX_BATCH),
-        help="the batch of every job, not searched: with --jobs auto, or to test one batch",
-    )
-    p.add_argument(
-        "--batches",
-        metavar="LO:HI",
-        help=f"the range of the batch search (default 1:{DEFAULT_HI}, at most {MAX_BATCH})",
-    )
+    _add_axis_options(p)
     p.add_argument(
         "--max-eor",
         type=number(0, 1e6, lo_open=True),
@@ -135,6 +133,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
+
+
+def _add_axis_options(p: argparse.ArgumentParser) -> None:
+    """What is searched, and over what range (--batch, --axis, --seqs, --batches)."""
+    p.add_argument(
+        "--batch",
+        type=integer(1, MAX_BATCH),
+        help="the batch of every job, not searched: with --jobs auto or --axis seq, or to test "
+        "one batch",
+    )
+    p.add_argument(
+        "--axis",
+        choices=("batch", "seq"),
+        default="batch",
+        help="what is searched: batch (default), or seq, the tokens per sequence of a --model "
+        "that takes --seq (hf:), every job at --batch (required)",
+    )
+    p.add_argument(
+        "--seqs",
+        metavar="LO:HI",
+        help=f"with --axis seq: the range of the search (default {DEFAULT_SEQS[0]}:"
+        f"{DEFAULT_SEQS[1]}, HI cut to the model's max_position_embeddings; at most {MAX_SEQ})",
+    )
+    p.add_argument(
+        "--batches",
+        metavar="LO:HI",
+        help=f"the range of the batch search (default 1:{DEFAULT_HI}, at most {MAX_BATCH})",
+    )
 
 
 def _add_capture_options(p: argparse.ArgumentParser) -> None:
@@ -190,16 +216,21 @@ def parse_jobs(text: str) -> int | str | list[tuple[str, int]]:
     return mix
 
 
-def parse_range(text: str | None) -> tuple[int, int]:
-    """`--batches LO:HI`."""
+def parse_range(
+    text: str | None,
+    flag: str = "--batches",
+    default: tuple[int, int] = (1, DEFAULT_HI),
+    most: int = MAX_BATCH,
+) -> tuple[int, int]:
+    """`--batches LO:HI` (or `--seqs`: `flag`, with its default and limit)."""
     if text is None:
-        return 1, DEFAULT_HI
+        return default
     lo, sep, hi = text.partition(":")
     if not (sep and all(s.strip().isascii() and s.strip().isdigit() for s in (lo, hi))):
-        raise MemplanError(f"--batches={text!r}: expected LO:HI, two whole numbers")
-    a, b = (int(x) if len(x.strip()) <= 8 else MAX_BATCH + 1 for x in (lo, hi))
-    if not 1 <= a <= b <= MAX_BATCH:
-        raise MemplanError(f"--batches={text!r}: need 1 <= LO <= HI <= {MAX_BATCH}")
+        raise MemplanError(f"{flag}={text!r}: expected LO:HI, two whole numbers")
+    a, b = (int(x) if len(x.strip()) <= 8 else most + 1 for x in (lo, hi))
+    if not 1 <= a <= b <= most:
+        raise MemplanError(f"{flag}={text!r}: need 1 <= LO <= HI <= {most}")
     return a, b
 
 
@@ -284,7 +315,26 @@ class _Bar:
         self.bar.close()
 
 
+def _check_seq_axis(args: argparse.Namespace, jobs: int | str | list) -> None:
+    """`--axis seq`'s rules (NOTE [ Capacity over the sequence ])."""
+    if args.axis != "seq":
+        if args.seqs is not None:
+            raise MemplanError("--seqs is the range of --axis seq: give --axis seq, or --batches")
+        return
+    if args.trace or isinstance(jobs, list) or jobs == "auto":
+        raise MemplanError(
+            "--axis seq searches one --model's sequence length: not with --trace, --jobs auto "
+            "or a mix of models"
+        )
+    for opt in ("seq", "batches"):
+        if getattr(args, opt) is not None:
+            raise MemplanError(f"--{opt} with --axis seq: the sequence is searched (--seqs LO:HI)")
+    if args.batch is None:
+        raise MemplanError("--axis seq searches the sequence at one batch: give --batch B")
+
+
 def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
+    _check_seq_axis(args, jobs)
     mix = isinstance(jobs, list)
     if mix and (args.model or args.trace):
         raise MemplanError("--jobs names the models (M1:C1,M2:C2): drop --model and --trace")
@@ -313,13 +363,12 @@ def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
 _MODEL_OPTIONS = ("dtype", "config", "seq", "image", "freeze", "lora", "gradient_checkpointing")
 
 
-def _scaler(model: str, args: argparse.Namespace, built: ModelOptions):  # noqa: ANN202
+def _capture_options(args: argparse.Namespace) -> CaptureOptions:
     from memplan.traces.capture import CaptureOptions
-    from memplan.traces.scaling import BatchTraces, model_captures
 
     kwargs = capture.merged_keywords(args.opt or [])
     try:
-        opts = CaptureOptions(
+        return CaptureOptions(
             optimizer=args.optimizer or "adam",
             optimizer_kwargs=kwargs,
             accumulate=args.accumulate or 1,
@@ -327,7 +376,65 @@ def _scaler(model: str, args: argparse.Namespace, built: ModelOptions):  # noqa:
         )
     except MemplanError as e:
         raise MemplanError(f"--optimizer, --opt, --accumulate or --target: {e}") from None
-    return BatchTraces(model_captures(model, opts, built))
+
+
+def _scaler(model: str, args: argparse.Namespace, built: ModelOptions):  # noqa: ANN202
+    from memplan.traces.scaling import BatchTraces, model_captures
+
+    return BatchTraces(model_captures(model, _capture_options(args), built))
+
+
+def _default_seqs(model: str, built: ModelOptions) -> tuple[int, int]:
+    """`DEFAULT_SEQS`, HI cut to an hf: model's max_position_embeddings."""
+    from memplan.traces import builders
+
+    if not model.startswith("hf:"):
+        return DEFAULT_SEQS  # refused below: it takes no --seq
+    try:
+        limit = getattr(
+            builders.transformers_model(model[3:], built).config, "max_position_embeddings", None
+        )
+    except MemplanError:
+        return DEFAULT_SEQS  # the same error comes again below, said with --seqs
+    hi = min(DEFAULT_SEQS[1], limit) if isinstance(limit, int) and limit > 0 else DEFAULT_SEQS[1]
+    return min(DEFAULT_SEQS[0], hi), hi
+
+
+def _seq_search(args: argparse.Namespace, built: ModelOptions, copies: int) -> Capacity:
+    """`--axis seq`: the longest sequence at `--batch`, every probe captured
+    (NOTE [ Capacity over the sequence ])."""
+    from memplan.capacity import seq_capacity
+    from memplan.traces.scaling import model_captures
+    from memplan.traces.zoo import resolve
+
+    lo, hi = parse_range(args.seqs, "--seqs", _default_seqs(args.model, built), MAX_SEQ)
+    for seq in (lo, hi):  # a model without a sequence, or one too short, fails before any work
+        try:
+            resolve(args.model, dataclasses.replace(built, seq=seq))
+        except MemplanError as e:
+            given = "" if args.seqs is None else f" --seqs {lo}:{hi}"
+            raise MemplanError(f"--axis seq{given}: {e}") from None
+    opts = _capture_options(args)
+
+    def capture_at(seq: int) -> Trace:
+        return model_captures(args.model, opts, dataclasses.replace(built, seq=seq))(args.batch)
+
+    device = machine.device(args)
+    s = settings(args, device)
+    bar = _Bar(s.planners, args.no_progress)
+    try:
+        return seq_capacity(
+            args.model,
+            capture_at,
+            device,
+            s,
+            (lo, hi),
+            batch=args.batch,
+            copies=copies,
+            progress=bar,
+        )
+    finally:
+        bar.close()
 
 
 def search(args: argparse.Namespace) -> Capacity:
@@ -340,6 +447,8 @@ def search(args: argparse.Namespace) -> Capacity:
     lo, hi = parse_range(args.batches)
     models = jobs if isinstance(jobs, list) else [(args.model, jobs)] if args.model else []
     built = capture.model_options_of(args)
+    if args.axis == "seq":
+        return _seq_search(args, built, jobs)
     for name, _ in models:  # an unknown model, or an option it cannot take, fails before any work
         try:
             resolve(name, built)
