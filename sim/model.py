@@ -210,8 +210,7 @@ class GpuModel:
         if c.triggers[0]:
             self._trigger(s, c.triggers[0], it)
         ops, dur = c.ops, s.dur  # per op an `OpRow` (sim/job.py), unpacked by position
-        where, created, written, free, parked = s.where, s.create, s.written, s.free, s.parked
-        act, unpark = mem.act, mem.unpark
+        where, created, written = s.where, s.create, s.written
         deadlines, ready = s.deadlines, s.ready_us
         ledger, scratch = mem.ledger, c.workspace  # NOTE [ Workspaces ] in sim/job.py
         shared, passive, compute, take = self.shared, mem.passive, self.compute, mem.take
@@ -275,12 +274,8 @@ class GpuModel:
             row((env.now, j, it, end, i, -1, -1))
             if writes:
                 written(writes)
-            for b in frees:  # `framework_free`, inline
-                do = free(b)
-                if do:
-                    act(s, b, do)
-                if s.n_parked and parked[b]:
-                    unpark(s, b)
+            for b in frees:
+                self.framework_free(s, b)
             if after:
                 self._trigger(s, after, it)
         s.pinned = ()  # no op of this job runs until the next iteration's first

@@ -311,7 +311,17 @@ class Trace:
     def buffer_accesses(self) -> tuple[np.ndarray, np.ndarray]:
         """(indptr, ops): ops accessing buffer b, ascending, are
         ops[indptr[b]:indptr[b+1]]."""
-        indptr, bufs = self.access_csr
+        return self._by_buffer(self.access_csr)
+
+    @cached_property
+    def buffer_writes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, ops): ops writing buffer b, ascending, are
+        ops[indptr[b]:indptr[b+1]]."""
+        return self._by_buffer(self.writes_csr)
+
+    def _by_buffer(self, csr: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """A per-op CSR (op -> buffers) turned per buffer (buffer -> ops, ascending)."""
+        indptr, bufs = csr
         op_of = np.repeat(np.arange(self.n_ops, dtype=np.int64), np.diff(indptr))
         order = np.lexsort((op_of, bufs))
         counts = np.bincount(bufs, minlength=self.n_buffers)
@@ -321,6 +331,10 @@ class Trace:
 
     def accesses_of(self, b: int) -> np.ndarray:
         p, ops = self.buffer_accesses
+        return ops[p[b] : p[b + 1]]
+
+    def writers_of(self, b: int) -> np.ndarray:
+        p, ops = self.buffer_writes
         return ops[p[b] : p[b + 1]]
 
     @cached_property

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,27 +255,13 @@ def memory_of_plan(
         per_buf.setdefault(b, []).append(r.event)
     d_out = device.copy_time(trace.nbytes, D2H, US).tolist()
     d_in = device.copy_time(trace.nbytes, H2D, US).tolist()
-    writers = _writers(trace, per_buf)
     bufs = Buffers(trace.n_buffers)
     for b, evs in per_buf.items():
-        _Walk(st, timeline, bufs, b, d_out[b], d_in[b]).run(evs, writers.get(b, ()))
+        _Walk(st, timeline, bufs, b, d_out[b], d_in[b]).run(evs, trace.writers_of(b).tolist())
     for r in ip.recompute.values():
         nbytes = sum(int(trace.nbytes[w]) for w in r.temporaries)
         st.add_bytes(r.event.before_op, nbytes)
     return st
-
-
-def _writers(trace: Trace, bufs: Iterable[int]) -> dict[int, list[int]]:
-    """For each of `bufs`, the ops that write it, in order."""
-    wp, wb = trace.writes_csr
-    want = np.zeros(trace.n_buffers, bool)
-    want[list(bufs)] = True
-    hit = np.flatnonzero(want[wb])
-    ops = np.searchsorted(wp, hit, "right") - 1
-    out: dict[int, list[int]] = {}
-    for b, k in zip(wb[hit].tolist(), ops.tolist(), strict=True):
-        out.setdefault(b, []).append(k)
-    return out
 
 
 class _Walk:

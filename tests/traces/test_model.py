@@ -22,6 +22,9 @@ def test_derived_arrays():
     assert t.op_accesses(1).tolist() == [2, 3]
     assert t.accesses_of(2).tolist() == [0, 1]
     assert t.accesses_of(0).tolist() == [0]
+    assert t.writers_of(2).tolist() == [0]
+    assert t.writers_of(3).tolist() == [1]
+    assert t.writers_of(0).tolist() == []  # read only
 
 
 def test_memory_curves_by_hand():
