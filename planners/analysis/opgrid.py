@@ -22,7 +22,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -130,6 +131,20 @@ class MemoryState:
         bit = STEADY if steady else FIRST
         return any(lo <= op <= hi and w & bit for lo, hi, w in self.holes.get(b, ()))
 
+    def resident_among(self, op: int, bufs: np.ndarray, steady: bool | None = None) -> np.ndarray:
+        """bool per buffer of `bufs`: on the device while `op` runs. Costs
+        the length of `bufs`, not of the trace (TENSILE's rounds look at the
+        head of a fixed order only)."""
+        ok = (self.start[bufs] <= op) & (self.end[bufs] >= op) & (self.nbytes[bufs] > 0)
+        holed = np.flatnonzero(ok & self.holed[bufs])
+        if len(holed):
+            if steady is None:
+                steady = not self.count_first_iteration
+            bit, holes = (STEADY if steady else FIRST), self.holes
+            for i, b in zip(holed.tolist(), bufs[holed].tolist()):
+                ok[i] = not any(lo <= op <= hi and w & bit for lo, hi, w in holes[b])
+        return ok
+
     def resident_at(self, op: int, steady: bool | None = None) -> np.ndarray:
         """Buffers on the device while `op` runs (ascending ids)."""
         live = self.live_at(op)
@@ -149,38 +164,50 @@ class MemoryState:
         return int(c[i]), i
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PeakAnalysis:
     """TENSILE Algorithm 1 over all jobs. `peak_bytes` is the global memory
     footprint peak MP = sum of the jobs' peaks (the jobs run asynchronously,
     so their peaks may coincide). Per job: the peak in bytes, the first op
     where it happens (-1 for a job without ops), its predicted start time
-    (us), the buffers resident then, and `last_input_op`, the last op at or
-    before the peak that reads a buffer (the deadline of a swap-out that is
-    to lower this peak is the start of the peak op)."""
+    (us), and `last_input_op`, the last op at or before the peak that reads a
+    buffer (the deadline of a swap-out that is to lower this peak is the
+    start of the peak op). `resident` (the buffers resident at each job's
+    peak op) is found when first asked for: a round that looks only at the
+    head of a fixed order asks `states[j].resident_among` instead."""
 
     peak_bytes: int
     job_peak_bytes: tuple[int, ...]
     job_peak_op: tuple[int, ...]
     job_peak_time_us: tuple[float, ...]
-    resident: tuple[np.ndarray, ...]
     last_input_op: tuple[int, ...]
+    states: tuple[MemoryState, ...] = field(repr=False, compare=False)
+
+    @cached_property
+    def resident(self) -> tuple[np.ndarray, ...]:
+        """Per job: the buffers resident at its peak op (ascending ids); a job
+        without ops: its persistent buffers."""
+        return tuple(
+            st.resident_at(p) if p >= 0 else np.flatnonzero(st.trace.persistent)
+            for st, p in zip(self.states, self.job_peak_op)
+        )
 
 
 def peak_analysis(
     states: Sequence[MemoryState], timelines: Sequence[Timeline] | None = None
 ) -> PeakAnalysis:
     """Algorithm 1 over the jobs' current `MemoryState`s."""
-    peaks, ops, times, res, lua = [], [], [], [], []
+    peaks, ops, times, lua = [], [], [], []
     for j, st in enumerate(states):
         p_bytes, p = st.peak()
         peaks.append(p_bytes)
         ops.append(p)
         tl = timelines[j] if timelines is not None else None
         times.append(float(tl.start_us[p]) if tl is not None and p >= 0 else math.nan)
-        res.append(st.resident_at(p) if p >= 0 else np.flatnonzero(st.trace.persistent))
         lua.append(_last_reader(st.trace, p))
-    return PeakAnalysis(sum(peaks), tuple(peaks), tuple(ops), tuple(times), tuple(res), tuple(lua))
+    return PeakAnalysis(
+        sum(peaks), tuple(peaks), tuple(ops), tuple(times), tuple(lua), tuple(states)
+    )
 
 
 def _last_reader(trace: Trace, p: int) -> int:
@@ -286,7 +313,7 @@ class _Walk:
         self.writes = 0  # writes so far, and at the running swap-out's start
         self.writes_at_start = 0
         if self.persistent:
-            bufs.apply(b, LifeEvent.CREATE)
+            bufs.create(b)
 
     def push(self, t: float, rank: int, act: Callable[[float, Any], None], arg: Any = None) -> None:
         heapq.heappush(self.heap, (t, rank, self.seq, act, arg))
@@ -334,16 +361,16 @@ class _Walk:
 
     # ---- the events ------------------------------------------------------------------
     def create(self, _t: float, _arg: None) -> None:
-        self.apply(LifeEvent.CREATE)
+        self.bufs.create(self.b)  # CREATE, by its fast path
 
     def write(self, _t: float, _arg: None) -> None:
-        self.apply(LifeEvent.WRITE)
+        self.bufs.written((self.b,))  # WRITE, by its fast path
         self.writes += 1
 
     def free(self, t: float, _arg: None) -> None:
         """The framework's free: the life ends, but a running copy keeps the bytes."""
         w = self.bufs.where[self.b]
-        if self.apply(LifeEvent.FREE) & Do.DETACH:
+        if self.bufs.free(self.b) & Do.DETACH:  # FREE, by its fast path
             self.extra(t, self.copy_end)
         elif w == OFF:
             self.cut(self.off_at, t)

@@ -133,33 +133,63 @@ class _Queue:
         self.now = max(saved, end)
 
     def iteration(self, it: int, iterations: int) -> None:
-        tab, where = self.tab, self.bufs.where
-        for b in self.ip.inputs:
+        # The loop inlines the store's fast paths (CREATE of an op's outputs,
+        # WRITE) and skips what has nothing to do: most ops wait for no copy,
+        # end no copy and trigger nothing.
+        tab, bufs, ip = self.tab, self.bufs, self.ip
+        where, create_all, written, free = bufs.where, bufs.create_all, bufs.written, bufs.free
+        nbytes, dur, awaited, out_due, arriving = (
+            self.nbytes,
+            self.dur,
+            self.awaited,
+            self.out_due,
+            self.arriving,
+        )
+        triggered, need, creates, writes, frees = (
+            ip.triggered,
+            tab.need,
+            tab.creates,
+            tab.writes,
+            tab.frees,
+        )
+        for b in ip.inputs:
             self.create(b)
-        self.trigger(self.ip.triggered[0], it, iterations)
+        self.trigger(triggered[0], it, iterations)
         for i in range(tab.n_ops):
             key = (it, i)
-            while self.awaited[key] > 0:
+            while awaited.get(key, 0) > 0:
                 self.finish_copy()
-            for b, ep in self.out_due.pop(key, ()):
-                while self.bufs.epoch[b] == ep and self.bufs.where[b] == LEAVING:
-                    self.finish_copy()
-            self.run_lane_until(self.now)
-            for b in tab.need[i]:
+            if out_due:
+                for b, ep in out_due.pop(key, ()):
+                    while bufs.epoch[b] == ep and where[b] == LEAVING:
+                        self.finish_copy()
+            if self.copy_end <= self.now:
+                self.run_lane_until(self.now)
+            for b in need[i]:
                 if where[b] != DEV:  # NEED of a resident buffer does nothing
                     self.apply(b, Event.NEED)
-            for b in tab.creates[i]:
-                self.create(b)
-            self.bufs.written(tab.writes[i])  # at its start and at its end
-            end = self.now + self.dur[i]
-            self.run_lane_until(end)
+            made = creates[i]
+            if made:
+                create_all(made)
+                for b in made:
+                    self.used += nbytes[b]
+                self.peak = max(self.peak, self.used)
+            w = writes[i]
+            if w:
+                written(w)  # at its start and at its end
+            end = self.now + dur[i]
+            if self.copy_end <= end:
+                self.run_lane_until(end)
             self.now = end
-            self.bufs.written(tab.writes[i])
-            for b in tab.frees[i]:
-                if self.bufs.free(b) & Do.DROP:
-                    self.used -= self.nbytes[b]
-                self.arrived(b)
-            self.trigger(self.ip.triggered[i + 1], it, iterations)
+            if w:
+                written(w)
+            for b in frees[i]:
+                if free(b) & Do.DROP:
+                    self.used -= nbytes[b]
+                if arriving and b in arriving:
+                    self.arrived(b)
+            if triggered[i + 1]:
+                self.trigger(triggered[i + 1], it, iterations)
 
     def arrived(self, b: int) -> None:
         """`b` is no longer on its way: the ops that waited for it need not."""

@@ -164,7 +164,10 @@ class _Replay:
             bufs.create(b)
         seen: set[tuple[tuple[int, ...], tuple[bool, ...]]] = set()
         at_where, at_host = bufs.where.__getitem__, bufs.host.__getitem__
+        first = bufs.states()
         for it in range(MAX_ITERATIONS):
+            if it == 1 and bufs.states() == first:
+                return  # iteration 1 would replay iteration 0 event for event
             state = (tuple(map(at_where, persistent)), tuple(map(at_host, persistent)))
             if it >= 2 and state in seen:
                 return

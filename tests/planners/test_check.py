@@ -184,3 +184,23 @@ def test_wrong_trace():
     other = recompute_trace()
     with pytest.raises(PlanError, match="made for trace"):
         check(plan(t), other)
+
+
+def test_the_replay_stops_when_an_iteration_ends_where_it_began(monkeypatch):
+    # a plan that leaves every buffer as iteration 0 found it is replayed once;
+    # with a cross-iteration swap-in (the weight starts iteration 1 off the
+    # device) until the persistent state repeats: iterations 0 and 1
+    from memplan.planners.core import check as checker
+
+    runs = []
+    real = checker._Replay._iteration
+    monkeypatch.setattr(
+        checker._Replay, "_iteration", lambda self: (runs.append(self.it), real(self))
+    )
+    t, _ = swap_chain()
+    check(plan(t, SwapOut(0, 0), SwapIn(0, 1, 3)), t)
+    assert runs == [0]
+    runs.clear()
+    t, _ = param_step()
+    check(plan(t, SwapOut(0, 2), SwapIn(0, 4, 0, next_iteration=True)), t)
+    assert runs == [0, 1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
@@ -75,21 +75,29 @@ class PickOrder:
         size = np.concatenate([t.nbytes for t in traces]) if traces else np.zeros(0, np.int64)
         self.order = np.lexsort((self.buffer, self.job, -size))
 
-    def resident(
+    def resident_blocks(
         self, pa: PeakAnalysis, jobs: Sequence[JobPlanning]
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(job, buffer) of every buffer resident at its job's peak op and not
-        accessed by it, in pick order; jobs without ops have none."""
-        mask = np.zeros(len(self.order), bool)
-        for jb in jobs:
-            p = pa.job_peak_op[jb.j]
-            if p < 0:
-                continue
-            off = self.offset[jb.j]
-            mask[off + pa.resident[jb.j]] = True
-            mask[off + jb.trace.op_accesses(p)] = False
-        picked = self.order[mask[self.order]]
-        return self.job[picked], self.buffer[picked]
+        accessed by it, in pick order, found block by block along the order
+        (256, 512, ... buffers of all jobs): a round that stops early looks
+        only at the head of the order. Jobs without ops have none."""
+        peaks = [(jb, pa.job_peak_op[jb.j]) for jb in jobs if pa.job_peak_op[jb.j] >= 0]
+        used = {jb.j: jb.trace.op_accesses(p) for jb, p in peaks}
+        at, size = 0, 256
+        while at < len(self.order) and peaks:
+            picked = self.order[at : at + size]
+            job, buf = self.job[picked], self.buffer[picked]
+            keep = np.zeros(len(picked), bool)
+            for jb, p in peaks:
+                mine = np.flatnonzero(job == jb.j) if len(jobs) > 1 else np.arange(len(job))
+                bufs = buf[mine]
+                ok = jb.state.resident_among(p, bufs)
+                for b in used[jb.j].tolist():  # a handful: cheaper than np.isin
+                    ok &= bufs != b
+                keep[mine] = ok
+            yield job[keep], buf[keep]
+            at, size = at + size, 2 * size
 
 
 def us(x: float) -> float:

@@ -106,11 +106,13 @@ from memplan.traces.model import Trace
 # NOTE [ Candidates in pick order ]
 # A round tries the gaps around the peak largest buffer first and stops at
 # the first swap that succeeds, which on most rounds is among the first
-# few. So the buffers resident at the peak are put in pick order by one
-# pass over a fixed order of all buffers (`PickOrder`), and their gaps are
-# looked up in blocks of 64, 128, ... of that order, not all of them (a
-# 30k-op step holds ten thousand at its peak). The order is the one the
-# round has always used: size, then job, then buffer.
+# few. So a round walks a fixed order of all buffers (`PickOrder`: size,
+# then job, then buffer, the order the round has always used) in blocks of
+# 256, 512, ..., keeps the buffers of each block resident at their job's
+# peak op, and looks up their gaps `GAP_LOOKUPS` at a time: a round that
+# stops early costs the head of the order, not the step (a 30k-op step
+# holds ten thousand buffers at its peak).
+GAP_LOOKUPS = 256
 
 
 # NOTE [ Short of the budget ]
@@ -223,30 +225,35 @@ class _Tensile:
         """The gaps around each job's peak op that may be swapped, in pick
         order: largest buffer first (ties: lower job, then lower buffer),
         looked up in blocks that double (NOTE [ Candidates in pick order ])."""
-        job, buf = self.pick.resident(pa, self.jobs)
         free: dict[int, FreeTime] = {}  # job -> the lane after its peak op
-        at, size = 0, 64
-        while at < len(job):
-            jobs, bufs = job[at : at + size], buf[at : at + size]
-            rows: list[tuple[int, Candidate]] = []  # (place in the block, candidate)
-            for jb in self.jobs:
-                mine = np.flatnonzero(jobs == jb.j)
-                if len(mine) == 0:
-                    continue
-                p = pa.job_peak_op[jb.j]
-                ok, g, prev, nxt, pp = self._gaps_at(jb, bufs[mine], p)
-                if jb.j not in free:
-                    free[jb.j] = self._free_after(jb, p)
-                ok[ok] = self._swap_in_may_fit(jb, bufs[mine][ok], nxt[ok], free[jb.j])
-                i, *cols = (x[ok].tolist() for x in (mine, bufs[mine], g, prev, nxt, pp))
-                found = map(Candidate, itertools.repeat(jb), *cols)
-                if len(self.jobs) == 1:  # already in pick order
-                    yield from found
-                else:
-                    rows += zip(i, found)
-            rows.sort(key=lambda r: r[0])
-            yield from (c for _i, c in rows)
-            at, size = at + size, 2 * size
+        for block_job, block_buf in self.pick.resident_blocks(pa, self.jobs):
+            for at in range(0, len(block_job), GAP_LOOKUPS):
+                yield from self._gaps_in_pick_order(
+                    pa, block_job[at : at + GAP_LOOKUPS], block_buf[at : at + GAP_LOOKUPS], free
+                )
+
+    def _gaps_in_pick_order(
+        self, pa: PeakAnalysis, job: np.ndarray, buf: np.ndarray, free: dict[int, FreeTime]
+    ) -> Iterator[Candidate]:
+        """The candidates among buffers `buf` of jobs `job` (in pick order)."""
+        rows: list[tuple[int, Candidate]] = []  # (place in the block, candidate)
+        for jb in self.jobs:
+            mine = np.flatnonzero(job == jb.j)
+            if len(mine) == 0:
+                continue
+            p = pa.job_peak_op[jb.j]
+            ok, g, prev, nxt, pp = self._gaps_at(jb, buf[mine], p)
+            if jb.j not in free:
+                free[jb.j] = self._free_after(jb, p)
+            ok[ok] = self._swap_in_may_fit(jb, buf[mine][ok], nxt[ok], free[jb.j])
+            i, *cols = (x[ok].tolist() for x in (mine, buf[mine], g, prev, nxt, pp))
+            found = map(Candidate, itertools.repeat(jb), *cols)
+            if len(self.jobs) == 1:  # already in pick order
+                yield from found
+            else:
+                rows += zip(i, found)
+        rows.sort(key=lambda r: r[0])
+        yield from (c for _i, c in rows)
 
     def _gaps_at(self, jb: JobPlanning, res: np.ndarray, p: int):
         """For buffers `res` resident at op p (not accessed by it): the gap of
