@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out",
         required=True,
         metavar="FILE",
-        help="runtime plan to write (memplan.runtime/1 JSON, .gz compresses)",
+        help="runtime plan to write (memplan.runtime/2 JSON, .gz compresses)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)

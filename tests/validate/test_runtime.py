@@ -43,9 +43,12 @@ def workload(model: str, batch: int = 4):
 
 def step(model: str, plan=None, net: nn.Module | None = None, batch: int = 4):
     """One forward + backward of a fresh copy of the zoo model (or `net`),
-    under `plan` (a RuntimePlan) or plain; dropout draws from seed 1."""
+    under `plan` (a RuntimePlan, its state moves left out) or plain; dropout
+    draws from seed 1."""
     w = workload(model, batch)
     net = copy.deepcopy(w.model) if net is None else net
+    if plan is not None:  # no optimizer step here: test_runtime_state.py moves the state
+        plan = dataclasses.replace(plan, state=(), host_step=())
     ctx = PlanRuntime(net, plan).step() if plan is not None else contextlib.nullcontext()
     torch.manual_seed(1)
     with ctx as stats:

@@ -21,7 +21,10 @@ RUNTIME = (
     "memplan.validate.runtime.errors",
     "memplan.validate.runtime.hooks",
     "memplan.validate.runtime.io",
+    "memplan.validate.runtime.moments",
+    "memplan.validate.runtime.pinned",
     "memplan.validate.runtime.plan",
+    "memplan.validate.runtime.state",
 )
 
 

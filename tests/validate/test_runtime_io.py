@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from memplan.traces.model import BufferKind
 from memplan.validate.runtime.errors import RuntimePlanError
 from memplan.validate.runtime.io import from_dict, load, save, to_dict
+from memplan.validate.runtime.moments import Moment, StateSwap, When
 from memplan.validate.runtime.plan import Action, RecomputeOp, RuntimePlan, SavedDecision, Skipped
 
 RP = RuntimePlan(
@@ -22,6 +24,27 @@ RP = RuntimePlan(
     regions=("block",),
     recompute=(RecomputeOp("block", 0, "block.relu", "aten.relu.default", 0),),
     skipped=(Skipped("release of buffer 9", "not a saved tensor"),),
+    state=(
+        StateSwap(
+            "fc1.weight",
+            BufferKind.OPTIMIZER_STATE,
+            "exp_avg",
+            4096,
+            When(Moment.STEP_END),
+            When(Moment.STEP_START),
+            When(Moment.OPTIMIZER_STEP),
+        ),
+        StateSwap(
+            "fc2.weight",
+            BufferKind.PARAM,
+            "",
+            2048,
+            When(Moment.STEP_END),
+            When(Moment.STEP_END),
+            When(Moment.FORWARD, "fc2"),
+        ),
+    ),
+    host_step=("fc2.bias",),
 )
 
 
@@ -38,10 +61,30 @@ def test_round_trip(tmp_path):
     assert from_dict(json.loads(json.dumps(to_dict(RP)))) == RP
 
 
+def test_a_first_schema_file_reads_without_state_moves():
+    d = json.loads(json.dumps(to_dict(RP)))
+    for key in ("state", "host_step"):
+        del d[key]
+    d["schema"] = "memplan.runtime/1"
+    rp = from_dict(d)
+    assert rp.state == () and rp.host_step == ()
+    assert rp.saved == RP.saved and to_dict(rp)["schema"] == "memplan.runtime/2"
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda d: d.update(schema=None), r"^schema: expected 'memplan.runtime/1', got null$"),
+        (lambda d: d.update(schema=None), r"^schema: expected 'memplan.runtime/1' or 'memplan.runtime/2', got null$"),
+        (lambda d: d.update(schema="memplan.runtime/3"), r"^schema: expected .* got \"memplan.runtime/3\"$"),
+        (lambda d: d["state"][0].update(kind="activation"), r"^state\[0\].kind: 'activation' is not param, grad or optimizer_state$"),
+        (lambda d: d["state"][0].update(key=""), r"^state\[0\].key: \"\"; a key is named exactly for optimizer state$"),
+        (lambda d: d["state"][1]["back"].update(module=""), r"^state\[1\].back.module: \"\"; a module is named exactly for 'forward'$"),
+        (lambda d: d["state"][1]["out"].update(moment="noon"), r'^state\[1\].out.moment: unknown Moment "noon" \(one of step_start, forward'),
+        (lambda d: d["state"][0].pop("fetch"), r"^state\[0\].fetch: expected an object, got null$"),
+        (lambda d: d["state"][0].update(back={"moment": "step_end", "module": ""}), r"^state\[0\]: leaves and comes back at the same moment \(step_end\)$"),
+        (lambda d: d["state"][0].update(nbytes=-4), r"^state\[0\].nbytes: expected an integer in \[0, "),
+        (lambda d: d.update(host_step=["a", "a"]), r"^host_step: 'a' listed twice$"),
+        (lambda d: d.update(host_step=[3]), r"^host_step\[0\]: expected a string, got 3$"),
         (lambda d: d.pop("saved"), r"^saved: missing$"),
         (lambda d: d.update(saved={}), r"^saved: expected a list, got \{\}$"),
         (lambda d: d["saved"].append(3), r"^saved\[3\]: expected an object, got 3$"),

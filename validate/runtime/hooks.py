@@ -1,17 +1,22 @@
 """Apply a plan to a real training step in user code.
 
-    runtime = PlanRuntime(model, export(plan, trace))   # once: stream, host pool
+    runtime = PlanRuntime(model, export(plan, trace), optimizer=optimizer)  # once
     for batch in data:
         with runtime.step() as stats:
             loss = loss_fn(model(batch.x), batch.y)
             loss.backward()
         optimizer.step()
+        optimizer.zero_grad()
+    runtime.close()  # the training state back on the device, the hooks removed
 
 `apply_plan(model, plan, trace)` is the one-step shorthand. Decisions come
 from `validate.runtime.plan` (NOTE [ From plan events to saved tensors ]):
 offloads become `saved_tensors_hooks`, recomputes selective activation
-checkpointing of the planned modules. The forward pass, the loss and
-backward must run inside the step, as they did at capture."""
+checkpointing of the planned modules; moves of parameters, gradients and
+optimizer state and host optimizer steps run at the moments of
+`validate.runtime.moments` (`validate.runtime.state`), the optimizer's ones
+in its step hooks. The forward pass, the loss and backward must run inside
+the step, as they did at capture."""
 
 from __future__ import annotations
 
@@ -25,7 +30,10 @@ import torch
 from memplan.planners.core.plan import Plan
 from memplan.traces.model import Trace
 from memplan.validate.runtime.errors import RuntimePlanError
+from memplan.validate.runtime.moments import Moment, When
+from memplan.validate.runtime.pinned import PinnedPool, flat
 from memplan.validate.runtime.plan import Action, RuntimePlan, SavedDecision, export
+from memplan.validate.runtime.state import StateRuntime, StateStats
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -67,26 +75,6 @@ class StepStats:
     region_inputs: int = 0  # inputs checkpoint saved for its regions (kept, not counted above)
 
 
-class PinnedPool:
-    """Host buffers by size, reused across steps; pinned on CUDA. A buffer
-    is free again once the copy that last read it has completed."""
-
-    def __init__(self, pin: bool):
-        self.pin = pin
-        self._free: defaultdict[int, list[tuple[torch.Tensor, Any]]] = defaultdict(list)
-
-    def get(self, nbytes: int) -> torch.Tensor:
-        free = self._free[nbytes]
-        for i, (t, event) in enumerate(free):
-            if event is None or event.query():
-                del free[i]
-                return t
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
-
-    def put(self, t: torch.Tensor, event: Any = None) -> None:
-        self._free[t.numel()].append((t, event))
-
-
 @dataclass(slots=True)
 class _Stored:
     """One buffer's saved data in the step."""
@@ -115,11 +103,6 @@ class _Packed:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finaliser
             self.owner.release(self)
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """The whole storage of `t` as flat bytes."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 class _Step:
@@ -171,7 +154,7 @@ class _Step:
                 f"the trace recorded {d.nbytes} (another batch size or dtype?)"
             )
         self.stats.packed += 1
-        persistent = t.untyped_storage().data_ptr() in self.persistent
+        persistent = d.persistent or t.untyped_storage().data_ptr() in self.persistent
         stored = self.stored.get(d.buffer)
         if stored is None:
             stored = self.stored[d.buffer] = _Stored(d)
@@ -187,7 +170,7 @@ class _Step:
         return packed
 
     def _offload(self, stored: _Stored, t: torch.Tensor) -> None:
-        rt, src = self.rt, _flat(t)
+        rt, src = self.rt, flat(t)
         host = rt.pool.get(src.numel())
         if rt.cuda:
             stream = rt.side_stream
@@ -298,11 +281,19 @@ _REGION_ACTIONS = frozenset({Action.RECOMPUTE, Action.REGION})
 
 
 class PlanRuntime:
-    """A runtime plan bound to `model`: its hooks, the side stream and the
-    host pool, reused by every `step()`."""
+    """A runtime plan bound to `model` (and to `optimizer`, which a plan that
+    moves gradients or optimizer state, or steps parameters on the host,
+    needs): its hooks, the side stream and the host pool, reused by every
+    `step()`. `close()` (or leaving a `with PlanRuntime(...)` block) puts the
+    training state back on the device and removes the optimizer's hooks."""
 
     def __init__(
-        self, model: torch.nn.Module, plan: RuntimePlan, device: torch.device | None = None
+        self,
+        model: torch.nn.Module,
+        plan: RuntimePlan,
+        device: torch.device | None = None,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
     ):
         modules = dict(model.named_modules())
         for d in plan.saved:
@@ -344,6 +335,31 @@ class PlanRuntime:
         self.entering = False
         self.calls: defaultdict[str, int] = defaultdict(int)
         self.seen: set[tuple[str, int, str, str, int]] = set()
+        self.optimizer = optimizer
+        self.state = StateRuntime(
+            model, plan.state, plan.host_step, optimizer, self.device, self.pool, self.side_stream
+        )
+
+    @property
+    def state_stats(self) -> StateStats:
+        """Moves of the training state since the runtime started."""
+        return self.state.stats
+
+    @property
+    def host_optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer over the host copies of `plan.host_step` (its state is
+        theirs), or None."""
+        return self.state.host.host if self.state.host is not None else None
+
+    def close(self) -> None:
+        """The training state back on the device, the optimizer's hooks removed."""
+        self.state.close()
+
+    def __enter__(self) -> PlanRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @contextlib.contextmanager
     def step(self) -> Iterator[StepStats]:
@@ -353,14 +369,19 @@ class PlanRuntime:
         self.stack.clear()
         self.calls.clear()
         self.seen.clear()
+        self.state.at(When(Moment.STEP_START))
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._module_stack())
+            stack.enter_context(self._forward_moments())
             for r in self.plan.regions:
                 stack.enter_context(self._checkpointed(r))
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(st.pack, st.unpack))
+            if self.plan.saved:  # a plan of state moves alone leaves saved tensors be
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(st.pack, st.unpack))
             yield st.stats
         st.stats.recomputed_ops = len(self.seen)
-        st.finish()
+        if self.plan.saved:
+            st.finish()
+        self.state.at(When(Moment.AFTER_BACKWARD))
 
     # ---- module tracking and checkpointing ------------------------------------------------
     @contextlib.contextmanager
@@ -376,6 +397,25 @@ class PlanRuntime:
 
             handles.append(mod.register_forward_pre_hook(pre))
             handles.append(mod.register_forward_hook(post, always_call=True))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextlib.contextmanager
+    def _forward_moments(self) -> Iterator[None]:
+        """The first forward pre-hook of each module named by a FORWARD moment."""
+        fired: set[str] = set()
+        handles = []
+        for path in self.state.forward_modules():
+
+            def pre(_m: Any, _a: Any, path: str = path) -> None:
+                if path not in fired:
+                    fired.add(path)
+                    self.state.at(When(Moment.FORWARD, path))
+
+            handles.append(self.modules[path].register_forward_pre_hook(pre))
         try:
             yield
         finally:

@@ -1,8 +1,9 @@
 """A plan as a PyTorch runtime sees it: decisions about the tensors autograd
 saves, keyed by what capture recorded (module path and pack order), and
-the modules to checkpoint selectively. `export` builds one from a `Plan`
-and its `Trace`; `validate.runtime.io` reads and writes them as JSON with
-``"schema": "memplan.runtime/1"``."""
+the modules to checkpoint selectively, and the training state's moves
+(`validate.runtime.moments`). `export` builds one from a `Plan` and its
+`Trace`; `validate.runtime.io` reads and writes them as JSON with
+``"schema": "memplan.runtime/2"``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from memplan.planners.core.plan import Plan, Recompute, Release, SwapIn, SwapOut, describe, validate
 from memplan.traces.model import Phase, Trace
 from memplan.validate.runtime.errors import RuntimePlanError
+from memplan.validate.runtime.moments import STATE_KINDS, StateSwap, state_swaps
 
 # NOTE [ From plan events to saved tensors ]
 # User code cannot act "after op 12"; it sees autograd's saved tensors (pack hooks in
@@ -30,6 +32,7 @@ from memplan.validate.runtime.errors import RuntimePlanError
 #   the ops alone; nested regions merge). Plan ops PREFER_RECOMPUTE, the rest MUST_SAVE;
 #   ops are matched at run time by invocation, module, target and occurrence; the set is
 #   closed as NOTE [ Closing the recompute set ] says.
+# - parameters, gradients, optimizer state: NOTE [ From plan events to moments ].
 # - everything else is listed in `skipped` with the reason. Full text: docs/notes.md.
 
 # NOTE [ Closing the recompute set ]
@@ -93,6 +96,8 @@ class RuntimePlan:
     regions: tuple[str, ...]
     recompute: tuple[RecomputeOp, ...]
     skipped: tuple[Skipped, ...]
+    state: tuple[StateSwap, ...] = ()  # parameters, gradients, optimizer state moved
+    host_step: tuple[str, ...] = ()  # parameters whose optimizer step runs on the host
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys((a.value for a in Action), 0)
@@ -168,6 +173,7 @@ def export(
     swap_out: dict[int, SwapOut] = {}
     released: set[int] = set()
     recomputes: list[Recompute] = []
+    moves: list[SwapOut | SwapIn] = []
 
     def skip(ev: Any, reason: str) -> None:
         where = (
@@ -183,8 +189,10 @@ def export(
             skip(
                 ev, "a release after the last use: PyTorch frees a tensor when its last use is done"
             )
+        elif (buf.persistent or buf.kind in STATE_KINDS) and isinstance(ev, SwapOut | SwapIn):
+            moves.append(ev)
         elif buf.persistent:
-            skip(ev, f"{buf.kind.value} swaps are not covered (parameters, optimizer state)")
+            skip(ev, f"a recompute of a persistent {buf.kind.value} buffer is not covered")
         elif isinstance(ev, SwapIn) and ev.next_iteration:
             skip(ev, "cross-iteration swaps are not covered")
         elif b not in saved_bufs:
@@ -211,6 +219,7 @@ def export(
     regions, r_ops = _regions(trace, recomputes, released, fwd, bwd, skip, ok)
     keys, recomputed = _recompute_keys(trace, regions, r_ops)
     saved = _decisions(trace, regions, offloaded, swap_in, recomputed, bwd)
+    state = state_swaps(trace, moves, skip)
     return RuntimePlan(
         trace_fingerprint=plan.trace_fingerprint,
         model=trace.meta.model,
@@ -219,6 +228,7 @@ def export(
         regions=tuple(regions),
         recompute=keys,
         skipped=tuple(skipped),
+        state=state,
     )
 
 
