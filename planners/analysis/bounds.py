@@ -20,16 +20,16 @@ from memplan.traces.model import Trace
 # Peak: while op k runs, every buffer it reads or writes is on the device with its workspace:
 # peak >= max_k working_set(k); and at an iteration's start the simulator holds every
 # persistent buffer and every input it loads before any plan event can act: peak >= that too.
-# Time (one job): each bound holds for every iteration of every run of any plan the checker
-# accepts, under any OOM policy. Ops run one after another: T >= sum(d), each d the
-# `DeviceModel`'s rounded to 1 ns as the simulator does (NOTE [ One rounding rule ] in
-# hwmodels/device.py). Under budget B, while op k runs, M_k - B bytes of its gaps are absent,
-# each at a lane or recompute cost (NOTE [ Absences ] in planners/analysis/gaps.py); the lane
-# is busy at most T and recomputes add to sum(d), relaxed to two fractional knapsacks (the
-# single-op bound): T >= the least T with lane_bytes(T) + recompute_bytes(T - sum(d)) >= M_k - B
-# for every k; two lanes halve a gap's copies. NOTE [ Window bounds ] refines it. The CP-SAT
-# planner's `model_bound_s` holds only over plans its model can express
-# (NOTE [ CP-SAT semantics ]), not for every plan.
+# Time (one job): each bound holds for the period T of the steady state of every run of any plan
+# the checker accepts, under any OOM policy (NOTE [ The boundary ] in planners/analysis/gaps.py).
+# Ops run one after another: T >= sum(d), each d the `DeviceModel`'s rounded to 1 ns as the
+# simulator does (NOTE [ One rounding rule ] in hwmodels/device.py). Under budget B, while op k
+# runs, M_k - B bytes of its gaps are absent, each at a lane or recompute cost per period
+# (NOTE [ Absences ]); the lane is busy at most T and recomputes add to sum(d), relaxed to two
+# fractional knapsacks (the single-op bound): T >= the least T with lane_bytes(T) +
+# recompute_bytes(T - sum(d)) >= M_k - B for every k; two lanes halve a gap's copies.
+# NOTE [ Window bounds ] refines it. The CP-SAT planner's `model_bound_s` holds only over plans
+# its model can express (NOTE [ CP-SAT semantics ]), not for every plan.
 # Full text: docs/notes.md, "Lower bounds".
 
 
@@ -176,8 +176,9 @@ def _costs(trace: Trace, device: DeviceModel, d: np.ndarray) -> _Costs:
 def time_lower_bound(
     trace: Trace, device: DeviceModel, budget: int, *, workspace: bool = True
 ) -> TimeBound:
-    """No iteration of any run of `trace` on `device` under `budget` bytes is
-    shorter: the single-op bound of NOTE [ Lower bounds ], at its tightest op."""
+    """No run of `trace` on `device` under `budget` bytes has a shorter
+    steady state (period; NOTE [ The boundary ] in planners/analysis/gaps.py):
+    the single-op bound of NOTE [ Lower bounds ], at its tightest op."""
     d = device.op_durations(trace, TimeUnit.S)
     compute = _compute_s(d)
     if budget < peak_lower_bound(trace, workspace=workspace).nbytes:

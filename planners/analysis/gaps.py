@@ -1,7 +1,7 @@
 """Absences: where in one iteration a buffer may be off the device, and what
-having it back costs within that iteration (NOTE [ Absences ]). The time
-bounds of `planners.analysis.bounds` and `planners.analysis.window_bound`
-are built on this table.
+having it back costs per period of the steady state (NOTE [ Absences ],
+NOTE [ The boundary ]). The time bounds of `planners.analysis.bounds` and
+`planners.analysis.window_bound` are built on this table.
 """
 
 from __future__ import annotations
@@ -14,20 +14,34 @@ from memplan.hwmodels.device import DeviceModel, Direction, TimeUnit
 from memplan.traces.model import Trace
 
 # NOTE [ Absences ]
-# What every plan the checker accepts must do per iteration of one job as the simulator runs
-# it (NOTE [ Event semantics ] in sim/model.py), under any OOM policy. Buffer x alive across op
-# k but not accessed by it is in a gap (p, q) of consecutive accesses p < k < q (p = -1 before
-# an input's or persistent buffer's first, q = n after a persistent one's last; (-1, n) if it
-# has none). Op k's release-only memory M_k (`liveness`) is its accesses plus its gaps: under
-# budget B, need_k = M_k - B bytes of gaps hold no device bytes when k's kernel starts (tau_k)
-# and just before it ends (eps_k). A gap absent at such an instant iota is back by q (q < n) by:
-# - the lane: a D2H copy in [end of w, iota] if w, the last write up to p, is in this iteration
-#   (or x is an input), and an H2D copy in (iota, start of q];
+# What every plan the checker accepts must do as the simulator runs it (NOTE [ Event semantics ] in
+# sim/model.py), under any OOM policy. Buffer x alive across op k but not accessed by it is in a gap
+# (p, q) of consecutive accesses p < k < q (p = -1 before an input's or persistent buffer's first,
+# q = n after a persistent one's last; (-1, n) if it has none). Op k's release-only memory M_k
+# (`liveness`) is its accesses plus its gaps: under budget B, need_k = M_k - B bytes of gaps hold
+# no device bytes when k's kernel starts (tau_k) and just before it ends (eps_k). A gap absent at
+# such an instant iota is back before its next access by:
+# - the lane: a D2H copy after w, x's last write (or creation, or load) before iota, and an H2D
+#   copy after iota; per period (NOTE [ The boundary ]) one D2H per epoch (the gaps between two
+#   writes, wrapping around for a persistent x) and one H2D per gap, the pieces (p_m, n) and
+#   (-1, p_0) of a persistent x being one; within an iteration only copies with w >= -1, q < n;
 # - a recompute kernel in (iota, start of q] (never for a persistent x) of at least the cheapest
 #   op that writes x, does not read it and writes no persistent buffer, shared by bytes (`rec`).
-# Only D2H copies are shared (one serves every gap of an `epoch`, between two writes); a copy
-# takes >= `copy_time` on a lane, kernels the compute stream one at a time; issue costs left out.
-# Why, case by case: docs/notes.md, "Absences".
+# A copy takes >= `copy_time` on a lane, kernels the compute stream one at a time; issue costs
+# left out. Why, case by case: docs/notes.md, "Absences".
+
+
+# NOTE [ The boundary ]
+# A persistent x last accessed at p_m and first at p_0 is absent across the iteration boundary in
+# one gap, split in the table at n. In a run whose iterations >= 1 repeat with period T, every
+# period holds, for each absence of x there, its D2H copy (after the last write, of the previous
+# iteration for the piece (-1, p_0)) and its H2D copy (of the next iteration for (p_m, n)), on the
+# lane in T: a bound charged per period holds for that period, and for the mean of iterations
+# 1..N-1 of any run as N grows. A run of N iterations may leave some of that work to iterations 0
+# (a D2H after its write) and N (an H2D for it, never started): its mean may fall short of the
+# bound by that over N - 1 (for copies, at most one round trip of each persistent buffer). A bound
+# charged only copies within one iteration (w >= -1, q < n) holds for each iteration of any run.
+# Derivation: docs/notes.md, "Absences".
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,10 +49,18 @@ class Gaps:
     """The gaps of one trace on one device (NOTE [ Absences ]): gap g is
     buffer `buffer[g]`, off the device at most while ops `after[g]` + 1 ..
     `before[g]` - 1 run; `nbytes[g]` its bytes (float64); `d2h[g]`, `h2d[g]`
-    the seconds of the copies forced within the iteration if it is absent
-    and comes back by the lane (0 where none is forced); `rec[g]` the
-    seconds of compute a recomputation is charged (inf: none possible);
-    `epoch[g]` numbers the gaps that can share one D2H copy."""
+    the seconds of the copies forced per period if it is absent and comes
+    back by the lane (0 where none is forced; NOTE [ The boundary ]): of
+    these, one iteration holds the D2H only where `written[g]` >= -1 and the
+    H2D only where `before[g]` < `n_ops`; `rec[g]` the seconds of compute a
+    recomputation is charged (inf: none possible); `epoch[g]` numbers the
+    gaps that can share one D2H copy, `trip[g]` those that can share one H2D
+    copy (the two pieces of a persistent buffer's gap across the boundary).
+    In op positions of an unrolled run (op j of the previous iteration at
+    j - n, of the next at j + n): its D2H starts after `out_after[g]` ends
+    (`written[g]` if >= -1, else the buffer's last write of the previous
+    iteration), its H2D ends before `in_before[g]` starts (`before[g]`, or
+    the buffer's first access of the next iteration)."""
 
     n_ops: int
     buffer: np.ndarray
@@ -50,6 +72,9 @@ class Gaps:
     rec: np.ndarray
     written: np.ndarray
     epoch: np.ndarray
+    trip: np.ndarray
+    out_after: np.ndarray
+    in_before: np.ndarray
 
     def __len__(self) -> int:
         return len(self.buffer)
@@ -59,9 +84,9 @@ class Gaps:
         return np.flatnonzero((self.after < k) & (self.before > k))
 
     def lane(self, lanes: int) -> np.ndarray:
-        """Seconds a gap's copies add to the whole iteration's lane time: the
-        round trip on one lane, half of it on two (the busier direction is at
-        least the average)."""
+        """Seconds a gap's copies add to one period's lane time (NOTE [ The
+        boundary ]): the round trip on one lane, half of it on two (the
+        busier direction is at least the average)."""
         both = self.d2h + self.h2d
         return both / 2 if lanes == 2 else both
 
@@ -156,7 +181,8 @@ def chain_costs(
 
 
 def gap_table(trace: Trace, device: DeviceModel) -> Gaps:
-    """Every gap of `trace` (NOTE [ Absences ]), costed on `device`, in seconds."""
+    """Every gap of `trace` (NOTE [ Absences ]), costed on `device`, in
+    seconds per period (NOTE [ The boundary ])."""
     n = trace.n_ops
     bp, acc = trace.buffer_accesses
     owner = np.repeat(np.arange(trace.n_buffers, dtype=np.int64), np.diff(bp))
@@ -176,10 +202,15 @@ def gap_table(trace: Trace, device: DeviceModel) -> Gaps:
     d = device.op_durations(trace, TimeUnit.S)
     d2h = np.asarray(device.copy_time(nb, Direction.D2H, TimeUnit.S), np.float64)
     h2d = np.asarray(device.copy_time(nb, Direction.H2D, TimeUnit.S, duplex=False), np.float64)
-    d2h_forced = w >= -1
-    back_in_iteration = q <= n - 1
-    rec = np.where(back_in_iteration, chain_costs(trace, d, buf, p, q), np.inf)
-    _, epoch = np.unique(buf * np.int64(n + 3) + (w + 2), return_inverse=True)
+    # per period (NOTE [ The boundary ]): before its first write a persistent
+    # buffer's host copy is of the previous iteration's last write, whose epoch
+    # it shares; one never written keeps the copy it was first swapped out with
+    w_end = _last_write(trace, buf, np.full(len(buf), n - 1))
+    epoch_w = np.where(w >= -1, w, w_end)
+    d2h_forced = epoch_w >= -1
+    comes_back = (q <= n - 1) | (trace.persistent[buf] & (last[buf] >= 0))
+    rec = np.where(q <= n - 1, chain_costs(trace, d, buf, p, q), np.inf)
+    _, epoch = np.unique(buf * np.int64(n + 3) + (epoch_w + 2), return_inverse=True)
     return Gaps(
         n_ops=n,
         buffer=buf.astype(np.int64),
@@ -187,11 +218,29 @@ def gap_table(trace: Trace, device: DeviceModel) -> Gaps:
         before=q.astype(np.int64),
         nbytes=nb.astype(np.float64),
         d2h=np.where(d2h_forced, d2h, 0.0),
-        h2d=np.where(back_in_iteration, h2d, 0.0),
+        h2d=np.where(comes_back, h2d, 0.0),
         rec=rec,
         written=w,
         epoch=epoch.astype(np.int64),
+        trip=_trips(buf, p, q, n),
+        out_after=np.where(w >= -1, w, epoch_w - n).astype(np.int64),
+        in_before=np.where(q <= n - 1, q, first[buf] + n).astype(np.int64),
     )
+
+
+def _trips(buf: np.ndarray, p: np.ndarray, q: np.ndarray, n: int) -> np.ndarray:
+    """int64[gaps]: gap numbers, except that a persistent buffer's piece
+    (p_m, n) takes the number of its piece (-1, p_0): one absence across the
+    boundary, one H2D copy (NOTE [ The boundary ])."""
+    trip = np.arange(len(buf), dtype=np.int64)
+    heads = np.flatnonzero((p == -1) & (q <= n - 1))
+    tails = np.flatnonzero((p >= 0) & (q == n))
+    at = np.searchsorted(buf[heads], buf[tails]) if len(heads) else np.zeros(0, np.int64)
+    if len(heads):
+        at = np.minimum(at, len(heads) - 1)
+        pair = buf[heads][at] == buf[tails]
+        trip[tails[pair]] = heads[at[pair]]
+    return trip
 
 
 def _last_write(trace: Trace, buf: np.ndarray, p: np.ndarray) -> np.ndarray:

@@ -2,10 +2,11 @@
 more than one instant of the iteration (NOTE [ Window bounds ]), and the
 strongest bound proven for every plan (`best_time_bound`), named.
 
-Every bound here holds for each iteration of every run the simulator makes
-of any plan the checker accepts, under any OOM policy, as the single-op
-bound of `planners.analysis.bounds` does (NOTE [ Lower bounds ]). The
-CP-SAT planner's bound is not among them: it holds within its model only.
+Every bound here holds for the period of the steady state of every run the
+simulator makes of any plan the checker accepts, under any OOM policy (NOTE
+[ The boundary ] in planners/analysis/gaps.py), as the single-op bound of
+`planners.analysis.bounds` does (NOTE [ Lower bounds ]). The CP-SAT
+planner's bound is not among them: it holds within its model only.
 """
 
 from __future__ import annotations
@@ -31,20 +32,32 @@ from memplan.traces.model import Trace
 from ortools.graph.python import min_cost_flow
 
 # NOTE [ Window bounds ]
-# Two bounds on NOTE [ Absences ] (planners/analysis/gaps.py) for one iteration of length T, D
-# its ops' durations summed; both hold for every choice of their parameters (weak duality).
+# Two bounds on NOTE [ Absences ] (planners/analysis/gaps.py) for the period T of the steady
+# state (NOTE [ The boundary ]), D the ops' durations summed, for every choice of their
+# parameters (weak duality); as written here, the split bound holds for each iteration.
 # Split: at sigma, op k's kernel start or end (D_< the ops before it, D_> the others), an op
 # s before sigma and r after it (-1, n: the iteration's start, end), and b1, b2 in [0, 1],
-#   T >= (1 - b1) D_< + b1 D_{<=s} + (1 - b2) D_> + b2 D_{>=r} + (the least cost of
-#        need_k bytes at cost_g = min(b1 d2h_g [w_g >= s] + b2 h2d_g [q_g <= r], (1 - b2) rec_g)).
-# Multi-op: every op over the budget covered at once, each epoch's D2H copy charged to its gap
-# covering the most ops; for every b in [0, 1],
+#   T >= (1 - b1) D_< + b1 D_{<=s} + (1 - b2) D_> + b2 D_{>=r} + (the least cost of need_k bytes
+#        at cost_g = min(b1 d2h_g [w_g >= s] + b2 h2d_g [q_g <= r, q_g < n], (1 - b2) rec_g)).
+# Multi-op: every op over the budget covered at once, each epoch's D2H copy and each trip's H2D
+# charged to its gap covering the most ops; for every b in [0, 1],
 #   T >= (1 - b) D + (the least cost covering every need_k at min(b lane_g, (1 - b) rec_g)),
-# lane_g = (d2h_g if charged) + h2d_g (half on two lanes); solved exactly as a min-cost flow in
+# lane_g = the copies charged to g (half on two lanes); solved exactly as a min-cost flow in
 # integers (costs per byte rounded down), on at most MAX_ROWS ops (fewer rows only relax it).
 # rec_g includes remaking dead sources (NOTE [ Dead sources ] in planners/analysis/sources.py);
 # the split bound also covers with whole buffers on its best ops (NOTE [ Whole buffers ]).
 # Derivation: docs/notes.md, "Window bounds".
+
+# NOTE [ Split across the boundary ]
+# In a run that repeats with period T, the window from the end of op s (any position of the
+# unrolled run, s < -1 in the previous iteration) to the end of its next instance is T long and
+# holds one instance of every copy and recompute of a period: the split bound's three windows
+# are (end s, sigma), (sigma, start r) and (start r, end s + n), for any -n <= s < k and
+# k < r <= s + n + 1 (`Gaps.out_after`, `in_before` in those positions). A recompute for an
+# access past s + n runs, for the previous period, in the first window (weight 1 - b1). So the
+# bound holds for the period (NOTE [ The boundary ] in planners/analysis/gaps.py); where s >= -1
+# and every H2D it charges is back within the iteration (`in_before` < n), the windows are one
+# iteration's, as in NOTE [ Window bounds ], and it holds for each iteration.
 
 SINGLE_OP, SPLIT, MULTI_OP, COMPUTE, PEAK_FLOOR = (
     "single-op",
@@ -202,7 +215,10 @@ Start = tuple[float, int, float, float, int, int]  # value, row, b1, b2, s, r
 
 class _Split:
     """The split bound's dual at op `k` (NOTE [ Window bounds ]): row 0 at its
-    start, row 1 at its end, for weights (b1, b2) and ops (s, r)."""
+    start, row 1 at its end, for weights (b1, b2) and ops (s, r) in
+    positions of an unrolled run (`Gaps.out_after`): s < -1 or r > n reach
+    into the previous or the next iteration (NOTE [ Split across the
+    boundary ])."""
 
     def __init__(
         self, gaps: Gaps, k: int, need: float, before: np.ndarray, sources: DeadSources | None
@@ -210,32 +226,43 @@ class _Split:
         g = _useful(gaps, gaps.around(k))
         rec = gaps.rec if sources is None else sources.gap_rec(gaps, k)
         self.d2h, self.h2d, self.rec = gaps.d2h[g], gaps.h2d[g], rec[g]
-        self.nbytes, self.written, self.back = gaps.nbytes[g], gaps.written[g], gaps.before[g]
+        self.nbytes, self.back = gaps.nbytes[g], gaps.before[g]
+        self.out_after, self.in_before = gaps.out_after[g], gaps.in_before[g]
         self.k, self.n, self.need, self.before = k, gaps.n_ops, need, before
 
-    def tight(self) -> tuple[int, int]:
+    def tight(self, within: bool = False) -> tuple[int, int]:
         """(s, r) that make the lane terms tight if every gap went by the lane:
         the last write after which, and the first access before which, the
-        copied gaps hold `need` bytes (-1 and n if none do)."""
-        out = (self.d2h > 0) & (self.written >= 0) & (self.written < self.k)
-        order = np.argsort(-self.written[out], kind="stable")
+        copied gaps hold `need` bytes (-1 and n if none do); `within` one
+        iteration, or across its ends."""
+        out, back = self._out(within), self._back(within)
+        order = np.argsort(-self.out_after[out], kind="stable")
         i = np.searchsorted(np.cumsum(self.nbytes[out][order]), self.need)
-        s = int(self.written[out][order][i]) if i < len(order) else -1
-        back = (self.h2d > 0) & (self.back < self.n)
-        order = np.argsort(self.back[back], kind="stable")
+        s = int(self.out_after[out][order][i]) if i < len(order) else -1
+        order = np.argsort(self.in_before[back], kind="stable")
         i = np.searchsorted(np.cumsum(self.nbytes[back][order]), self.need)
-        r = int(self.back[back][order][i]) if i < len(order) else self.n
+        r = int(self.in_before[back][order][i]) if i < len(order) else self.n
         return s, r
 
     def pairs(self, points: int) -> set[tuple[int, int]]:
         """(s, r) to try: the iteration's ends, `tight`, and `points` more of
-        each spread over the writes and accesses of the gaps."""
-        s_t, r_t = self.tight()
-        starts = np.unique(self.written[(self.d2h > 0) & (self.written >= 0)])
-        backs = np.unique(self.back[(self.h2d > 0) & (self.back < self.n)])
-        ss = {-1, s_t, *_spread(starts[starts < self.k], points)}
-        rs = {self.n, r_t, *_spread(backs, points)}
-        return {(s, r) for s in ss for r in rs}
+        each spread over the writes and accesses of the gaps, within the
+        iteration and across its ends; r - s <= n + 1 (the three windows of
+        NOTE [ Split across the boundary ] fit in one period)."""
+        ss, rs = {-1}, {self.n}
+        for within in (True, False):
+            s_t, r_t = self.tight(within)
+            ss |= {s_t, *_spread(np.unique(self.out_after[self._out(within)]), points)}
+            rs |= {r_t, *_spread(np.unique(self.in_before[self._back(within)]), points)}
+        return {(s, r) for s in ss for r in rs if r - s <= self.n + 1}
+
+    def _out(self, within: bool) -> np.ndarray:
+        """bool[gaps]: a D2H is charged (`within`: after a write of this iteration)."""
+        return (self.d2h > 0) & ((self.out_after >= 0) if within else True)
+
+    def _back(self, within: bool) -> np.ndarray:
+        """bool[gaps]: an H2D is charged (`within`: back in this iteration)."""
+        return (self.h2d > 0) & ((self.in_before < self.n) if within else True)
 
     def scan(self, pairs: set[tuple[int, int]], whole: bool = False) -> Start:
         """The best bound on the screening grid over `pairs`."""
@@ -268,32 +295,41 @@ class _Split:
         where = f"{('start', 'end')[row]} of op {self.k}"
         if s >= 0:
             where += f", copies out after op {s}"
+        elif s < -1:
+            where += f", copies out after op {s + self.n} of the previous iteration"
         if r < self.n:
             where += f", back before op {r}"
+        elif r > self.n:
+            where += f", back before op {r - self.n} of the next iteration"
         return (value, row, x[0], x[1], s, r), where
 
     def values(
         self, b1: np.ndarray, b2: np.ndarray, s: int, r: int, whole: bool = False
     ) -> np.ndarray:
         """float64[2, len(b1)]: the bound at both instants for each (b1, b2);
-        -1 <= s < k, k < r <= n; with `whole`, gaps are taken whole (NOTE
-        [ Whole buffers ])."""
-        out = self.d2h * (self.written >= s)
-        back = self.h2d * (self.back <= r)
-        cost = np.minimum(b1[:, None] * out + b2[:, None] * back, _times(1 - b2[:, None], self.rec))
+        -n <= s < k < r <= s + n + 1 (NOTE [ Split across the boundary ]);
+        with `whole`, gaps are taken whole (NOTE [ Whole buffers ])."""
+        out = self.d2h * (self.out_after >= s)
+        back = self.h2d * (self.in_before <= r)
+        # a recompute of the previous period, for its next access past the
+        # window's end s + n, runs in the first window
+        w_rec = np.where(self.back > s + self.n, 1 - b1[:, None], 1 - b2[:, None])
+        cost = np.minimum(b1[:, None] * out + b2[:, None] * back, _times(w_rec, self.rec))
         if whole:
             cover = whole_cover(cost, self.nbytes, self.need)
         else:
             cover = _min_cover(cost, self.nbytes, self.need)
-        total, upto_s, from_r = (
-            self.before[-1],
-            self.before[s + 1],
-            self.before[-1] - self.before[r],
-        )
+        total = self.before[-1]
         rows = []
-        for cut in (self.before[self.k], self.before[self.k + 1]):
-            rows.append((1 - b1) * cut + b1 * upto_s + (1 - b2) * (total - cut) + b2 * from_r)
+        for cut in (self._at(self.k), self._at(self.k + 1)):
+            rows.append(total - b1 * (cut - self._at(s + 1)) - b2 * (self._at(r) - cut))
         return np.stack(rows) + cover
+
+    def _at(self, pos: int) -> float:
+        """Seconds of compute of the unrolled run before position `pos`, from
+        this iteration's start (negative before it)."""
+        n = self.n
+        return float(self.before[pos % n] + self.before[-1] * (pos // n))
 
 
 def _min_cover(cost: np.ndarray, nbytes: np.ndarray, need: float) -> np.ndarray:
@@ -331,7 +367,9 @@ def multi_op_bound(
     first = np.searchsorted(rows, gaps.after + 1, side="left")
     last = np.searchsorted(rows, gaps.before, side="left") - 1
     g = np.flatnonzero((first <= last) & (gaps.nbytes > 0))
-    lane = gaps.d2h[g] * _one_per_epoch(gaps.epoch[g], last[g] - first[g]) + gaps.h2d[g]
+    width = last[g] - first[g]
+    lane = gaps.d2h[g] * _one_per_group(gaps.epoch[g], width)
+    lane += gaps.h2d[g] * _one_per_group(gaps.trip[g], width)
     lane = lane / 2 if lanes == 2 else lane
     rec = (
         gaps.rec[g]
@@ -380,14 +418,15 @@ class _CoverFlow:
 
 
 # ---- helpers ---------------------------------------------------------------------------
-def _one_per_epoch(epoch: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """float64[gaps]: 1 for the gap of each epoch that covers the most rows
-    (the first of equals), 0 for the others: the share of the epoch's one
-    D2H copy each is charged (shares of at most 1 per epoch keep the bound)."""
-    order = np.lexsort((np.arange(len(epoch)), -width, epoch))
-    first = np.ones(len(epoch), bool)
-    first[1:] = epoch[order][1:] != epoch[order][:-1]
-    out = np.zeros(len(epoch))
+def _one_per_group(group: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """float64[gaps]: 1 for the gap of each group (an epoch, or a trip) that
+    covers the most rows (the first of equals), 0 for the others: the share
+    of the group's one copy each is charged (shares of at most 1 per group
+    keep the bound)."""
+    order = np.lexsort((np.arange(len(group)), -width, group))
+    first = np.ones(len(group), bool)
+    first[1:] = group[order][1:] != group[order][:-1]
+    out = np.zeros(len(group))
     out[order[first]] = 1.0
     return out
 

@@ -12,7 +12,10 @@ ended), checks memory op window by op window and returns the best iteration
 time. It shares no code with `planners.cpsat`: it re-derives gaps, host-copy
 epochs, recompute rules and memory from the trace, following the rules of
 NOTE [ CP-SAT semantics ] (closed op windows with a 1-tick margin, no
-cross-iteration swap-in may stall). A recomputed gap re-runs its producer
+cross-iteration swap-in may stall). A persistent buffer may be swapped out
+after its last access and in for the next iteration's first (`cross`), and
+with `heads` also out after the iteration starts and in before its first
+access (`head`, as an input), not both. A recomputed gap re-runs its producer
 before any op r of the gap after its first hot op (its own access, or an
 earlier op where a recomputation reads it: NOTE [ Recompute chains ]), with
 every source present at r (accessed there, or kept, or recomputed no later).
@@ -106,16 +109,24 @@ def durations_s(trace: Trace) -> list[float]:
 
 # ---- random tiny graphs ------------------------------------------------------------------
 def random_tiny(
-    seed: int, n_ops: int = 7, n_buffers: int = 6, max_gaps: int = 4, max_reads: int = 2
+    seed: int,
+    n_ops: int = 7,
+    n_buffers: int = 6,
+    max_gaps: int = 4,
+    max_reads: int = 2,
+    *,
+    update_early: bool = False,
 ) -> tuple[Trace, int]:
     """(trace, budget bytes): a random step of `n_ops` ops over `n_buffers`
     buffers -- an input, sometimes a parameter that the last op updates in
-    place, activations each made by one op and read by later ones -- with a
-    budget a few MiB under its release-only peak (not under its peak lower
-    bound) that leaves 1..`max_gaps` gaps to decide."""
+    place (`update_early`: always one, updated by an op in the middle, so
+    ops after it may find it gone until the next iteration), activations
+    each made by one op and read by later ones -- with a budget a few MiB
+    under its release-only peak (not under its peak lower bound) that
+    leaves 1..`max_gaps` gaps to decide."""
     for sub in itertools.count():
         rng = np.random.default_rng([seed, sub])
-        trace, budget = _draw(rng, seed, n_ops, n_buffers, max_reads)
+        trace, budget = _draw(rng, seed, n_ops, n_buffers, max_reads, update_early)
         acc = [trace.accesses_of(b).tolist() for b in range(trace.n_buffers)]
         writes = [set(_bufs(trace, op.writes)) for op in trace.ops]
         mem0 = _mem0(trace, acc)
@@ -126,10 +137,16 @@ def random_tiny(
 
 
 def _draw(
-    rng: np.random.Generator, seed: int, n_ops: int, n_buffers: int, max_reads: int
+    rng: np.random.Generator,
+    seed: int,
+    n_ops: int,
+    n_buffers: int,
+    max_reads: int,
+    update_early: bool = False,
 ) -> tuple[Trace, int]:
     bufs: list[B] = [B(int(rng.integers(1, 4)), "input")]
-    has_param = bool(rng.random() < 0.5)
+    has_param = update_early or bool(rng.random() < 0.5)
+    update = int(rng.integers(1, n_ops - 2)) if update_early else n_ops - 1
     if has_param:
         bufs.append(B(int(rng.integers(1, 3)), "param"))
     n_acts = min(n_buffers - len(bufs), n_ops - 1)
@@ -152,7 +169,7 @@ def _draw(
             b = next(made)
             ops.append(Step(reads, (b,), ms, bool(rng.random() < 0.15)))
             ready.append(b)
-        elif has_param and i == n_ops - 1:
+        elif has_param and i == update:
             ops.append(Step(tuple(sorted({*reads, 1})), (1,), ms))  # an in-place update
         else:
             ops.append(Step(reads, (), ms))
@@ -203,9 +220,13 @@ class BruteResult:
     evaluated: int
 
 
-def brute_force(trace: Trace, d_ticks: list[int], io_ticks: list[int], budget: int) -> BruteResult:
+def brute_force(
+    trace: Trace, d_ticks: list[int], io_ticks: list[int], budget: int, *, heads: bool = False
+) -> BruteResult:
     """The best iteration time (ticks) over every choice; `io_ticks[b]` is one
-    copy of buffer b (both directions cost the same on `tiny_hw`)."""
+    copy of buffer b (both directions cost the same on `tiny_hw`). With
+    `heads`, a persistent buffer may also be off before its first access
+    (as NOTE [ CP-SAT semantics ] does not let it be)."""
     n = trace.n_ops
     acc = [
         [i for i, op in enumerate(trace.ops) if b in _touch(trace, op)]
@@ -214,7 +235,7 @@ def brute_force(trace: Trace, d_ticks: list[int], io_ticks: list[int], budget: i
     writes = [set(_bufs(trace, op.writes)) for op in trace.ops]
     mem0 = _mem0(trace, acc)
     hot = [k for k in range(n) if mem0[k] > budget]
-    gaps = _gaps(trace, acc, writes, hot)
+    gaps = _gaps(trace, acc, writes, hot, heads)
     choices = []
     for g in gaps:
         choices.append([KEEP, SWAP] + [f"{REC}@{r}" for r in g.rec_at])
@@ -263,14 +284,18 @@ def _mem0(trace: Trace, acc: list[list[int]]) -> list[int]:
     return mem
 
 
-def _gaps(trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[int]) -> list[_Gap]:
+def _gaps(
+    trace: Trace, acc: list[list[int]], writes: list[set[int]], hot: list[int], heads: bool = False
+) -> list[_Gap]:
     n = trace.n_ops
     raw: list[tuple[int, str, int, int, range]] = []
     for b, buf in enumerate(trace.buffers):
         a_ = acc[b]
         if not a_:
             continue
-        if buf.kind is BufferKind.INPUT and a_[0] >= 2:
+        if (buf.kind is BufferKind.INPUT or (heads and buf.persistent)) and a_[0] >= 2:
+            # out after the iteration starts (a persistent buffer is resident
+            # then, written by the previous iteration), back before its first
             raw.append((b, "head", -1, a_[0], range(1, a_[0])))
         for a, c in zip(a_, a_[1:]):
             if c - a >= 2:
@@ -320,8 +345,13 @@ def _gap_at(gaps: list[_Gap], b: int, k: int) -> int | None:
 
 def _modes_ok(gaps, modes, mem0, hot, budget, trace) -> bool:
     """Memory with every swap absent at all its hot ops, every recompute
-    source present where it runs, and an early recompute read by another."""
+    source present where it runs, and an early recompute read by another;
+    a persistent buffer swapped before its first access is not also swapped
+    after its last (it must be resident when the iteration starts)."""
     acc = [trace.accesses_of(b).tolist() for b in range(trace.n_buffers)]
+    swapped = {(g.buffer, g.kind) for g, m in zip(gaps, modes) if m == SWAP}
+    if any((b, "cross") in swapped for b, kind in swapped if kind == "head"):
+        return False
     for g, m in zip(gaps, modes):
         r = rec_point(m)
         if r is None:
@@ -379,8 +409,12 @@ def _best_timing(trace, gaps, modes, acc, writes, mem0, hot, budget, d, io, best
         [False, True] if gaps[i].kind == "cross" and gaps[i].c >= 1 else [False] for i in swaps
     ]
     q_opts = [list(gaps[i].inner) for i in swaps]
+    # a persistent buffer's copy-out may be waited for where it follows the
+    # iteration's start (`head`), not the last access (`cross`)
     wait_opts = [
-        [False, True] if copy[i] and not trace.buffers[gaps[i].buffer].persistent else [False]
+        [False, True]
+        if copy[i] and (gaps[i].kind == "head" or not trace.buffers[gaps[i].buffer].persistent)
+        else [False]
         for i in swaps
     ]
     found: int | None = None

@@ -172,8 +172,9 @@ def _heuristics() -> list[str]:
 def test_whole_split_holds_for_every_heuristic_plan(family):
     """Budgets from near the release-only peak down to near the peak floor,
     a lane of 0.5 MiB/ms (copies of a 4 MiB activation take 8 ms against ops
-    of 50-400 us): every iteration of every heuristic's plan that runs
-    (with the dtr net) is at or above the split bound with whole buffers."""
+    of 50-400 us): the steady state of every heuristic's plan that runs
+    (with the dtr net) is at or above the split bound with whole buffers
+    (per period: NOTE [ Split across the boundary ])."""
     t = SYNTHETIC[family]()
     dev = DeviceModel(tiny_hw(lanes_bw_mib_per_ms=0.5, memory_mib=4096), Measured())
     peak = int(t.memory_curve("liveness").max())
@@ -190,7 +191,7 @@ def test_whole_split_holds_for_every_heuristic_plan(family):
             if run.oom:
                 continue
             ran += 1
-            assert min(run.iteration_times_s) >= whole * (1 - REL), (name, frac)
+            assert run.iteration_time_s >= whole * (1 - REL), (name, frac)
     assert ran >= 6
 
 

@@ -80,19 +80,26 @@ def test_gap_table_by_hand():
         )
     )
     inf = math.inf
+    # copies per period (NOTE [ The boundary ] in planners/analysis/gaps.py)
     assert rows == [
         # X: a D2H after the iteration starts (no host copy at load) and an H2D
         (0, 0, 3, 2.0, 2.0, inf),
-        # P: its host copy may be older than the iteration (written only at
-        # op 4): only the H2D is forced
-        (1, 0, 4, 0.0, 1.0, inf),
+        # P: its host copy is of op 4's write, of the previous iteration: a
+        # round trip per period, the D2H not within the iteration
+        (1, 0, 4, 1.0, 1.0, inf),
         # A: both copies, or op 0 again
         (2, 1, 3, 4.0, 4.0, 3.0),
-        # F before its read (H2D only), and after it (free: never written, and
-        # its next read is in the next iteration)
+        # F before its read and after it, one gap across the boundary: never
+        # written (its host copy stays valid), but back once per period
         (3, -1, 1, 0.0, 1.0, inf),
-        (3, 1, 5, 0.0, 0.0, inf),
+        (3, 1, 5, 0.0, 1.0, inf),
     ]
+    at = {(int(b), int(a)): i for i, (b, a) in enumerate(zip(g.buffer, g.after))}
+    # F's two pieces share one H2D; P's D2H follows op 4 of the previous
+    # iteration (position 4 - 5); F's after-piece is back by op 1 of the next
+    assert g.trip[at[(3, -1)]] == g.trip[at[(3, 1)]] != g.trip[at[(1, 0)]]
+    assert (g.written[at[(1, 0)]], g.out_after[at[(1, 0)]]) == (-2, -1)
+    assert g.in_before[at[(3, 1)]] == 6 and g.in_before[at[(2, 1)]] == 3
 
 
 def test_recompute_costs_by_hand():
@@ -344,7 +351,8 @@ def test_bounds_hold_for_every_heuristic_plan_and_fallback(family, lanes, mib_pe
                 if run.oom:
                     continue
                 ran += 1
-                assert min(run.iteration_times_s) >= worst * (1 - REL), (name, policy, frac)
+                # the steady state: bounds are per period (NOTE [ The boundary ])
+                assert run.iteration_time_s >= worst * (1 - REL), (name, policy, frac)
     assert ran >= 12 and above >= 3
 
 
@@ -374,10 +382,13 @@ def _random_plan(t, rng: np.random.Generator) -> Plan:
 
 @pytest.mark.slow
 def test_bounds_hold_for_random_plans_under_every_policy():
-    """Every iteration of every run that finishes, not only their mean: random
-    plans the checker accepts on random tiny steps, one lane or two, lanes
-    from 4 MiB/ms (copies hide) to 0.1 MiB/ms (the bounds rise above compute),
-    every OOM policy of the simulator."""
+    """The steady state (the mean of iterations 1..) of every run that
+    finishes, bounds being per period (NOTE [ The boundary ] in
+    planners/analysis/gaps.py: a plan that leaves the H2D of a parameter to
+    the next iteration has a lighter last one): random plans the checker
+    accepts on random tiny steps, one lane or two, lanes from 4 MiB/ms
+    (copies hide) to 0.1 MiB/ms (the bounds rise above compute), every OOM
+    policy of the simulator."""
     ran = above = 0
     for seed in range(16):
         t, budget = random_tiny(seed, n_ops=9, n_buffers=7)
@@ -398,7 +409,8 @@ def test_bounds_hold_for_random_plans_under_every_policy():
                         run = job.jobs[0]
                         if not run.oom:
                             ran += 1
-                            assert min(run.iteration_times_s) >= worst * (1 - REL), (plan, policy)
+                            steady = run.iteration_time_s
+                            assert steady >= worst * (1 - REL), (plan, policy)
     assert ran >= 500 and above >= 20
 
 
