@@ -4,7 +4,8 @@ integer ticks and bytes, derived once from the traces and the
 
 A *gap* is a stretch of ops during which a buffer is alive but not accessed:
 between two consecutive accesses (`WITHIN`), from the start of the iteration
-to an input's first access (`HEAD`), or from a persistent buffer's last access
+to an input's or a persistent buffer's first access (`HEAD`; NOTE [ State at
+the iteration start ] in cpsat/model.py), or from a persistent buffer's last access
 to the end of the iteration, its next access being in the next iteration
 (`CROSS`). Only gaps that contain a *hot* op -- one whose keep-everything
 memory exceeds the budget (or the peak bound, when minimising the peak) --
@@ -64,7 +65,7 @@ INEXACT_MARGIN = 64  # ticks
 
 
 class GapKind(enum.Enum):
-    HEAD = "head"  # an input, from the start of the iteration to its first access
+    HEAD = "head"  # an input or a persistent buffer, from the iteration start to its first access
     WITHIN = "within"  # between two consecutive accesses in the iteration
     CROSS = "cross"  # a persistent buffer, from its last access to the next iteration's first
 
@@ -270,8 +271,8 @@ def _raw_gaps(trace: Trace) -> list[_Raw]:
         if not acc:
             continue  # inputs nobody reads are released at the start; others never exist
         persistent = bool(trace.persistent[b])
-        if trace.exists_at_start[b] and not persistent and acc[0] >= 2:
-            # op 0 itself can never see it absent: the copy cannot end before op 0 starts
+        if trace.exists_at_start[b] and acc[0] >= 2:
+            # op 0 sees it absent only if it waits for the copy-out (`_gaps`)
             out.append(_Raw(b, GapKind.HEAD, -1, acc[0], 1, acc[0] - 1))
         for a, c in zip(acc, acc[1:], strict=False):
             if c - a >= 2:
@@ -292,7 +293,10 @@ def _gaps(
         for r in _raw_gaps(trace):
             # positions where the buffer may be absent (NOTE [ Several jobs ])
             if r.kind is GapKind.HEAD:
-                lo, a = pos[0] + 1, (pos[0] if several else -1)
+                # op 0 sees only a persistent buffer absent, by waiting for its copy-out
+                # (NOTE [ Swap-out deadlines in the model ]; several jobs never wait)
+                first = 0 if trace.persistent[r.buffer] and not several else 1
+                lo, a = pos[0] + first, (pos[0] if several else -1)
             else:
                 lo, a = pos[r.a] + 1, pos[r.a]
             hi = pos[-1] if r.kind is GapKind.CROSS else pos[r.c] - 1

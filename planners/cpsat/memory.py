@@ -70,11 +70,12 @@ def add_absence(bm: BuiltModel, free: list[bool]) -> None:
                 z = model.new_bool_var(f"absent_g{g.id}_h{h0}")
                 lo, hi = hot[h0], hot[h1]
                 model.add_implication(z, s)
+                e_prev = end[lo - 1] if lo else 0  # op 0: the iteration start
                 if y is not None and h0 == g.hot_idx[0]:  # or op lo waits for it
                     model.add_implication(y, z)
-                    model.add(os_ + ot + m <= end[lo - 1]).only_enforce_if([z, cp, ~y])
+                    model.add(os_ + ot + m <= e_prev).only_enforce_if([z, cp, ~y])
                 else:
-                    model.add(os_ + ot + m <= end[lo - 1]).only_enforce_if([z, cp])
+                    model.add(os_ + ot + m <= e_prev).only_enforce_if([z, cp])
                 model.add(is_ >= end[hi] + m).only_enforce_if(z)
                 segs.append((h0, h1, z))
             # a hole that holds the end of one of the job's own ops (NOTE [ Several jobs ])
@@ -86,7 +87,8 @@ def add_absence(bm: BuiltModel, free: list[bool]) -> None:
             u, v = inc.absent[g.id]
             if inc.mode[g.id] == SWAP:
                 if not inc.wait[g.id]:  # (else its first hot op waits for the copy)
-                    model.add(os_ + ot + m <= end[hot[u] - 1]).only_enforce_if(cp)
+                    e_prev = end[hot[u] - 1] if hot[u] else 0
+                    model.add(os_ + ot + m <= e_prev).only_enforce_if(cp)
                 model.add(is_ >= end[hot[v]] + m)
         bm.segments[g.id] = segs
 

@@ -65,6 +65,15 @@ from ortools.sat.python import cp_model
 # to survive the iteration boundary. With these rules every iteration has
 # the model's timing and stays under the budget.
 #
+# NOTE [ State at the iteration start ]
+# A persistent buffer first accessed at op f > 1 has a HEAD gap, as an input has: swapped,
+# it is copied out after the iteration starts and back before f, every iteration (an
+# optimizer state first used after the peak: NOTE [ Offload at the iteration start ] in
+# planners/search/offload.py). It starts resident in iteration 0 as in every other, so
+# its timing and memory are those of every iteration; op 0 sees it absent only by waiting
+# for its copy-out (NOTE [ Swap-out deadlines in the model ]). The buffer's CROSS gap may
+# not be swapped too: the copy-out at the iteration start would find it off the device.
+#
 # NOTE [ Two lanes ]
 # With two lanes (`DeviceModel.lanes == 2`) each direction has its own lane;
 # an H2D copy is costed at the duplex rate (`copy_time(..., duplex=True)`,
@@ -161,10 +170,13 @@ def _modes_and_host_copies(bm: BuiltModel, free: list[bool]) -> None:
     """At most one mode per gap; `copy_g{g}`: a swap makes a D2H copy unless an
     earlier gap of the same write epoch was swapped (its host copy is valid)."""
     model = bm.model
+    heads = {g.buffer: g.id for g in bm.data.gaps if g.kind is GapKind.HEAD}
     for g in bm.data.gaps:
         s = bm.swap[g.id]
         if g.id in bm.rec:
             model.add(s + bm.rec[g.id] <= 1)
+        if g.kind is GapKind.CROSS and g.buffer in heads:  # NOTE [ State at the iteration start ]
+            model.add(s + bm.swap[heads[g.buffer]] <= 1)
         if not g.epoch_prev:
             bm.copy[g.id] = s
         elif free[g.id] or any(free[j] for j in g.epoch_prev):
@@ -266,9 +278,32 @@ def _transfers(bm: BuiltModel) -> tuple[_Lanes, _Loads, _Due]:
 # of op h. A copy-out that makes no copy (a valid host copy) never waits,
 # nor one of a persistent buffer: the model never counts on a host copy
 # across iterations (NOTE [ Iteration zero ]), but the simulator keeps it
-# when nothing wrote the buffer, and its copy-out then ends at once.
-# Several jobs never wait (NOTE [ Several jobs ] in cpsat/data.py: the
+# when nothing wrote the buffer, and its copy-out then ends at once. But a
+# HEAD gap's (NOTE [ State at the iteration start ]) may wait when the
+# iteration writes the buffer and no gap after its last write is swapped:
+# then no host copy outlives the iteration. Several jobs never wait (NOTE [ Several jobs ] in cpsat/data.py: the
 # waiting op would let another job's op run first).
+def _heads_that_copy(data: CpsatData) -> dict[int, list[int]]:
+    """Per HEAD gap of a persistent buffer the iteration writes (one job),
+    the buffer's other gaps from its last write on: while none of them is
+    swapped, its copy-out at the iteration start copies (NOTE [ Swap-out
+    deadlines in the model ])."""
+    trace = data.trace
+    by_buffer: dict[int, list[int]] = defaultdict(list)
+    for g in data.gaps:
+        by_buffer[g.buffer].append(g.id)
+    out: dict[int, list[int]] = {}
+    for g in data.gaps:
+        b = g.buffer
+        if g.kind is not GapKind.HEAD or not trace.persistent[b]:
+            continue
+        writes = [k for k in trace.accesses_of(b).tolist() if b in trace.op_writes(k)]
+        if writes:
+            last = max(writes)
+            out[g.id] = [x for x in by_buffer[b] if x != g.id and data.gaps[x].a >= last]
+    return out
+
+
 def _swap_out_deadlines(bm: BuiltModel, free: list[bool], due: _Due) -> None:
     """`wait_g{g}` per swappable gap, its copy-out's end `wait_end_g{g}` among
     the ends its first hot op waits for (NOTE [ Swap-out deadlines in the
@@ -277,8 +312,9 @@ def _swap_out_deadlines(bm: BuiltModel, free: list[bool], due: _Due) -> None:
     if data.n_jobs > 1 or not bm.spec.waits:
         return
     persistent = np.concatenate([t.persistent for t in data.traces])
+    heads = _heads_that_copy(data)
     for g in data.gaps:
-        if persistent[g.buffer]:
+        if persistent[g.buffer] and g.id not in heads:
             continue  # its host copy may outlive the iteration: the copy-out may not happen
         if free[g.id]:
             y = model.new_bool_var(f"wait_g{g.id}")
@@ -287,6 +323,8 @@ def _swap_out_deadlines(bm: BuiltModel, free: list[bool], due: _Due) -> None:
             y = model.new_constant(1)
         else:
             continue
+        for later in heads.get(g.id, ()):  # no host copy from the last iteration
+            model.add(y + bm.swap[later] <= 1)
         w = model.new_int_var(0, H, f"wait_end_g{g.id}")
         model.add(w == bm.out_start[g.id] + int(data.out_ticks[g.buffer])).only_enforce_if(y)
         model.add(w == 0).only_enforce_if(~y)

@@ -95,12 +95,16 @@ def modes_from_plans(data: CpsatData, plans: Sequence[Plan]) -> tuple[list[int],
     otherwise; then made consistent with the model's rules (`_consistent`)."""
     swapped: set[tuple[int, int, int, bool]] = set()
     recomputed: set[tuple[int, int, int]] = set()
+    at_start: set[tuple[int, int]] = set()  # (job, buffer) swapped out after op -1
     for j, plan in enumerate(plans):
         for ev in plan.events:
             if isinstance(ev, SwapIn):
                 swapped.add((j, ev.buffer, ev.before_op, ev.next_iteration))
             elif isinstance(ev, Recompute):
                 recomputed.add((j, ev.buffer, ev.before_op))
+            elif isinstance(ev, SwapOut) and ev.after_op == -1:
+                at_start.add((j, ev.buffer))
+    persistent = [bool(x) for t in data.traces for x in t.persistent]
     op = data.order.op.tolist()
     modes, at = [], []
     for g in data.gaps:
@@ -108,7 +112,17 @@ def modes_from_plans(data: CpsatData, plans: Sequence[Plan]) -> tuple[list[int],
         b = g.buffer - int(data.buf0[g.job])
         key = (g.job, b, op[g.c])
         points = [p.op for p in g.rec_points if (g.job, b, op[p.op]) in recomputed]
-        if (*key, cross) in swapped or (cross and (*key, False) in swapped):
+        # a persistent buffer's swap-in before its first access closes its HEAD gap if
+        # it went out at the iteration start, else its CROSS gap (NOTE [ State at the
+        # iteration start ] in cpsat/model.py)
+        head = (g.job, b) in at_start
+        if persistent[g.buffer] and g.kind is GapKind.HEAD:
+            hit = head and (*key, False) in swapped
+        elif cross:
+            hit = not head and ((*key, True) in swapped or (*key, False) in swapped)
+        else:
+            hit = (*key, False) in swapped
+        if hit:
             modes.append(SWAP)
             at.append(-1)
         elif points:

@@ -12,6 +12,7 @@ import numpy as np
 from memplan.hwmodels.device import DeviceModel, Direction
 from memplan.planners.analysis.optimes import Timeline
 from memplan.planners.core.plan import Event, Plan, Recompute, SwapIn, SwapOut
+from memplan.planners.search.crossing import cross_moves
 from memplan.planners.search.moves import (
     Move,
     Search,
@@ -30,6 +31,7 @@ from memplan.traces.model import Trace
 
 DEADLINE_EVALS = 100  # NOTE [ Batched acceptance ]: a cap on dropping swap-out deadlines
 HIDDEN_EVALS = 100  # NOTE [ Hidden swaps ]: a cap on chains made swaps against the estimate
+CROSS_EVALS = 10  # NOTE [ State swaps across the boundary ]: in a search's first round only
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Rounds:
     timelines: Sequence[Timeline]
     durations: Sequence[np.ndarray]
     rng: random.Random
+    cross: bool = True  # offer swaps across the boundary (NOTE [ State swaps across the boundary ])
     moves: dict[str, list] = field(default_factory=dict)
 
     def improve(self, search: Search, base: Sequence[Plan], only: tuple[str, ...] = ()) -> bool:
@@ -88,6 +91,12 @@ class Rounds:
                 True,
                 HIDDEN_EVALS,
             ),
+            (  # NOTE [ State swaps across the boundary ]
+                "cross",
+                lambda p: cross_moves(traces, device, timelines, self.budget, p),
+                True,
+                CROSS_EVALS,
+            ),
             (  # NOTE [ Batched acceptance ]: a few deadlines matter
                 "deadline",
                 lambda p: deadline_moves(traces, device, timelines, p),
@@ -110,16 +119,18 @@ class Rounds:
                 None,
             ),
         )
+        first = True
         while not search.out_of_time():
             before = search.best.iteration_s
             for kind, find, strict, cap in kinds:
-                if only and kind not in only:
+                if (only and kind not in only) or (kind == "cross" and not (self.cross and first)):
                     continue
                 e0, t0 = search.evaluations, search.best.iteration_s
                 accept_batches(search, find(search.plans), strict=strict, max_evaluations=cap)
                 tally = self.moves.setdefault(kind, [0, 0.0])
                 tally[0] += search.evaluations - e0
                 tally[1] += t0 - search.best.iteration_s
+            first = False
             if not search.best.iteration_s < before - 1e-12:
                 return True
         return False

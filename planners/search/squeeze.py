@@ -29,6 +29,7 @@ from memplan.planners.heuristics.checkpoint import checkpoint
 from memplan.planners.heuristics.tensile.planner import tensile
 from memplan.planners.heuristics.vanilla import release_only_plan
 from memplan.planners.heuristics.vdnn import vdnn
+from memplan.planners.search.crossing import cross_candidates, cross_events
 from memplan.planners.search.moves import Search
 from memplan.planners.search.netplan import plan_from_net
 from memplan.planners.search.offload import offload_candidates, offload_events
@@ -63,6 +64,11 @@ class SqueezeOptions:
     - `offload`: shares of the persistent bytes first used after the peak
       taken off the device from each iteration's start as further starts
       (NOTE [ Offload at the iteration start ]); "" for none.
+    - `cross`: shares of the bytes of the persistent buffers used before the
+      peak taken off the device across the iteration boundary, laid over
+      release_only, the first offloaded start and the heuristics' plans that
+      fall short, as further starts, and the moves of the rounds that do so
+      (NOTE [ State swaps across the boundary ]); "" for neither.
     - `seed`: order of equal-gain moves."""
 
     time_limit_s: float = 60.0
@@ -71,6 +77,7 @@ class SqueezeOptions:
     scales: str = "1,0.9,0.8,0.7"
     nets: str = "passive,dtr"
     offload: str = "1,0.75,0.5"
+    cross: str = "1"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -87,9 +94,10 @@ class SqueezeOptions:
         for s in _scales(self.scales):
             if not 0 < s <= 1:
                 raise ValueError(f"scales: {s!r} must be in (0, 1]")
-        for s in _scales(self.offload):
-            if not 0 < s <= 1:
-                raise ValueError(f"offload: {s!r} must be in (0, 1]")
+        for what in ("offload", "cross"):
+            for s in _scales(getattr(self, what)):
+                if not 0 < s <= 1:
+                    raise ValueError(f"{what}: {s!r} must be in (0, 1]")
 
 
 def _names(text: str) -> list[str]:
@@ -108,14 +116,15 @@ def _scales(text: str) -> list[float]:
 # 2. Seeds: each heuristic of `seeds` asked for the budget times each of `scales` (largest
 #    first; the first that fits is kept); each net of `nets` run under release_only, its
 #    choices written as plan events (NOTE [ From the net to a plan ]) and run under the net
-#    again while short, up to `NET_ROUNDS` times; for each share of `offload`, all of this
-#    again with persistent buffers offloaded (NOTE [ Offload at the iteration start ]).
+#    again while short, up to `NET_ROUNDS` times; all of this again with persistent buffers
+#    offloaded per share of `offload` (NOTE [ Offload at the iteration start ]) and off
+#    across the boundary per share of `cross` (NOTE [ State swaps across the boundary ]).
 #    Candidates that fit alone, simulated without a net, are the starts.
 # 3. Improve: rounds of batched moves (NOTE [ Batched acceptance ]) -- swap <-> recompute,
-#    earlier prefetches, dropped deadlines, prunes, then the moves that read the simulated
-#    run (NOTE [ Hidden swaps ], `queue_moves`, `stall_moves`, `pair_prune_moves`) -- while
-#    one gains. `MAX_STARTS` starts in turn, the nets' first (NOTE [ Time left over ]); the
-#    fastest result, after NOTE [ Polish ], is the plan.
+#    swaps across the boundary, earlier prefetches, dropped deadlines, prunes, then the
+#    moves that read the simulated run (NOTE [ Hidden swaps ], `queue_moves`, `stall_moves`,
+#    `pair_prune_moves`) -- while one gains. `MAX_STARTS` starts in turn, the nets' first
+#    (NOTE [ Time left over ]); the fastest result, after NOTE [ Polish ], is the plan.
 # Stops at `max_evaluations` or `time_limit_s`; only the first is machine-independent
 # (`stats["stopped_by"]`). Full text and measurements: docs/planners.md, "Squeeze".
 # NOTE [ Time left over ]
@@ -236,6 +245,7 @@ class _Run:
         self.tried: list[str] = []
         self.origin = ""
         self.improved = 0  # starts improved
+        self.offload_base: list[tuple[list[Plan], str]] = []  # release_only, first offload share
         rng = random.Random(opts.seed)
         # NOTE [ Squeeze stops at the compute floor ]
         # One job's iteration is never shorter than its ops' durations; a plan
@@ -246,7 +256,9 @@ class _Run:
         self.timelines = predict_timelines(traces, device)
         self.floor_s = float(sum(self.durations[0])) * 1e-6 if len(traces) == 1 else 0.0
         self.at_floor = False
-        self.rounds = Rounds(traces, device, budget, self.timelines, self.durations, rng)
+        self.rounds = Rounds(
+            traces, device, budget, self.timelines, self.durations, rng, bool(_names(opts.cross))
+        )
 
     def out_of_time(self) -> bool:
         """No time for one more evaluation (the slowest so far, with a margin:
@@ -342,7 +354,9 @@ class _Run:
                     break
                 if s == scales[0]:
                     short.append((list(r.plans), f"{name}@{s:g}"))
+        heuristics_short = short[1:]
         short += self.offloaded(base, offer)
+        short += self.crossed([short[0], *self.offload_base, *heuristics_short], offer)
         for plans, label in short:
             for net in map(OomPolicy, _names(self.opts.nets)):
                 cur = plans
@@ -386,6 +400,8 @@ class _Run:
                 ]
 
             label = f"offload{f:g}"
+            if not self.offload_base:
+                self.offload_base.append((plus(base), f"release_only+{label}"))
             if not offer(plus(base), f"release_only+{label}"):
                 short.append((plus(base), f"release_only+{label}"))
             for name in _names(self.opts.seeds):
@@ -394,6 +410,33 @@ class _Run:
                 r = SEEDS[name](self.traces, self.device, budget_bytes=self.budget + freed)
                 if r.plans:
                     offer(plus(r.plans), f"{name}+{label}")
+        return short
+
+    def crossed(
+        self,
+        bases: list[tuple[list[Plan], str]],
+        offer: Callable[[Sequence[Plan], str], bool],
+    ) -> list[tuple[list[Plan], str]]:
+        """Starts with persistent buffers off across the iteration boundary
+        (NOTE [ State swaps across the boundary ]), for each share of `cross`:
+        each of `bases` with them, offered to `offer`; the first base's
+        (release_only's) returned when short, for the nets."""
+        cands = [cross_candidates(t, self.budget) for t in self.traces]
+        if not any(cands):
+            return []
+        short = []
+        for f in _scales(self.opts.cross):
+            pairs = zip(self.traces, self.timelines, cands, strict=True)
+            made = [cross_events(t, self.device, tl, c, f, self.budget) for t, tl, c in pairs]
+            for k, (plans, label) in enumerate(bases):
+                if self.out_of_time():
+                    return short
+                crossed = [
+                    Plan(p.trace_fingerprint, (*p.events, *evs), p.model)
+                    for p, evs in zip(plans, made, strict=True)
+                ]
+                if not offer(crossed, f"{label}+cross{f:g}") and k == 0:
+                    short.append((crossed, f"{label}+cross{f:g}"))
         return short
 
     def with_net(self, plans: list[Plan], net: OomPolicy) -> list[Plan] | None:

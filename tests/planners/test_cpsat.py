@@ -621,7 +621,9 @@ def test_two_lanes_keep_each_direction_serial_and_agree_with_the_simulator():
 def test_a_coarse_model_too_coarse_to_fit_is_refined_then_windows_improve_it():
     # residual(4) halfway between its peak bound and its release-only peak,
     # no op waiting for a copy-out: blocks of 8 hot ops cannot fit
-    # (INFEASIBLE), blocks of 2 can; the exact optimum is 2.534 ms
+    # (INFEASIBLE), blocks of 3 can; the exact optimum was 2.534 ms before
+    # persistent buffers could leave at the iteration start (NOTE [ State at
+    # the iteration start ] in planners/cpsat/model.py), 2.501 ms found since
     t = residual(4, act_mib=4, param_mib=2, seed=4, durations=Durations(Grain.US, 5, 100))
     hw = load_hardware("a100-pcie-40gb")
     lb, peak = peak_lower_bound(t).nbytes, t.peak("liveness")[0]
@@ -636,7 +638,7 @@ def test_a_coarse_model_too_coarse_to_fit_is_refined_then_windows_improve_it():
         swap_waits=False,
     )
     r = cpsat([t], DeviceModel(hw, Measured()), budget_bytes=budget, options=opts)
-    assert r.stats["search"] == "lns" and r.stats["block"] == 2 and r.feasible
+    assert r.stats["search"] == "lns" and r.stats["block"] == 3 and r.feasible
     _, job = simulated(t, r.plans[0], hw, Measured(), budget)
     assert job.iteration_time_s == pytest.approx(r.stats["objective"], rel=0.01)
-    assert r.stats["objective"] >= 0.002534 - 1e-9
+    assert r.stats["compute_s"] - 1e-9 <= r.stats["objective"] <= 0.002534 + 1e-9
