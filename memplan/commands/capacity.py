@@ -185,6 +185,13 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
         help="with --model: K forward/backward passes of the batch per step (default 1); "
         "the batch searched is each pass's",
     )
+    p.add_argument(
+        "--amp",
+        choices=("bf16", "fp16"),
+        default=None,
+        help="with --model: mixed precision over fp32 parameters, as `memplan capture --amp` "
+        "(on meta, autocast as the --target GPU runs it)",
+    )
     capture.add_target(p)
     capture.add_model_options(p)  # with --jobs M1:C1,M2:C2: every model is built so
 
@@ -345,8 +352,8 @@ def _check_modes(args: argparse.Namespace, jobs: int | str | list) -> None:
             "--jobs auto searches the number of jobs at one batch: give --batch B (or --trace T)"
         )
     if args.trace:
-        for opt in ("batch", "batches", "optimizer", "opt", "accumulate", "target", "attention",
-                    *_MODEL_OPTIONS):  # fmt: skip
+        for opt in ("batch", "batches", "optimizer", "opt", "accumulate", "amp", "target",
+                    "attention", *_MODEL_OPTIONS):  # fmt: skip
             if getattr(args, opt) is not None:
                 flag = opt.replace("_", "-")
                 raise MemplanError(
@@ -372,10 +379,11 @@ def _capture_options(args: argparse.Namespace) -> CaptureOptions:
             optimizer=args.optimizer or "adam",
             optimizer_kwargs=kwargs,
             accumulate=args.accumulate or 1,
+            amp=args.amp or "none",
             target=capture.target_of(args, default=args.gpu),
         )
     except MemplanError as e:
-        raise MemplanError(f"--optimizer, --opt, --accumulate or --target: {e}") from None
+        raise MemplanError(f"--optimizer, --opt, --accumulate, --amp or --target: {e}") from None
 
 
 def _scaler(model: str, args: argparse.Namespace, built: ModelOptions):  # noqa: ANN202
@@ -447,6 +455,7 @@ def search(args: argparse.Namespace) -> Capacity:
     lo, hi = parse_range(args.batches)
     models = jobs if isinstance(jobs, list) else [(args.model, jobs)] if args.model else []
     built = capture.model_options_of(args)
+    capture.check_amp(args.amp, built)
     if args.axis == "seq":
         return _seq_search(args, built, jobs)
     for name, _ in models:  # an unknown model, or an option it cannot take, fails before any work

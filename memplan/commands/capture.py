@@ -192,6 +192,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def check_amp(amp: str | None, built: ModelOptions) -> None:
+    """`MemplanError` for --amp over parameters that are not fp32."""
+    if amp and built.dtype is not Dtype.FP32:
+        raise MemplanError(
+            f"--amp {amp} with --dtype {built.dtype.value}: --amp is mixed precision over "
+            "fp32 parameters, --dtype pure low-precision training; give one"
+        )
+
+
 def model_options_of(args: argparse.Namespace) -> ModelOptions:
     """The `ModelOptions` of `add_model_options`' arguments."""
     config: dict = {}
@@ -316,11 +325,7 @@ def run(args: argparse.Namespace) -> int:
     args.threads = args.threads or 1
     outputs.check_file(args.out)  # before any work: NOTE [ Output paths ]
     built = model_options_of(args)
-    if args.amp and built.dtype is not Dtype.FP32:
-        raise MemplanError(
-            f"--amp {args.amp} with --dtype {built.dtype.value}: --amp is mixed precision over "
-            "fp32 parameters, --dtype pure low-precision training; give one"
-        )
+    check_amp(args.amp, built)
     factory = resolve(args.model, built)
     opts = CaptureOptions(
         device=args.device,

@@ -177,6 +177,21 @@ def test_out_writes_a_report_directory(tmp_path):
     assert run_cli(argv, 60).code == 0  # an old report is replaced whole
 
 
+def test_amp_reaches_every_capture():
+    # the options every probe's capture is made with carry --amp (and the
+    # target, which autocast on meta needs: the --gpu by default)
+    from memplan.traces.model import Amp
+
+    from memplan.cli import build_parser
+    from memplan.commands.capacity import _capture_options
+
+    args = build_parser().parse_args(["capacity", "--model", "mlp", *GPU, "--amp", "fp16"])
+    opts = _capture_options(args)
+    assert opts.amp is Amp.FP16 and opts.target is not None
+    args = build_parser().parse_args(["capacity", "--model", "mlp", *GPU])
+    assert _capture_options(args).amp is Amp.NONE
+
+
 # ---- bad arguments -------------------------------------------------------------------
 BAD = [
     (["--model", "mlp", "--jobs", "0"], ["--jobs", "from 1 to 64"]),
@@ -206,6 +221,8 @@ BAD = [
     (["--model", "mlp", "--opt", "lr=1", "--opt", "lr=2"], ["--opt", "twice"]),
     (["--model", "mlp", "--accumulate", "0"], ["--accumulate"]),
     (["--trace", "T", "--optimizer", "sgd"], ["--optimizer", "--trace"]),
+    (["--trace", "T", "--amp", "bf16"], ["--amp", "--trace"]),
+    (["--model", "mlp", "--amp", "bf16", "--dtype", "bf16"], ["--amp bf16", "--dtype bf16"]),
     (["--model", "mlp", "--iterations", "0"], ["--iterations"]),
     (["--model", "mlp", "--fallback", "panic"], ["--fallback"]),
     (["--trace", "T", "--batch", "4"], ["--batch", "--trace"]),
