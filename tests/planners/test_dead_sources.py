@@ -187,8 +187,8 @@ def _chain_plan(t, choices, rng: np.random.Generator) -> Plan:
 def test_bounds_hold_for_chains_that_make_dead_sources_again(seed):
     """Random steps (random_dag with dropout, ops of 20-400 us, a lane of
     0.5 MiB/ms: recomputing beats copying), budgets from near the
-    release-only peak to near the floor: every iteration of every plan the
-    checker accepts that recomputes through dead sources, under every OOM
+    release-only peak to near the floor: the steady iteration of every plan
+    the checker accepts that recomputes through dead sources, under every OOM
     policy, is at or above every bound; and the bounds do charge dead
     sources somewhere (they rise above the bounds that do not)."""
     from memplan.sim.state import OomPolicy
@@ -219,7 +219,8 @@ def test_bounds_hold_for_chains_that_make_dead_sources_again(seed):
                 run = simulate([Job(t, plan)], dev, budget=budget, oom=policy.value).jobs[0]
                 if not run.oom:
                     ran += 1
-                    assert min(run.iteration_times_s) >= worst * (1 - 1e-9), (policy, frac)
+                    # the steady state: bounds are per period (NOTE [ The boundary ])
+                    assert run.iteration_time_s >= worst * (1 - 1e-9), (policy, frac)
     assert ran >= 10 and raised >= 1
 
 
