@@ -86,6 +86,34 @@ def summary(trace: Trace, top: int = 10) -> dict:
         "largest_buffers": [
             {"id": b.id, "nbytes": b.nbytes, "kind": b.kind.value, "name": b.name} for b in largest
         ],
+        "update_groups": _update_groups(trace),
+    }
+
+
+def _update_groups(trace: Trace) -> dict | None:
+    """The optimizer step by parameter (NOTE [ Update groups ] in
+    traces/updates.py): how many groups, and the one holding the most
+    parameter and state bytes. None for a step without optimizer ops."""
+    from memplan.traces.updates import update_groups
+
+    groups = update_groups(trace)
+    if not groups:
+        return None
+    nbytes = trace.nbytes
+
+    def size(bufs: tuple[int, ...]) -> int:
+        return int(sum(int(nbytes[b]) for b in bufs))
+
+    top = max(groups, key=lambda g: (size(g.params) + size(g.state), -g.ops[0]))
+    return {
+        "groups": len(groups),
+        "largest": {
+            "params": [trace.buffers[b].name for b in top.params],
+            "param_bytes": size(top.params),
+            "state_bytes": size(top.state),
+            "grad_bytes": size(top.grads),
+            "ops": len(top.ops),
+        },
     }
 
 
@@ -131,6 +159,16 @@ def run(args: argparse.Namespace) -> int:
         f"liveness peak   {format_bytes(s['liveness_peak_bytes']):>12}  at op "
         f"{s['liveness_peak_op']}  (every buffer freed right after its last access)"
     )
+    groups = s["update_groups"]
+    if groups is not None:
+        top = groups["largest"]
+        names = ", ".join(printable(n) for n in top["params"][:3])
+        more = f" and {len(top['params']) - 3} more" if len(top["params"]) > 3 else ""
+        print(
+            f"optimizer       {groups['groups']} update group(s); the largest updates "
+            f"{names or '-'}{more}: {format_bytes(top['param_bytes'])} of parameters, "
+            f"{format_bytes(top['state_bytes'])} of state, {top['ops']} ops"
+        )
     print()
     print(f"largest {len(s['largest_buffers'])} buffers:")
     for b in s["largest_buffers"]:

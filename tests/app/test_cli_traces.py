@@ -88,3 +88,23 @@ def test_broken_trace_file(tmp_path):
     assert (
         "buffers[0].nbytes: expected an integer in [0, 4611686018427387904], got -1" in proc.stderr
     )
+
+
+def test_inspect_names_the_largest_update_group(capsys):
+    # vgg16's fc6 (25088 x 4096 fp32 weights) and its two Adam moments
+    vgg = ROOT / "traces" / "data" / "vgg16_b16_adam.json.gz"
+    assert main(["inspect", str(vgg), "--json"]) == 0
+    groups = json.loads(capsys.readouterr().out)["update_groups"]
+    fc6 = 25088 * 4096 * 4
+    assert groups == {
+        "groups": 32,
+        "largest": {
+            "params": ["classifier.0.weight"],
+            "param_bytes": fc6,
+            "state_bytes": 2 * fc6,
+            "grad_bytes": fc6,
+            "ops": 7,
+        },
+    }
+    assert main(["inspect", str(vgg)]) == 0
+    assert "32 update group(s); the largest updates classifier.0.weight" in capsys.readouterr().out
