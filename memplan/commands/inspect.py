@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from memplan.traces.io import fingerprint
 from memplan.traces.model import BUFFER_KINDS, Phase, Trace
 from memplan.traces.optim import describe
 from memplan.units import format_bytes, integer
+
+if TYPE_CHECKING:
+    from memplan.hwmodels.device import DeviceModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with a snapshot: a trace whose vanilla peak and persistent bytes are printed "
         "beside the snapshot's",
     )
+    p.add_argument(
+        "--host",
+        metavar="PROFILE",
+        help="with a trace: a host's hardware profile (cpu-local, or a .toml path); the "
+        "optimizer step of the update groups timed there with roofline latencies, as if it "
+        "ran on the host (NOTE [ Update groups ] in traces/updates.py)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(
         "--top",
@@ -53,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def summary(trace: Trace, top: int = 10) -> dict:
+def summary(trace: Trace, top: int = 10, host: DeviceModel | None = None) -> dict:
     peak, peak_op = trace.peak("framework")
     live_peak, live_op = trace.peak("liveness")
     by_kind = trace.bytes_by_kind()
@@ -86,14 +97,15 @@ def summary(trace: Trace, top: int = 10) -> dict:
         "largest_buffers": [
             {"id": b.id, "nbytes": b.nbytes, "kind": b.kind.value, "name": b.name} for b in largest
         ],
-        "update_groups": _update_groups(trace),
+        "update_groups": _update_groups(trace, host),
     }
 
 
-def _update_groups(trace: Trace) -> dict | None:
+def _update_groups(trace: Trace, host: DeviceModel | None) -> dict | None:
     """The optimizer step by parameter (NOTE [ Update groups ] in
     traces/updates.py): how many groups, and the one holding the most
-    parameter and state bytes. None for a step without optimizer ops."""
+    parameter and state bytes; with `host`, the seconds their ops take
+    there. None for a step without optimizer ops."""
     from memplan.traces.updates import update_groups
 
     groups = update_groups(trace)
@@ -105,7 +117,7 @@ def _update_groups(trace: Trace) -> dict | None:
         return int(sum(int(nbytes[b]) for b in bufs))
 
     top = max(groups, key=lambda g: (size(g.params) + size(g.state), -g.ops[0]))
-    return {
+    out: dict = {
         "groups": len(groups),
         "largest": {
             "params": [trace.buffers[b].name for b in top.params],
@@ -115,6 +127,17 @@ def _update_groups(trace: Trace) -> dict | None:
             "ops": len(top.ops),
         },
     }
+    if host is not None:
+        from memplan.hwmodels.device import TimeUnit
+
+        d = host.op_durations(trace, TimeUnit.S)
+        out["host"] = {
+            "profile": host.hw.name,
+            "latency": "roofline",
+            "all_s": float(sum(d[list(g.ops)].sum() for g in groups)),
+            "largest_s": float(d[list(top.ops)].sum()),
+        }
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,8 +148,15 @@ def run(args: argparse.Namespace) -> int:
             f"--trace {args.against!r}: for a snapshot (memplan inspect SNAPSHOT.pickle --trace "
             f"TRACE); {args.trace!r} is a trace"
         )
+    host = None
+    if args.host is not None:
+        from memplan.hwmodels.device import DeviceModel
+        from memplan.hwmodels.latency import Roofline
+        from memplan.hwmodels.profile import load_hardware
+
+        host = DeviceModel(load_hardware(args.host), Roofline())
     trace = one_trace(args.trace, "inspect")
-    s = summary(trace, args.top)
+    s = summary(trace, args.top, host)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -169,6 +199,12 @@ def run(args: argparse.Namespace) -> int:
             f"{names or '-'}{more}: {format_bytes(top['param_bytes'])} of parameters, "
             f"{format_bytes(top['state_bytes'])} of state, {top['ops']} ops"
         )
+        if "host" in groups:
+            h = groups["host"]
+            print(
+                f"  on the host   {printable(h['profile'])} (roofline): {h['all_s'] * 1e3:.1f} ms "
+                f"for every group, {h['largest_s'] * 1e3:.1f} ms for the largest"
+            )
     print()
     print(f"largest {len(s['largest_buffers'])} buffers:")
     for b in s["largest_buffers"]:
@@ -223,6 +259,8 @@ def snapshot_summary(path: str, doc: dict, trace: Trace | None) -> dict:
 
 def run_snapshot(args: argparse.Namespace) -> int:
     """`memplan inspect SNAPSHOT [--trace TRACE]`."""
+    if args.host is not None:
+        raise MemplanError(f"--host {args.host!r}: for a trace, not a memory snapshot")
     from memplan.sim.snapshot_read import read_snapshot
 
     trace = one_trace(args.against, "inspect") if args.against is not None else None

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from memplan.cli import main
+from tests.fuzz.harness import assert_rejected, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RESNET = ROOT / "traces" / "data" / "resnet50_b16_adam.json.gz"
@@ -108,3 +109,32 @@ def test_inspect_names_the_largest_update_group(capsys):
     }
     assert main(["inspect", str(vgg)]) == 0
     assert "32 update group(s); the largest updates classifier.0.weight" in capsys.readouterr().out
+
+
+def test_inspect_times_the_update_groups_on_a_host(capsys):
+    # the groups split the optimizer's ops, so all of them on the host take the
+    # optimizer phase's roofline time there; fc6's group is most of it
+    from memplan.hwmodels.device import DeviceModel, TimeUnit
+    from memplan.hwmodels.latency import Roofline
+    from memplan.hwmodels.profile import load_hardware
+    from memplan.traces import io
+
+    vgg = ROOT / "traces" / "data" / "vgg16_b16_adam.json.gz"
+    assert main(["inspect", str(vgg), "--json", "--host", "cpu-local"]) == 0
+    host = json.loads(capsys.readouterr().out)["update_groups"]["host"]
+    t = io.load(vgg)
+    d = DeviceModel(load_hardware("cpu-local"), Roofline()).op_durations(t, TimeUnit.S)
+    optimizer = [op.id for op in t.ops if op.phase.value == "optimizer"]
+    assert host["profile"] == "cpu-local" and host["latency"] == "roofline"
+    assert host["all_s"] == pytest.approx(float(d[optimizer].sum()), rel=1e-12)
+    assert 0.5 * host["all_s"] < host["largest_s"] < host["all_s"]
+
+
+def test_inspect_host_is_refused_where_it_means_nothing(tmp_path):
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(b"\x80\x04N.")  # any pickle: refused before it is read
+    for argv, names in (
+        ([str(RESNET), "--host", "nope"], ["unknown hardware 'nope'"]),
+        ([str(snap), "--host", "cpu-local"], ["--host", "snapshot"]),
+    ):
+        assert_rejected(run_cli(["inspect", *argv], 60), *names)
