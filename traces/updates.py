@@ -31,28 +31,20 @@ class UpdateGroup:
 
 def update_groups(trace: Trace) -> tuple[UpdateGroup, ...]:
     """The groups of NOTE [ Update groups ], by their first op."""
+    from networkx.utils import UnionFind
+
     ops = [op.id for op in trace.ops if op.phase is Phase.OPTIMIZER]
     written = {b for i in ops for b in trace.op_writes(i).tolist()}
-    parent = {i: i for i in ops}
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    linked = UnionFind(ops)
     first_op: dict[int, int] = {}  # written buffer -> the first op touching it
     for i in ops:
         for b in trace.op_accesses(i).tolist():
             if b in written:
-                j = first_op.setdefault(b, i)
-                parent[root(i)] = root(j)
-    members: dict[int, list[int]] = {}
-    for i in ops:
-        members.setdefault(root(i), []).append(i)
+                linked.union(i, first_op.setdefault(b, i))
+    members = [sorted(g) for g in linked.to_sets()]
     kinds = [b.kind for b in trace.buffers]
     groups = []
-    for group in sorted(members.values()):
+    for group in sorted(members):
         wrote = sorted({b for i in group for b in trace.op_writes(i).tolist()})
         read = sorted({b for i in group for b in trace.op_reads(i).tolist()})
         groups.append(

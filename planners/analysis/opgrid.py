@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -123,13 +123,10 @@ class MemoryState:
         """Buffers alive at `op` by their lifetimes, ignoring holes."""
         return np.flatnonzero((self.start <= op) & (self.end >= op) & (self.nbytes > 0))
 
-    def absent_at(self, b: int, op: int, steady: bool | None = None) -> bool:
-        """Whether a hole of `b` covers `op` in the curve the peak is taken
-        over (or, given `steady`, in later iterations / iteration 0)."""
+    def _bit(self, steady: bool | None) -> int:
         if steady is None:
             steady = not self.count_first_iteration
-        bit = STEADY if steady else FIRST
-        return any(lo <= op <= hi and w & bit for lo, hi, w in self.holes.get(b, ()))
+        return STEADY if steady else FIRST
 
     def resident_among(self, op: int, bufs: np.ndarray, steady: bool | None = None) -> np.ndarray:
         """bool per buffer of `bufs`: on the device while `op` runs. Costs
@@ -138,21 +135,15 @@ class MemoryState:
         ok = (self.start[bufs] <= op) & (self.end[bufs] >= op) & (self.nbytes[bufs] > 0)
         holed = np.flatnonzero(ok & self.holed[bufs])
         if len(holed):
-            if steady is None:
-                steady = not self.count_first_iteration
-            bit, holes = (STEADY if steady else FIRST), self.holes
+            bit, holes = self._bit(steady), self.holes
             for i, b in zip(holed.tolist(), bufs[holed].tolist()):
-                ok[i] = not any(lo <= op <= hi and w & bit for lo, hi, w in holes[b])
+                ok[i] = not _covers(holes[b], op, bit)
         return ok
 
     def resident_at(self, op: int, steady: bool | None = None) -> np.ndarray:
         """Buffers on the device while `op` runs (ascending ids)."""
         live = self.live_at(op)
-        sub = live[self.holed[live]]
-        if len(sub) == 0:
-            return live
-        gone = [b for b in sub.tolist() if self.absent_at(b, op, steady)]
-        return live[~np.isin(live, gone)] if gone else live
+        return live[self.resident_among(op, live, steady)]
 
     def peak(self) -> tuple[int, int]:
         """(bytes, first op where the curve peaks); (bytes resident at the
@@ -162,6 +153,12 @@ class MemoryState:
             return int(self.nbytes[self.trace.exists_at_start].sum()), -1
         i = int(np.argmax(c))
         return int(c[i]), i
+
+
+def _covers(holes: Iterable[tuple[int, int, int]], op: int, bit: int) -> bool:
+    """Whether one of a buffer's `holes` (lo, hi, which) covers `op` in the
+    curve `bit` names."""
+    return any(lo <= op <= hi and w & bit for lo, hi, w in holes)
 
 
 @dataclass(frozen=True)

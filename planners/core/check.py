@@ -159,17 +159,16 @@ class _Replay:
 
     # ---- replay ----------------------------------------------------------------
     def run(self) -> None:
-        persistent, bufs = self.table.persistent, self.bufs
-        for b in persistent:
+        """Replay iterations until one starts in a state an earlier one started
+        in (the replay is deterministic: the rest repeats), at most
+        `MAX_ITERATIONS`."""
+        bufs = self.bufs
+        for b in self.table.persistent:
             bufs.create(b)
-        seen: set[tuple[tuple[int, ...], tuple[bool, ...]]] = set()
-        at_where, at_host = bufs.where.__getitem__, bufs.host.__getitem__
-        first = bufs.states()
+        seen: set[tuple[tuple, ...]] = set()
         for it in range(MAX_ITERATIONS):
-            if it == 1 and bufs.states() == first:
-                return  # iteration 1 would replay iteration 0 event for event
-            state = (tuple(map(at_where, persistent)), tuple(map(at_host, persistent)))
-            if it >= 2 and state in seen:
+            state = bufs.states()
+            if state in seen:
                 return
             seen.add(state)
             self.it = it

@@ -345,11 +345,11 @@ class Buffers:
         copying = self.copying[b] == self.epoch[b]
         return State(Where(self.where[b]), self.alive[b], self.host[b], self.keep[b], copying)
 
-    def states(self) -> tuple[list, ...]:
-        """Every buffer's `state` as plain lists, epochs left out: two stores
-        with equal `states` answer every event alike."""
-        copying = [c == e for c, e in zip(self.copying, self.epoch)]
-        return (self.where[:], self.alive[:], self.host[:], self.keep[:], copying)
+    def states(self) -> tuple[tuple, ...]:
+        """Every buffer's `state`, epochs left out, hashable: two stores with
+        equal `states` answer every event alike."""
+        copying = tuple(c == e for c, e in zip(self.copying, self.epoch))
+        return (tuple(self.where), tuple(self.alive), tuple(self.host), tuple(self.keep), copying)
 
     def apply(self, b: int, ev: Event, ctx: Ctx = NO_CTX) -> int:
         """Move buffer `b` by `ev` (`step`); returns what the caller must do

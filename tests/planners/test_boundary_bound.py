@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from memplan.hwmodels.device import DeviceModel
-from memplan.hwmodels.latency import Fixed, Measured
+from memplan.hwmodels.latency import Measured
 from memplan.planners import registry
 from memplan.planners.analysis.bounds import peak_lower_bound, time_lower_bound
 from memplan.planners.analysis.gaps import gap_table
@@ -28,19 +28,13 @@ from tests.planners.bruteforce import (
     MiB,
     Step,
     brute_force,
-    durations_s,
     random_tiny,
     tiny_hw,
     tiny_trace,
 )
-from tests.planners.test_window_bound import _random_plan
+from tests.planners.test_window_bound import REL, _device, _random_plan
 
-REL = 1e-9  # float noise: bounds sum seconds, the simulator microseconds
 ITERATIONS = 6  # simulated: the steady state is the mean of iterations 1..5
-
-
-def _device(t, mib_per_ms: float = 1.0, lanes: int = 1) -> DeviceModel:
-    return DeviceModel(tiny_hw(lanes_bw_mib_per_ms=mib_per_ms), Fixed(durations_s(t)), lanes=lanes)
 
 
 # ---- by hand ------------------------------------------------------------------------------
